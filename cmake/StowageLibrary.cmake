@@ -1,0 +1,72 @@
+# libstowage (shared and static) from the layer folders, one OBJECT library per layer so a layer
+# and its tests build without the layers above it. Files named *_cuda.cpp or *.cu are built only
+# with the CUDA backend.
+set(STOWAGE_LAYERS allocator precision recompute offload)
+set(stowage_public_deps Threads::Threads dlpack::dlpack)
+set(stowage_private_deps fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json
+    PkgConfig::NUMA PkgConfig::HWLOC ${CMAKE_DL_LIBS})
+if(STOWAGE_HAVE_CUDA)
+  list(APPEND stowage_private_deps CUDA::cudart_static)
+endif()
+
+# Build facts that `stowage info` reports.
+configure_file(${PROJECT_SOURCE_DIR}/cmake/build_info.hpp.in ${PROJECT_BINARY_DIR}/generated/stowage_build_info.hpp @ONLY)
+
+set(stowage_all_objects)
+foreach(layer IN LISTS STOWAGE_LAYERS)
+  file(GLOB layer_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${layer}/*.cpp)
+  file(GLOB layer_cuda_cpp CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${layer}/*_cuda.cpp)
+  if(layer_cuda_cpp)
+    list(REMOVE_ITEM layer_sources ${layer_cuda_cpp})
+  endif()
+  if(STOWAGE_HAVE_CUDA)
+    file(GLOB layer_cu CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${layer}/*.cu)
+    list(APPEND layer_sources ${layer_cuda_cpp} ${layer_cu})
+  endif()
+  if(NOT layer_sources)
+    set(layer_sources ${PROJECT_SOURCE_DIR}/cmake/empty.cpp)
+  endif()
+  set(t stowage_${layer})
+  add_library(${t} OBJECT ${layer_sources})
+  target_include_directories(${t}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:include>
+    PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/generated)
+  target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  target_link_libraries(${t} PUBLIC ${stowage_public_deps} PRIVATE ${stowage_private_deps})
+  if(STOWAGE_HAVE_CUDA)
+    target_compile_definitions(${t} PUBLIC STOWAGE_HAVE_CUDA=1)
+    target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+  endif()
+  list(APPEND stowage_all_objects $<TARGET_OBJECTS:${t}>)
+endforeach()
+
+add_library(stowage SHARED ${stowage_all_objects})
+add_library(stowage_static STATIC ${stowage_all_objects})
+foreach(t stowage stowage_static)
+  target_include_directories(${t} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:include>)
+  target_link_libraries(${t} PUBLIC ${stowage_public_deps} PRIVATE ${stowage_private_deps})
+  if(STOWAGE_HAVE_CUDA)
+    target_compile_definitions(${t} PUBLIC STOWAGE_HAVE_CUDA=1)
+  endif()
+endforeach()
+set_target_properties(stowage PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
+set_target_properties(stowage_static PROPERTIES OUTPUT_NAME stowage)
+add_library(stowage::stowage ALIAS stowage)
+add_library(stowage::stowage_static ALIAS stowage_static)
+
+# Links an executable of the project's own against some layers (objects, not the archive) and
+# jemalloc at start-up, so the host pool's jemalloc arena is available (docs/host_pool.md).
+function(stowage_link_layers target)
+  foreach(layer IN LISTS ARGN)
+    target_sources(${target} PRIVATE $<TARGET_OBJECTS:stowage_${layer}>)
+    target_include_directories(${target} PRIVATE $<TARGET_PROPERTY:stowage_${layer},INCLUDE_DIRECTORIES>)
+    if(STOWAGE_HAVE_CUDA)
+      target_compile_definitions(${target} PRIVATE STOWAGE_HAVE_CUDA=1)
+    endif()
+  endforeach()
+  target_link_libraries(${target} PRIVATE ${stowage_public_deps} ${stowage_private_deps})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/generated)
+  if(STOWAGE_LINK_JEMALLOC)
+    target_link_libraries(${target} PRIVATE PkgConfig::JEMALLOC)
+  endif()
+endfunction()

@@ -1,0 +1,1 @@
+// Placeholder for a layer folder that has no source yet.
