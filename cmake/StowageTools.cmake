@@ -1,15 +1,16 @@
-# The `stowage` command. Everything but main.cpp goes into stowage_tools so tests can call it.
+# The `stowage` command. Its subcommands register themselves at static-initialisation time, so
+# the tool sources form an OBJECT library (an archive would drop unreferenced registrations);
+# tests link the same objects.
 file(GLOB_RECURSE tools_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tools/*.cpp)
 list(REMOVE_ITEM tools_sources ${PROJECT_SOURCE_DIR}/tools/main.cpp)
-if(NOT tools_sources)
-  set(tools_sources ${PROJECT_SOURCE_DIR}/cmake/empty.cpp)
+add_library(stowage_tools OBJECT ${tools_sources})
+target_link_libraries(stowage_tools PUBLIC fmt::fmt nlohmann_json::nlohmann_json CLI11::CLI11 spdlog::spdlog Threads::Threads dlpack::dlpack)
+target_include_directories(stowage_tools PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/generated)
+target_compile_options(stowage_tools PRIVATE -Wall -Wextra -Wno-unused-parameter)
+if(STOWAGE_HAVE_CUDA)
+  target_compile_definitions(stowage_tools PUBLIC STOWAGE_HAVE_CUDA=1)
 endif()
-add_library(stowage_tools STATIC ${tools_sources})
-target_link_libraries(stowage_tools PUBLIC stowage_static fmt::fmt nlohmann_json::nlohmann_json CLI11::CLI11 spdlog::spdlog)
-target_include_directories(stowage_tools PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/generated)
-add_executable(stowage_cli ${PROJECT_SOURCE_DIR}/tools/main.cpp)
+add_executable(stowage_cli ${PROJECT_SOURCE_DIR}/tools/main.cpp $<TARGET_OBJECTS:stowage_tools>)
 set_target_properties(stowage_cli PROPERTIES OUTPUT_NAME stowage)
 target_link_libraries(stowage_cli PRIVATE stowage_tools)
-if(STOWAGE_LINK_JEMALLOC)
-  target_link_libraries(stowage_cli PRIVATE PkgConfig::JEMALLOC)
-endif()
+stowage_link_layers(stowage_cli ${STOWAGE_LAYERS})
