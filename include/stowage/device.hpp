@@ -100,8 +100,8 @@ class Device {
   // An OS file descriptor for a shareable physical chunk (-1 when not shareable); caller closes.
   virtual int export_handle(PhysicalHandle handle) = 0;
 
-  // Streams. Higher priority values run first where the backend supports priorities;
-  // priority_range() gives [least, greatest].
+  // Streams. Priorities count as CUDA counts them: lower numbers run first;
+  // priority_range() gives {least, greatest} (e.g. {0, -5}); out-of-range values are clamped.
   virtual Stream create_stream(int priority = 0) = 0;
   virtual void destroy_stream(Stream stream) = 0;
   virtual std::pair<int, int> priority_range() const = 0;

@@ -1,0 +1,304 @@
+// The emulated device: "device memory" is host memory of its own with a real capacity, each
+// stream is a worker thread, events are sequence points, and H2D/D2H copies go through
+// copy-engine queues that can be throttled to a link bandwidth.
+#include <fmt/format.h>
+#include <numa.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+
+#include "allocator/copy_engine.hpp"
+#include "allocator/emulated_memory.hpp"
+#include "allocator/stream_worker.hpp"
+#include "stowage/device.hpp"
+
+namespace stowage {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Stream and event ids are unique across every emulated device, so one device can tell a
+// destroyed handle or another device's handle from its own.
+std::atomic<std::uintptr_t> next_handle{1};
+
+struct EventState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0, completed = 0;
+  Clock::time_point time{};
+};
+
+std::vector<int> calling_thread_numa_nodes() {
+  if (numa_available() < 0) return {0};
+  const int cpu = sched_getcpu();
+  const int node = cpu >= 0 ? numa_node_of_cpu(cpu) : 0;
+  return {node < 0 ? 0 : node};
+}
+
+class EmulatedDevice final : public Device {
+ public:
+  EmulatedDevice(int ordinal, const EmulatedOptions& o)
+      : memory_(ordinal, o.capacity, o.granularity), h2d_(o.link_bandwidth_gbps), d2h_(o.link_bandwidth_gbps) {
+    if (o.capacity == 0) throw InvalidArgument("emulated device capacity must be positive");
+    if (o.granularity == 0 || (o.granularity & (o.granularity - 1)) != 0 || o.granularity % 4096 != 0)
+      throw InvalidArgument(fmt::format("emulated granularity {} must be a power of two multiple of 4096", o.granularity));
+    props_.kind = DeviceKind::emulated;
+    props_.ordinal = ordinal;
+    props_.name = fmt::format("{} {} ({:.1f} GiB{})", o.name, ordinal, o.capacity / 1073741824.0,
+                              o.link_bandwidth_gbps > 0 ? fmt::format(", link {:g} GB/s", o.link_bandwidth_gbps) : "");
+    props_.capacity = o.capacity;
+    props_.granularity = o.granularity;
+    props_.virtual_memory = true;
+    props_.host_numa_memory = true;
+    props_.host_accessible = true;
+    props_.numa_nodes = calling_thread_numa_nodes();
+    streams_[0] = std::make_shared<emulated::StreamWorker>(0);
+  }
+
+  ~EmulatedDevice() override {
+    try {
+      synchronize();
+    } catch (...) {
+    }
+    std::unique_lock lock(streams_mutex_);
+    streams_.clear();  // joins the workers
+  }
+
+  const DeviceProperties& properties() const override { return props_; }
+  std::size_t free_memory() const override { return props_.capacity - memory_.used(); }
+  DeviceCounters counters() const override {
+    DeviceCounters c = memory_.counters();
+    c.bytes_h2d = bytes_h2d_;
+    c.bytes_d2h = bytes_d2h_;
+    c.bytes_d2d = bytes_d2d_;
+    return c;
+  }
+
+  void* allocate(std::size_t bytes) override { return memory_.allocate(bytes); }
+  void deallocate(void* ptr) override { memory_.deallocate(ptr); }
+  void* reserve(std::size_t bytes) override { return memory_.reserve(bytes); }
+  void unreserve(void* base, std::size_t bytes) override { memory_.unreserve(base, bytes); }
+  PhysicalHandle create_physical(std::size_t bytes, const PhysicalOptions& o) override {
+    return memory_.create_physical(bytes, o);
+  }
+  void destroy_physical(PhysicalHandle h) override { memory_.destroy_physical(h); }
+  void map(void* va, std::size_t bytes, PhysicalHandle h, std::size_t offset) override {
+    memory_.map(va, bytes, h, offset);
+  }
+  void unmap(void* va, std::size_t bytes) override { memory_.unmap(va, bytes); }
+  void set_access(void* va, std::size_t bytes) override { memory_.set_access(va, bytes); }
+  int export_handle(PhysicalHandle h) override { return memory_.export_handle(h); }
+
+  Stream create_stream(int priority) override {
+    const auto [least, greatest] = priority_range();
+    priority = std::clamp(priority, greatest, least);
+    const auto id = next_handle.fetch_add(1);
+    std::unique_lock lock(streams_mutex_);
+    streams_[id] = std::make_shared<emulated::StreamWorker>(priority);
+    return Stream{id};
+  }
+
+  void destroy_stream(Stream s) override {
+    if (s == kDefaultStream) throw InvalidArgument(where() + ": the default stream cannot be destroyed");
+    std::shared_ptr<emulated::StreamWorker> w;
+    {
+      std::unique_lock lock(streams_mutex_);
+      auto it = streams_.find(static_cast<std::uintptr_t>(s));
+      if (it == streams_.end()) throw unknown("stream", static_cast<std::uintptr_t>(s));
+      w = std::move(it->second);
+      streams_.erase(it);
+    }
+    w.reset();  // runs what was queued, then joins (as cudaStreamDestroy lets work finish)
+  }
+
+  std::pair<int, int> priority_range() const override { return {0, -5}; }
+  void synchronize(Stream s) override { worker(s)->synchronize(); }
+
+  void synchronize() override {
+    std::vector<std::shared_ptr<emulated::StreamWorker>> all;
+    {
+      std::shared_lock lock(streams_mutex_);
+      for (auto& [id, w] : streams_) all.push_back(w);
+    }
+    std::exception_ptr first;
+    for (auto& w : all) {
+      try {
+        w->synchronize();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    h2d_.synchronize();
+    d2h_.synchronize();
+    if (first) std::rethrow_exception(first);
+  }
+
+  Event create_event(bool) override {
+    const auto id = next_handle.fetch_add(1);
+    std::unique_lock lock(events_mutex_);
+    events_[id] = std::make_shared<EventState>();
+    return Event{id};
+  }
+
+  void destroy_event(Event e) override {
+    std::unique_lock lock(events_mutex_);
+    if (events_.erase(static_cast<std::uintptr_t>(e)) == 0) throw unknown("event", static_cast<std::uintptr_t>(e));
+  }
+
+  void record(Event e, Stream s) override {
+    auto ev = event(e);
+    auto w = worker(s);
+    std::uint64_t gen;
+    {
+      std::lock_guard lock(ev->mutex);
+      gen = ++ev->recorded;
+    }
+    w->submit([ev, gen] {
+      std::lock_guard lock(ev->mutex);
+      ev->completed = std::max(ev->completed, gen);
+      ev->time = Clock::now();
+      ev->cv.notify_all();
+    });
+  }
+
+  void wait(Stream s, Event e) override {
+    auto ev = event(e);
+    auto w = worker(s);
+    std::uint64_t target;
+    {
+      std::lock_guard lock(ev->mutex);
+      target = ev->recorded;
+      if (ev->completed >= target) return;  // nothing outstanding
+    }
+    w->submit([ev, target] {
+      std::unique_lock lock(ev->mutex);
+      ev->cv.wait(lock, [&] { return ev->completed >= target; });
+    });
+  }
+
+  bool query(Event e) override {
+    auto ev = event(e);
+    std::lock_guard lock(ev->mutex);
+    return ev->completed >= ev->recorded;
+  }
+
+  void synchronize(Event e) override {
+    auto ev = event(e);
+    std::unique_lock lock(ev->mutex);
+    const auto target = ev->recorded;
+    ev->cv.wait(lock, [&] { return ev->completed >= target; });
+  }
+
+  float elapsed_ms(Event start, Event end) override {
+    auto a = event(start), b = event(end);
+    Clock::time_point ta, tb;
+    {
+      std::lock_guard lock(a->mutex);
+      if (a->recorded == 0 || a->completed < a->recorded)
+        throw InvalidArgument(where() + ": elapsed_ms: start event not recorded or not completed");
+      ta = a->time;
+    }
+    {
+      std::lock_guard lock(b->mutex);
+      if (b->recorded == 0 || b->completed < b->recorded)
+        throw InvalidArgument(where() + ": elapsed_ms: end event not recorded or not completed");
+      tb = b->time;
+    }
+    return std::chrono::duration<float, std::milli>(tb - ta).count();
+  }
+
+  void copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream s) override {
+    if (bytes == 0) return;
+    if (!dst || !src) throw InvalidArgument(where() + ": copy with a null pointer");
+    auto w = worker(s);
+    switch (kind) {
+      case CopyKind::host_to_device:
+        bytes_h2d_ += bytes;
+        w->submit([this, dst, src, bytes] { h2d_.submit(dst, src, bytes).get(); });
+        break;
+      case CopyKind::device_to_host:
+        bytes_d2h_ += bytes;
+        w->submit([this, dst, src, bytes] { d2h_.submit(dst, src, bytes).get(); });
+        break;
+      case CopyKind::device_to_device:
+        bytes_d2d_ += bytes;
+        [[fallthrough]];
+      case CopyKind::host_to_host:
+        w->submit([dst, src, bytes] { std::memmove(dst, src, bytes); });
+        break;
+    }
+  }
+
+  void fill_async(void* dst, std::uint8_t value, std::size_t bytes, Stream s) override {
+    if (bytes == 0) return;
+    if (!dst) throw InvalidArgument(where() + ": fill of a null pointer");
+    worker(s)->submit([dst, value, bytes] { std::memset(dst, value, bytes); });
+  }
+
+  void pin_host(void* ptr, std::size_t bytes) override { memory_.pin(ptr, bytes); }
+  void unpin_host(void* ptr) override { memory_.unpin(ptr); }
+  bool is_pinned(const void* ptr) const override { return memory_.is_pinned(ptr); }
+  // The emulated device addresses host memory directly; pinned memory is "mapped".
+  void* device_pointer_of_host(void* host_ptr) override { return memory_.is_pinned(host_ptr) ? host_ptr : nullptr; }
+
+  void launch_host(Stream s, std::function<void()> fn) override {
+    if (!fn) throw InvalidArgument(where() + ": launch_host of an empty function");
+    worker(s)->submit(std::move(fn));
+  }
+
+ private:
+  std::string where() const { return fmt::format("emulated device {}", props_.ordinal); }
+
+  InvalidArgument unknown(const char* what, std::uintptr_t id) const {
+    return InvalidArgument(fmt::format("{}: {} {} is not one of this device's (destroyed, or another device's)",
+                                       where(), what, id));
+  }
+
+  std::shared_ptr<emulated::StreamWorker> worker(Stream s) {
+    std::shared_lock lock(streams_mutex_);
+    auto it = streams_.find(static_cast<std::uintptr_t>(s));
+    if (it == streams_.end()) throw unknown("stream", static_cast<std::uintptr_t>(s));
+    return it->second;
+  }
+
+  std::shared_ptr<EventState> event(Event e) {
+    std::shared_lock lock(events_mutex_);
+    auto it = events_.find(static_cast<std::uintptr_t>(e));
+    if (it == events_.end()) throw unknown("event", static_cast<std::uintptr_t>(e));
+    return it->second;
+  }
+
+  DeviceProperties props_;
+  emulated::Memory memory_;
+  emulated::CopyEngine h2d_, d2h_;
+  std::atomic<std::uint64_t> bytes_h2d_{0}, bytes_d2h_{0}, bytes_d2d_{0};
+  std::shared_mutex streams_mutex_, events_mutex_;
+  std::map<std::uintptr_t, std::shared_ptr<emulated::StreamWorker>> streams_;
+  std::map<std::uintptr_t, std::shared_ptr<EventState>> events_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_emulated_device(int ordinal, const EmulatedOptions& options) {
+  return std::make_unique<EmulatedDevice>(ordinal, options);
+}
+
+const char* to_string(DeviceKind kind) { return kind == DeviceKind::cuda ? "cuda" : "emulated"; }
+
+const char* to_string(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::host_to_device: return "host_to_device";
+    case CopyKind::device_to_host: return "device_to_host";
+    case CopyKind::device_to_device: return "device_to_device";
+    case CopyKind::host_to_host: return "host_to_host";
+  }
+  return "?";
+}
+
+}  // namespace stowage
