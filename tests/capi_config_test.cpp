@@ -1,0 +1,108 @@
+// STOWAGE_* configuration: every variable's parsing, defaults, and ParseError naming the variable.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "stowage/config.hpp"
+
+namespace stowage {
+namespace {
+
+Config load(std::map<std::string, std::string> env) {
+  return load_config([env = std::move(env)](const char* name) -> const char* {
+    static thread_local std::string value;
+    auto it = env.find(name);
+    if (it == env.end()) return nullptr;
+    value = it->second;
+    return value.c_str();
+  });
+}
+
+std::string parse_error_of(std::map<std::string, std::string> env) {
+  try {
+    load(std::move(env));
+  } catch (const ParseError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Config, DefaultsWhenNothingIsSet) {
+  Config c = load({});
+  EXPECT_EQ(c.log_level, LogLevel::off);
+  EXPECT_EQ(c.device, DeviceChoice::automatic);
+  EXPECT_EQ(c.emulated_devices, 1);
+  EXPECT_EQ(c.emulated.capacity, std::size_t{8} << 30);
+  EXPECT_EQ(c.emulated.link_bandwidth_gbps, 0.0);
+  EXPECT_EQ(c.allocator.segments, SegmentMode::expandable);
+  EXPECT_EQ(c.event_log, "");
+}
+
+TEST(Config, ByteSizes) {
+  EXPECT_EQ(parse_byte_size("4096"), 4096u);
+  EXPECT_EQ(parse_byte_size("512MiB"), 512u << 20);
+  EXPECT_EQ(parse_byte_size("8GiB"), std::size_t{8} << 30);
+  EXPECT_EQ(parse_byte_size("8gib"), std::size_t{8} << 30);
+  EXPECT_EQ(parse_byte_size("1.5G"), std::size_t{3} << 29);
+  EXPECT_EQ(parse_byte_size("2GB"), 2000000000u);
+  EXPECT_EQ(parse_byte_size(" 3 KiB "), 3072u);
+  EXPECT_EQ(parse_byte_size("1TiB"), std::size_t{1} << 40);
+  EXPECT_EQ(parse_byte_size("7b"), 7u);
+  EXPECT_THROW(parse_byte_size(""), ParseError);
+  EXPECT_THROW(parse_byte_size("MiB"), ParseError);
+  EXPECT_THROW(parse_byte_size("-1GiB"), ParseError);
+  EXPECT_THROW(parse_byte_size("8 GiBs"), ParseError);
+  EXPECT_THROW(parse_byte_size("0.3"), ParseError);  // not whole bytes
+  EXPECT_THROW(parse_byte_size("99999999TiB"), ParseError);
+  EXPECT_THROW(parse_byte_size("1e3"), ParseError);
+}
+
+TEST(Config, LogLevels) {
+  EXPECT_EQ(parse_log_level("debug"), LogLevel::debug);
+  EXPECT_EQ(parse_log_level("WARNING"), LogLevel::warn);
+  EXPECT_EQ(parse_log_level("err"), LogLevel::error);
+  EXPECT_EQ(parse_log_level("off"), LogLevel::off);
+  EXPECT_THROW(parse_log_level("loud"), ParseError);
+}
+
+TEST(Config, EveryVariable) {
+  Config c = load({{"STOWAGE_LOG_LEVEL", "info"},
+                   {"STOWAGE_DEVICE", "emulated"},
+                   {"STOWAGE_EMULATED_DEVICES", "3"},
+                   {"STOWAGE_EMULATED_CAPACITY", "512MiB"},
+                   {"STOWAGE_EMULATED_LINK_GBPS", "32.5"},
+                   {"STOWAGE_ALLOC_CONF", "expandable_segments:False,max_split_size_mb:256"},
+                   {"STOWAGE_EVENT_LOG", "/tmp/events.csv"}});
+  EXPECT_EQ(c.log_level, LogLevel::info);
+  EXPECT_EQ(c.device, DeviceChoice::emulated);
+  EXPECT_EQ(c.emulated_devices, 3);
+  EXPECT_EQ(c.emulated.capacity, 512u << 20);
+  EXPECT_EQ(c.emulated.link_bandwidth_gbps, 32.5);
+  EXPECT_EQ(c.allocator.segments, SegmentMode::classic);
+  EXPECT_EQ(c.allocator.max_split_size, 256u << 20);
+  EXPECT_EQ(c.event_log, "/tmp/events.csv");
+  EXPECT_EQ(load({{"STOWAGE_DEVICE", "CUDA"}}).device, DeviceChoice::cuda);
+  EXPECT_EQ(load({{"STOWAGE_DEVICE", "auto"}}).device, DeviceChoice::automatic);
+}
+
+TEST(Config, MalformedValuesNameTheirVariable) {
+  const std::map<std::string, std::string> bad[] = {
+      {{"STOWAGE_LOG_LEVEL", "chatty"}},       {{"STOWAGE_DEVICE", "tpu"}},
+      {{"STOWAGE_EMULATED_DEVICES", "0"}},     {{"STOWAGE_EMULATED_DEVICES", "two"}},
+      {{"STOWAGE_EMULATED_CAPACITY", "lots"}}, {{"STOWAGE_EMULATED_CAPACITY", "0"}},
+      {{"STOWAGE_EMULATED_LINK_GBPS", "-4"}},  {{"STOWAGE_EMULATED_LINK_GBPS", "fast"}},
+      {{"STOWAGE_ALLOC_CONF", "expandable_segments:maybe"}}};
+  for (const auto& env : bad) {
+    const std::string& name = env.begin()->first;
+    EXPECT_NE(parse_error_of(env).find(name), std::string::npos) << name << " -> " << parse_error_of(env);
+  }
+}
+
+TEST(Config, NamesOfEnums) {
+  EXPECT_STREQ(to_string(LogLevel::critical), "critical");
+  EXPECT_STREQ(to_string(DeviceChoice::automatic), "auto");
+}
+
+}  // namespace
+}  // namespace stowage
