@@ -1,0 +1,217 @@
+// The C ABI in-process: allocation, statistics, snapshots, caps, and bad input that leaves the
+// allocator's statistics unchanged, after which allocation and free keep working.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "stowage/stowage.h"
+
+namespace {
+
+// Two emulated devices (on a machine without a GPU), set before the library reads its config.
+const bool env_set = [] { return setenv("STOWAGE_EMULATED_DEVICES", "2", 0) == 0; }();
+
+constexpr ssize_t kMiB = 1 << 20;
+
+nlohmann::json stats(int device) {
+  const ssize_t n = stowage_get_stats(device, nullptr, 0);
+  EXPECT_GT(n, 0) << stowage_last_error();
+  std::string buf(static_cast<std::size_t>(n) + 1, '\0');
+  EXPECT_EQ(stowage_get_stats(device, buf.data(), buf.size()), n);
+  buf.resize(static_cast<std::size_t>(n));
+  return nlohmann::json::parse(buf);
+}
+
+// The statistics a rejected call must not move.
+nlohmann::json state_of(int device) {
+  nlohmann::json s = stats(device), out;
+  for (const char* key : {"allocated_bytes.all.current", "allocated_bytes.all.allocated", "allocated_bytes.all.freed",
+                          "reserved_bytes.all.current", "active_bytes.all.current", "requested_bytes.all.current",
+                          "allocation.all.current", "allocation.all.allocated", "segment.all.current"})
+    out[key] = s.at(key);
+  return out;
+}
+
+std::string error() { return stowage_last_error(); }
+
+class CApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(env_set);
+    ASSERT_GE(stowage_device_count(), 1) << error();
+    ASSERT_EQ(stowage_set_memory_cap(0, 0), 0) << error();
+  }
+  void TearDown() override {
+    EXPECT_EQ(stats(0)["allocation.all.current"], 0) << "a test leaked a block";
+    stowage_empty_cache(0);
+  }
+};
+
+TEST_F(CApiTest, MallocGivesWritableMemoryCountedInStats) {
+  auto* p = static_cast<unsigned char*>(stowage_malloc(1000, 0, nullptr));
+  ASSERT_NE(p, nullptr) << error();
+  EXPECT_EQ(error(), "");
+  std::memset(p, 0xAB, 1000);  // emulated device memory is host memory
+  EXPECT_EQ(p[999], 0xAB);
+  auto s = stats(0);
+  EXPECT_EQ(s["allocation.all.current"], 1);
+  EXPECT_EQ(s["requested_bytes.all.current"], 1000);
+  EXPECT_GE(s["allocated_bytes.all.current"].get<long>(), 1000);
+  stowage_free(p, 1000, 0, nullptr);
+  EXPECT_EQ(error(), "");
+  s = stats(0);
+  EXPECT_EQ(s["allocation.all.current"], 0);
+  EXPECT_EQ(s["allocated_bytes.all.current"], 0);
+  EXPECT_GT(s["reserved_bytes.all.current"].get<long>(), 0);  // cached
+  EXPECT_EQ(stowage_empty_cache(0), 0);
+  EXPECT_EQ(stats(0)["reserved_bytes.all.current"], 0);
+}
+
+TEST_F(CApiTest, ZeroBytesIsNullWithoutError) {
+  EXPECT_EQ(stowage_malloc(0, 0, nullptr), nullptr);
+  EXPECT_EQ(error(), "");
+  stowage_free(nullptr, 0, 0, nullptr);
+  EXPECT_EQ(error(), "");
+}
+
+TEST_F(CApiTest, StatsBufferIsTruncatedLikeSnprintf) {
+  const ssize_t n = stowage_get_stats(0, nullptr, 0);
+  ASSERT_GT(n, 32);
+  char small[16];
+  std::memset(small, 'x', sizeof small);
+  EXPECT_EQ(stowage_get_stats(0, small, sizeof small), n);
+  EXPECT_EQ(small[15], '\0');
+  EXPECT_EQ(std::strlen(small), 15u);
+  EXPECT_EQ(std::string(small, 2), "{\"");
+  EXPECT_EQ(stowage_get_stats(0, nullptr, 10), -1);
+  EXPECT_NE(error().find("null buffer"), std::string::npos);
+  EXPECT_EQ(stowage_get_stats(99, small, sizeof small), -1);
+}
+
+TEST_F(CApiTest, BadInputChangesNothingAndAllocationContinues) {
+  void* a = stowage_malloc(3 * kMiB, 0, nullptr);
+  void* b = stowage_malloc(4096, 0, nullptr);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const nlohmann::json before = state_of(0);
+
+  EXPECT_EQ(stowage_malloc(-5, 0, nullptr), nullptr);
+  EXPECT_NE(error().find("negative size"), std::string::npos) << error();
+  EXPECT_EQ(stowage_malloc(16, 57, nullptr), nullptr);
+  EXPECT_NE(error().find("device 57"), std::string::npos) << error();
+  EXPECT_EQ(stowage_malloc(16, -1, nullptr), nullptr);
+
+  int on_stack = 0;
+  stowage_free(&on_stack, 4, 0, nullptr);  // foreign pointer
+  EXPECT_NE(error(), "");
+  stowage_free(static_cast<char*>(a) + 512, 512, 0, nullptr);  // inside a block, not its start
+  EXPECT_NE(error(), "");
+  stowage_free(b, 4095, 0, nullptr);  // wrong size
+  EXPECT_NE(error().find("4095"), std::string::npos) << error();
+  stowage_free(b, -4096, 0, nullptr);
+  EXPECT_NE(error().find("negative size"), std::string::npos) << error();
+  stowage_free(b, 4096, 42, nullptr);  // no such device
+  EXPECT_NE(error(), "");
+  EXPECT_EQ(stowage_record_stream(&on_stack, 0, nullptr), -1);
+  EXPECT_NE(error(), "");
+  EXPECT_EQ(stowage_record_stream(nullptr, 0, nullptr), -1);
+  EXPECT_EQ(state_of(0), before);
+
+  // Double free: the first free works, the second changes nothing.
+  stowage_free(b, 4096, 0, nullptr);
+  EXPECT_EQ(error(), "");
+  const nlohmann::json after_free = state_of(0);
+  stowage_free(b, 4096, 0, nullptr);
+  EXPECT_NE(error(), "");
+  EXPECT_EQ(state_of(0), after_free);
+
+  // Allocation and free still work, and the books balance.
+  void* c = stowage_malloc(4096, 0, nullptr);
+  ASSERT_NE(c, nullptr) << error();
+  std::memset(c, 1, 4096);
+  stowage_free(c, 4096, 0, nullptr);
+  stowage_free(a, 3 * kMiB, 0, nullptr);
+  EXPECT_EQ(error(), "");
+  EXPECT_EQ(stats(0)["allocated_bytes.all.current"], 0);
+}
+
+TEST_F(CApiTest, FreeOnTheWrongDeviceNamesTheOwner) {
+  if (stowage_device_count() < 2) GTEST_SKIP() << "needs two devices (emulated: STOWAGE_EMULATED_DEVICES=2)";
+  void* p = stowage_malloc(8192, 1, nullptr);
+  ASSERT_NE(p, nullptr) << error();
+  void* q = stowage_malloc(8192, 0, nullptr);  // device 0's allocator exists too
+  const nlohmann::json before0 = state_of(0), before1 = state_of(1);
+  stowage_free(p, 8192, 0, nullptr);
+  EXPECT_NE(error().find("belongs to device 1"), std::string::npos) << error();
+  EXPECT_EQ(state_of(0), before0);
+  EXPECT_EQ(state_of(1), before1);
+  stowage_free(p, 8192, 1, nullptr);
+  stowage_free(q, 8192, 0, nullptr);
+  EXPECT_EQ(error(), "");
+  EXPECT_EQ(stats(1)["allocation.all.current"], 0);
+}
+
+TEST_F(CApiTest, AllocationBeyondTheCapFailsCleanly) {
+  ASSERT_EQ(stowage_set_memory_cap(0, 32 * kMiB), 0) << error();
+  void* a = stowage_malloc(16 * kMiB, 0, nullptr);
+  ASSERT_NE(a, nullptr) << error();
+  const nlohmann::json before = state_of(0);
+  EXPECT_EQ(stowage_malloc(64 * kMiB, 0, nullptr), nullptr);
+  EXPECT_NE(error(), "");
+  EXPECT_EQ(state_of(0), before);
+  void* b = stowage_malloc(8 * kMiB, 0, nullptr);  // still fits under the cap
+  EXPECT_NE(b, nullptr) << error();
+  stowage_free(b, 8 * kMiB, 0, nullptr);
+  stowage_free(a, 16 * kMiB, 0, nullptr);
+  EXPECT_EQ(stowage_set_memory_cap(0, 0), 0);
+  void* big = stowage_malloc(64 * kMiB, 0, nullptr);  // no cap now
+  EXPECT_NE(big, nullptr) << error();
+  stowage_free(big, 64 * kMiB, 0, nullptr);
+}
+
+TEST_F(CApiTest, PeakStatsReset) {
+  void* p = stowage_malloc(2 * kMiB, 0, nullptr);
+  stowage_free(p, 2 * kMiB, 0, nullptr);
+  EXPECT_GE(stats(0)["allocated_bytes.all.peak"].get<long>(), 2 * kMiB);
+  EXPECT_EQ(stowage_reset_peak_stats(0), 0);
+  EXPECT_EQ(stats(0)["allocated_bytes.all.peak"], 0);
+  EXPECT_EQ(stowage_reset_peak_stats(7), -1);
+}
+
+TEST_F(CApiTest, SnapshotWritesJsonOfTheLiveBlocks) {
+  void* p = stowage_malloc(12345, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  const auto path = std::filesystem::temp_directory_path() / ("stowage_capi_snapshot_" + std::to_string(getpid()) + ".json");
+  ASSERT_EQ(stowage_snapshot(0, path.c_str()), 0) << error();
+  std::ifstream in(path);
+  const nlohmann::json snap = nlohmann::json::parse(in);
+  std::filesystem::remove(path);
+  bool found = false;
+  for (const auto& seg : snap.at("segments"))
+    for (const auto& block : seg.at("blocks"))
+      if (block.at("requested_size") == 12345) found = true;
+  EXPECT_TRUE(found) << snap.dump().substr(0, 400);
+  EXPECT_EQ(stowage_snapshot(0, "/nonexistent-dir/x.json"), -1);
+  EXPECT_NE(error().find("/nonexistent-dir/x.json"), std::string::npos);
+  EXPECT_EQ(stowage_snapshot(0, nullptr), -1);
+  stowage_free(p, 12345, 0, nullptr);
+}
+
+TEST_F(CApiTest, ErrorsAreKeptPerThread) {
+  EXPECT_EQ(stowage_malloc(-1, 0, nullptr), nullptr);
+  std::string other;
+  std::thread([&] { other = stowage_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_NE(error(), "");
+}
+
+}  // namespace
