@@ -1,0 +1,89 @@
+// PyTorch-style allocator configuration text: "key:value,key:value".
+#include <charconv>
+#include <cmath>
+
+#include "fmt/format.h"
+#include "stowage/allocator.hpp"
+
+namespace stowage {
+namespace {
+
+std::string trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t\n");
+  if (b == std::string_view::npos) return {};
+  const auto e = s.find_last_not_of(" \t\n");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+std::uint64_t parse_count(const std::string& key, const std::string& v) {
+  std::uint64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size()) {
+    throw ParseError(fmt::format("allocator options: {}: expected a non-negative integer, got \"{}\"", key, v));
+  }
+  return out;
+}
+
+double parse_fraction(const std::string& key, const std::string& v) {
+  double out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size() || !std::isfinite(out) || out < 0.0 || out > 1.0) {
+    throw ParseError(fmt::format("allocator options: {}: expected a number in [0, 1], got \"{}\"", key, v));
+  }
+  return out;
+}
+
+bool parse_bool(const std::string& key, const std::string& v) {
+  if (v == "True" || v == "true" || v == "1") return true;
+  if (v == "False" || v == "false" || v == "0") return false;
+  throw ParseError(fmt::format("allocator options: {}: expected True or False, got \"{}\"", key, v));
+}
+
+std::size_t mib_to_bytes(const std::string& key, std::uint64_t mib) {
+  if (mib > (std::uint64_t{1} << 40)) {
+    throw ParseError(fmt::format("allocator options: {}: {} MiB is too large", key, mib));
+  }
+  return static_cast<std::size_t>(mib) << 20;
+}
+
+}  // namespace
+
+AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptions base) {
+  AllocatorOptions o = base;  // filled in a copy so bad text changes nothing
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string item = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) {
+      throw ParseError(fmt::format("allocator options: \"{}\": expected key:value", item));
+    }
+    const std::string key = trim(std::string_view(item).substr(0, colon));
+    const std::string value = trim(std::string_view(item).substr(colon + 1));
+    if (key == "expandable_segments") {
+      o.segments = parse_bool(key, value) ? SegmentMode::expandable : SegmentMode::classic;
+    } else if (key == "max_split_size_mb") {
+      o.max_split_size = mib_to_bytes(key, parse_count(key, value));
+    } else if (key == "garbage_collection_threshold") {
+      o.gc_threshold = parse_fraction(key, value);
+    } else if (key == "memory_cap_mb") {
+      o.memory_cap_bytes = mib_to_bytes(key, parse_count(key, value));
+    } else if (key == "memory_cap_fraction") {
+      o.memory_cap_fraction = parse_fraction(key, value);
+    } else if (key == "trace_entries") {
+      o.trace_entries = static_cast<std::size_t>(parse_count(key, value));
+    } else if (key == "expandable_reserve_mb") {
+      o.expandable_reserve = mib_to_bytes(key, parse_count(key, value));
+    } else {
+      throw ParseError(fmt::format(
+          "allocator options: unknown key \"{}\" (known: expandable_segments, max_split_size_mb, "
+          "garbage_collection_threshold, memory_cap_mb, memory_cap_fraction, trace_entries, "
+          "expandable_reserve_mb)", key));
+    }
+  }
+  return o;
+}
+
+}  // namespace stowage

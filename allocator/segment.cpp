@@ -1,0 +1,77 @@
+#include "allocator/segment.hpp"
+
+#include <limits>
+
+namespace stowage::detail {
+namespace {
+
+void unmap_uncounted(Device& device, Segment& seg, std::size_t at, std::size_t count) {
+  device.unmap(reinterpret_cast<void*>(seg.granule_addr(at)), count * seg.granule);
+  for (std::size_t i = at; i < at + count; ++i) {
+    device.destroy_physical(seg.handles[i]);
+    seg.handles[i] = PhysicalHandle{0};
+  }
+}
+
+// Bytes of a free neighbour the new mapping can merge with, or 0.
+std::size_t usable(const Block* b, Stream stream) {
+  return b && b->is_free() && streams_compatible(b->stream, stream) ? b->size : 0;
+}
+
+}  // namespace
+
+bool plan_expansion(const Segment& seg, std::size_t rounded, Stream stream, Placement& out) {
+  const std::size_t n = seg.granules(), g = seg.granule;
+  std::size_t best = std::numeric_limits<std::size_t>::max();
+  auto consider = [&](std::size_t at, std::size_t count) {
+    if (count < best) {
+      best = count;
+      out = {at, count};
+    }
+  };
+  for (std::size_t begin = 0; begin < n;) {
+    if (seg.mapped(begin)) {
+      ++begin;
+      continue;
+    }
+    std::size_t end = begin;
+    while (end < n && !seg.mapped(end)) ++end;
+    const std::size_t gap = end - begin;
+    const std::size_t left = begin > 0 ? usable(seg.last_at[begin], stream) : 0;
+    const std::size_t right = end < n ? usable(seg.first_at[end], stream) : 0;
+    auto need = [&](std::size_t have) { return have >= rounded ? 1 : (rounded - have + g - 1) / g; };
+    if (std::size_t k = need(left); k <= gap) consider(begin, k);  // grow the left block
+    if (std::size_t k = need(right); k <= gap) consider(end - k, k);  // grow the right one down
+    if (left + gap * g + right >= rounded) consider(begin, gap);  // bridge both
+    begin = end;
+  }
+  return best != std::numeric_limits<std::size_t>::max();
+}
+
+void map_granules(Device& device, Segment& seg, std::size_t at, std::size_t count) {
+  std::size_t done = 0;
+  try {
+    for (; done < count; ++done) {
+      PhysicalHandle h = device.create_physical(seg.granule);
+      try {
+        device.map(reinterpret_cast<void*>(seg.granule_addr(at + done)), seg.granule, h);
+      } catch (...) {
+        device.destroy_physical(h);
+        throw;
+      }
+      seg.handles[at + done] = h;
+    }
+    device.set_access(reinterpret_cast<void*>(seg.granule_addr(at)), count * seg.granule);
+  } catch (...) {
+    if (done > 0) unmap_uncounted(device, seg, at, done);
+    throw;
+  }
+  seg.mapped_bytes += count * seg.granule;
+}
+
+void unmap_granules(Device& device, Segment& seg, std::size_t at, std::size_t count) {
+  unmap_uncounted(device, seg, at, count);
+  seg.mapped_bytes -= count * seg.granule;
+}
+
+}  // namespace stowage::detail
