@@ -186,6 +186,10 @@ int stowage_device_count(void) {
   return guarded(-1, [] { return allocators().count; });
 }
 
+int stowage_using_cuda(void) {
+  return guarded(-1, [] { return using_cuda() ? 1 : 0; });
+}
+
 const char* stowage_last_error(void) { return last_error.c_str(); }
 
 }  // extern "C"

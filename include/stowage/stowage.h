@@ -56,6 +56,10 @@ int stowage_set_memory_cap(int device, size_t bytes);
 /* Number of devices the ordinals above may name; -1 on error (e.g. a malformed STOWAGE_*). */
 int stowage_device_count(void);
 
+/* 1 when the ordinals name CUDA devices, 0 when they name emulated devices (host memory),
+ * -1 on error. */
+int stowage_using_cuda(void);
+
 /* The calling thread's last error message, "" when the last call succeeded. Valid until the
  * thread's next stowage call. */
 const char* stowage_last_error(void);
