@@ -1,0 +1,141 @@
+// Memory caps, out-of-memory reports, and bad input that must leave the allocator unchanged.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "allocator_test_util.hpp"
+
+namespace stowage {
+namespace {
+
+using namespace test;
+using ::testing::HasSubstr;
+
+std::string oom_message(CachingAllocator& a, std::size_t bytes) {
+  try {
+    a.allocate(bytes);
+  } catch (const OutOfMemory& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "allocate(" << bytes << ") did not throw OutOfMemory";
+  return {};
+}
+
+TEST(AllocatorErrors, CapRefusesWithAFullReport) {
+  auto dev = small_device();
+  AllocatorOptions o;
+  o.memory_cap_bytes = 64 * MiB;
+  CachingAllocator a(*dev, o);
+  EXPECT_EQ(a.memory_cap(), 64 * MiB);
+  void* x = a.allocate(40 * MiB);
+  void* s = a.allocate(3000);
+  const std::string msg = oom_message(a, 30 * MiB);
+  EXPECT_THAT(msg, HasSubstr("tried to allocate 30.00 MiB"));
+  EXPECT_THAT(msg, HasSubstr("capacity 256.00 MiB"));
+  EXPECT_THAT(msg, HasSubstr("memory cap 64.00 MiB"));
+  EXPECT_THAT(msg, HasSubstr("40.00 MiB allocated"));
+  EXPECT_THAT(msg, HasSubstr("reserved but unallocated"));
+  EXPECT_THAT(msg, HasSubstr("largest free block"));
+  EXPECT_THAT(msg, HasSubstr("memory cap (memory_cap_mb)"));
+  EXPECT_THAT(msg, HasSubstr("empty_cache"));
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.num_ooms, 1);
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(st.allocated_bytes.all.current, static_cast<std::int64_t>(40 * MiB + 3072));
+  void* y = a.allocate(20 * MiB);  // still fits under the cap
+  EXPECT_NE(y, nullptr);
+  a.set_memory_cap(0);
+  void* z = a.allocate(30 * MiB);  // no cap now
+  for (void* p : {x, s, y, z}) a.deallocate(p);
+}
+
+TEST(AllocatorErrors, ClassicSuggestsExpandableSegments) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.memory_cap_fraction = 0.25;
+  CachingAllocator a(*dev, o);
+  EXPECT_EQ(a.memory_cap(), 64 * MiB);
+  void* x = a.allocate(50 * MiB);
+  const std::string msg = oom_message(a, 20 * MiB);
+  EXPECT_THAT(msg, HasSubstr("expandable_segments:True"));
+  a.deallocate(x);
+}
+
+TEST(AllocatorErrors, RetryAfterFreeingTheCache) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.memory_cap_bytes = 64 * MiB;
+  CachingAllocator a(*dev, o);
+  a.deallocate(a.allocate(40 * MiB));  // cached 40 MiB segment
+  void* y = a.allocate(50 * MiB);      // 40 + 50 > 64: cache freed, retried
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(st.num_ooms, 0);
+  EXPECT_EQ(st.num_device_free, 1);
+  EXPECT_EQ(st.reserved_bytes.all.current, static_cast<std::int64_t>(50 * MiB));
+  a.deallocate(y);
+}
+
+TEST(AllocatorErrors, DeviceRefusalIsOutOfMemory) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* x = a.allocate(200 * MiB);
+  const std::string msg = oom_message(a, 100 * MiB);
+  EXPECT_THAT(msg, HasSubstr("capacity 256.00 MiB"));
+  EXPECT_THAT(msg, HasSubstr("200.00 MiB allocated"));
+  EXPECT_EQ(a.stats().num_ooms, 1);
+  a.deallocate(x);
+  void* y = a.allocate(100 * MiB);  // fits once x is gone
+  a.deallocate(y);
+}
+
+TEST(AllocatorErrors, BadInputLeavesStateUnchanged) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* x = a.allocate(1000);
+  void* y = a.allocate(5 * MiB);
+  void* freed = a.allocate(4096);
+  a.deallocate(freed);
+  const std::string before = to_json(a.stats());
+  int on_stack = 0;
+  EXPECT_THROW(a.deallocate(&on_stack), InvalidArgument);
+  try {
+    a.deallocate(freed);
+    ADD_FAILURE() << "double free not detected";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("double free"));
+  }
+  EXPECT_THROW(a.deallocate(static_cast<char*>(y) + 512), InvalidArgument);  // inside a block
+  EXPECT_THROW(a.deallocate(x, 999), InvalidArgument);                        // wrong size
+  EXPECT_THROW(a.allocate(std::size_t{1} << 62), InvalidArgument);             // absurd size
+  EXPECT_THROW(a.allocate(static_cast<std::size_t>(-1)), InvalidArgument);    // a negative ssize_t
+  EXPECT_THROW(a.record_stream(&on_stack, kDefaultStream), InvalidArgument);
+  EXPECT_THROW(a.block_size(&on_stack), InvalidArgument);
+  EXPECT_FALSE(a.owns(&on_stack));
+  EXPECT_FALSE(a.owns(freed));
+  EXPECT_TRUE(a.owns(x));
+  EXPECT_EQ(to_json(a.stats()), before);
+  // Still works: the right size (requested or rounded) is accepted.
+  a.deallocate(x, 1000);
+  a.deallocate(y, 5 * MiB);
+  void* z = a.allocate(4096);
+  EXPECT_EQ(z, x);  // x, the freed block and the rest merged back into one
+  a.deallocate(z);
+  EXPECT_EQ(a.stats().allocated_bytes.all.current, 0);
+}
+
+TEST(AllocatorErrors, LargerThanCapacityFailsAtOnce) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* x = a.allocate(MiB);
+  a.deallocate(x);
+  EXPECT_THROW(a.allocate(300 * MiB), OutOfMemory);
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.num_ooms, 1);
+  EXPECT_EQ(st.num_alloc_retries, 0);
+  EXPECT_EQ(st.reserved_bytes.all.current, static_cast<std::int64_t>(2 * MiB));  // cache kept
+}
+
+}  // namespace
+}  // namespace stowage

@@ -1,0 +1,170 @@
+// Classic vs expandable segments: exact reserved bytes, granules given back by empty_cache,
+// garbage collection under a threshold.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "allocator_test_util.hpp"
+#include "stowage/fault_injection.hpp"
+
+namespace stowage {
+namespace {
+
+using namespace test;
+
+std::int64_t i64(std::size_t n) { return static_cast<std::int64_t>(n); }
+
+TEST(AllocatorSegments, ExpandableMapsGranulesContiguously) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  ASSERT_EQ(a.segment_mode(), SegmentMode::expandable);
+  void* x = a.allocate(3 * MiB);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(4 * MiB));  // two 2 MiB granules
+  void* y = a.allocate(5 * MiB);  // 1 MiB left over + two more granules
+  EXPECT_EQ(addr(y), addr(x) + 3 * MiB);
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.reserved_bytes.all.current, i64(8 * MiB));
+  EXPECT_EQ(st.allocated_bytes.all.current, i64(8 * MiB));
+  EXPECT_EQ(st.num_device_alloc, 4);
+  EXPECT_EQ(st.segment.all.current, 1);
+  EXPECT_EQ(dev->counters().physical_allocated, 8 * MiB);
+  std::memset(x, 0x11, 3 * MiB);
+  std::memset(y, 0x22, 5 * MiB);
+  a.deallocate(x);
+  a.deallocate(y);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(8 * MiB));  // cached
+  a.empty_cache();
+  st = a.stats();
+  EXPECT_EQ(st.reserved_bytes.all.current, 0);
+  EXPECT_EQ(st.num_device_free, 4);
+  EXPECT_EQ(st.inactive_split_bytes.all.current, 0);
+  EXPECT_EQ(dev->counters().physical_allocated, 0u);
+}
+
+TEST(AllocatorSegments, EmptyCacheGivesBackWholeFreeGranulesOnly) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* x = a.allocate(3 * MiB);
+  auto* y = static_cast<unsigned char*>(a.allocate(3 * MiB));  // granules 0..2 mapped
+  std::memset(y, 0x5a, 3 * MiB);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(6 * MiB));
+  a.deallocate(x);  // [0, 3 MiB) free: granule 0 whole, granule 1 shared with y
+  a.empty_cache();
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.reserved_bytes.all.current, i64(4 * MiB));
+  EXPECT_EQ(st.num_device_free, 1);
+  EXPECT_EQ(st.inactive_split_bytes.all.current, i64(MiB));  // [2, 3) MiB, mapped and free
+  EXPECT_EQ(y[0], 0x5a);
+  EXPECT_EQ(y[3 * MiB - 1], 0x5a);
+  // 2 MiB more: remapping granule 0 in front of the free MiB costs one granule, at x's place.
+  void* z = a.allocate(2 * MiB);
+  EXPECT_EQ(z, x);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(6 * MiB));
+  a.deallocate(z);
+  a.deallocate(y);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, 0);
+}
+
+TEST(AllocatorSegments, ClassicSegmentsAreWholeDeviceAllocations) {
+  auto dev = small_device();
+  CachingAllocator a(*dev, classic_options());
+  void* x = a.allocate(3 * MiB);   // a 20 MiB segment
+  void* y = a.allocate(30 * MiB);  // its own 30 MiB segment
+  void* z = a.allocate(4 * MiB);   // shares x's segment
+  EXPECT_EQ(addr(z), addr(x) + 3 * MiB);
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.reserved_bytes.all.current, i64(50 * MiB));
+  EXPECT_EQ(st.num_device_alloc, 2);
+  EXPECT_EQ(dev->counters().raw_allocated, 50 * MiB);
+  a.deallocate(y);
+  a.deallocate(x);
+  a.empty_cache();  // the 30 MiB segment goes; the 20 MiB one still holds z
+  st = a.stats();
+  EXPECT_EQ(st.reserved_bytes.all.current, i64(20 * MiB));
+  EXPECT_EQ(st.num_device_free, 1);
+  EXPECT_EQ(st.num_sync_all_streams, 1);
+  a.deallocate(z);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, 0);
+  EXPECT_EQ(dev->counters().raw_allocated, 0u);
+}
+
+// An emulated device that says it has no virtual memory.
+class NoVmmDevice : public FaultInjectingDevice {
+ public:
+  NoVmmDevice() : FaultInjectingDevice(small_device(), FaultPlan{}) {
+    props_ = FaultInjectingDevice::properties();
+    props_.virtual_memory = false;
+    props_.granularity = 0;
+  }
+  const DeviceProperties& properties() const override { return props_; }
+
+ private:
+  DeviceProperties props_;
+};
+
+TEST(AllocatorSegments, ClassicFallbackWithoutVirtualMemory) {
+  NoVmmDevice dev;
+  CachingAllocator a(dev);
+  EXPECT_EQ(a.options().segments, SegmentMode::expandable);
+  EXPECT_EQ(a.segment_mode(), SegmentMode::classic);
+  void* p = a.allocate(MiB);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(2 * MiB));
+  EXPECT_EQ(dev.counters().raw_allocated, 2 * MiB);
+  a.deallocate(p);
+}
+
+TEST(AllocatorSegments, FailedGranuleMapIsRolledBackAndRetried) {
+  FaultInjectingDevice dev(small_device(), FaultPlan{.allocation_every = 3});
+  CachingAllocator a(dev);
+  void* x = a.allocate(4 * MiB);  // physical chunks 1 and 2
+  void* y = a.allocate(4 * MiB);  // chunk 3 refused: cache freed, retried with chunks 4 and 5
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(st.num_ooms, 0);
+  EXPECT_EQ(st.reserved_bytes.all.current, i64(8 * MiB));
+  EXPECT_EQ(dev.counters().physical_allocated, 8 * MiB);
+  EXPECT_EQ(addr(y), addr(x) + 4 * MiB);
+  a.deallocate(x);
+  a.deallocate(y);
+}
+
+TEST(AllocatorSegments, RefusedSecondGranuleLeavesNothingMapped) {
+  FaultInjectingDevice dev(small_device(), FaultPlan{.allocation_every = 2});
+  CachingAllocator a(dev);
+  // Chunk 1 maps, chunk 2 is refused (rolled back); the retry's chunk 3 maps and 4 is refused.
+  EXPECT_THROW(a.allocate(4 * MiB), OutOfMemory);
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.num_ooms, 1);
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(st.reserved_bytes.all.current, 0);
+  EXPECT_EQ(st.allocated_bytes.all.current, 0);
+  EXPECT_EQ(dev.counters().physical_allocated, 0u);
+  dev.set_plan(FaultPlan{});
+  void* p = a.allocate(4 * MiB);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(4 * MiB));
+  a.deallocate(p);
+}
+
+TEST(AllocatorSegments, GarbageCollectionFreesOldestCachedSegments) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.memory_cap_bytes = 64 * MiB;
+  o.gc_threshold = 0.5;  // 32 MiB
+  CachingAllocator a(*dev, o);
+  void* x = a.allocate(12 * MiB);  // its own 12 MiB segment
+  a.deallocate(x);
+  void* y = a.allocate(16 * MiB);  // 12 + 16 = 28: under the threshold, nothing collected
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(28 * MiB));
+  void* z = a.allocate(14 * MiB);  // 28 + 14 would pass it: the cached 12 MiB segment goes first
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.reserved_bytes.all.current, i64(30 * MiB));
+  EXPECT_EQ(st.num_device_free, 1);
+  EXPECT_EQ(st.num_alloc_retries, 0);
+  a.deallocate(y);
+  a.deallocate(z);
+}
+
+}  // namespace
+}  // namespace stowage

@@ -1,0 +1,187 @@
+// Snapshots (segments, blocks, tags, trace ring), their JSON round trip, stats JSON, options text.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "allocator_test_util.hpp"
+#include "nlohmann/json.hpp"
+
+namespace stowage {
+namespace {
+
+using namespace test;
+using ::testing::HasSubstr;
+
+TEST(AllocatorSnapshot, BlocksCarryTagsAndStates) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.trace_entries = 64;
+  CachingAllocator a(*dev, o);
+  void *x, *y;
+  {
+    ScopedTag model("model");
+    x = a.allocate(1000);
+    {
+      ScopedTag attn("layer3.attn");
+      EXPECT_EQ(ScopedTag::current(), "layer3.attn");
+      y = a.allocate(3000);
+    }
+    EXPECT_EQ(ScopedTag::current(), "model");
+  }
+  EXPECT_EQ(ScopedTag::current(), "");
+  Snapshot s = a.snapshot();
+  EXPECT_EQ(s.capacity, 256 * MiB);
+  ASSERT_EQ(s.segments.size(), 1u);
+  const SegmentInfo& seg = s.segments[0];
+  EXPECT_EQ(seg.total_size, 2 * MiB);
+  EXPECT_EQ(seg.pool, Pool::small);
+  EXPECT_FALSE(seg.expandable);
+  EXPECT_EQ(seg.allocated_size, 1024u + 3072u);
+  ASSERT_EQ(seg.blocks.size(), 3u);
+  EXPECT_EQ(seg.blocks[0].address, addr(x));
+  EXPECT_EQ(seg.blocks[0].requested_size, 1000u);
+  EXPECT_EQ(seg.blocks[0].tag, "model");
+  EXPECT_EQ(seg.blocks[0].state, BlockState::active_allocated);
+  EXPECT_EQ(seg.blocks[1].address, addr(y));
+  EXPECT_EQ(seg.blocks[1].size, 3072u);
+  EXPECT_EQ(seg.blocks[1].tag, "layer3.attn");
+  EXPECT_EQ(seg.blocks[2].state, BlockState::inactive);
+  EXPECT_EQ(seg.blocks[2].size, 2 * MiB - 4096);
+  a.deallocate(y);
+  a.deallocate(x);
+  s = a.snapshot();
+  std::vector<TraceAction> actions;
+  for (const TraceEntry& t : s.trace) actions.push_back(t.action);
+  EXPECT_EQ(actions, (std::vector<TraceAction>{TraceAction::segment_map, TraceAction::alloc, TraceAction::alloc,
+                                               TraceAction::free_requested, TraceAction::free_completed,
+                                               TraceAction::free_requested, TraceAction::free_completed}));
+  EXPECT_EQ(s.trace[2].tag, "layer3.attn");
+  EXPECT_EQ(s.trace[2].address, addr(y));
+  for (std::size_t i = 1; i < s.trace.size(); ++i) EXPECT_LE(s.trace[i - 1].time_ns, s.trace[i].time_ns);
+}
+
+TEST(AllocatorSnapshot, TraceRingKeepsTheNewest) {
+  auto dev = small_device();
+  AllocatorOptions o;
+  o.trace_entries = 4;
+  CachingAllocator a(*dev, o);
+  std::vector<void*> ps;
+  for (int i = 0; i < 10; ++i) ps.push_back(a.allocate(512));
+  Snapshot s = a.snapshot();
+  ASSERT_EQ(s.trace.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(s.trace[i].action, TraceAction::alloc);
+    EXPECT_EQ(s.trace[i].address, addr(ps[6 + i]));
+  }
+  for (void* p : ps) a.deallocate(p);
+}
+
+TEST(AllocatorSnapshot, JsonRoundTrip) {
+  auto dev = small_device();
+  AllocatorOptions o;
+  o.trace_entries = 16;
+  CachingAllocator a(*dev, o);
+  Stream s1 = dev->create_stream();
+  ScopedTag tag("opt.state \"m\"");
+  void* x = a.allocate(5 * MiB, s1);
+  void* y = a.allocate(700);
+  a.record_stream(y, s1);
+  const std::string text = to_json(a.snapshot());
+  Snapshot back = snapshot_from_json(text);
+  EXPECT_EQ(to_json(back), text);
+  ASSERT_EQ(back.segments.size(), 2u);  // one expandable reservation per pool
+  EXPECT_TRUE(back.segments[0].expandable);
+  EXPECT_EQ(back.stats.allocated_bytes.all.current, static_cast<std::int64_t>(5 * MiB + 1024));
+  bool found = false;
+  for (const auto& seg : back.segments) {
+    for (const auto& b : seg.blocks) {
+      if (b.address == addr(x)) {
+        found = true;
+        EXPECT_EQ(b.stream, s1);
+        EXPECT_EQ(b.tag, "opt.state \"m\"");
+      }
+    }
+  }
+  EXPECT_TRUE(found);
+  a.deallocate(x);
+  a.deallocate(y);
+  dev->synchronize();
+  dev->destroy_stream(s1);
+}
+
+TEST(AllocatorSnapshot, MalformedJsonNamesTheField) {
+  auto dev = small_device();
+  CachingAllocator a(*dev, classic_options());
+  void* x = a.allocate(100);
+  nlohmann::json j = nlohmann::json::parse(to_json(a.snapshot()));
+  a.deallocate(x);
+  auto message = [](const nlohmann::json& doc) -> std::string {
+    try {
+      snapshot_from_json(doc.dump());
+    } catch (const ParseError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  nlohmann::json bad = j;
+  bad["segments"][0]["blocks"][0]["size"] = "big";
+  EXPECT_THAT(message(bad), HasSubstr("segments[0].blocks[0].size"));
+  bad = j;
+  bad["segments"][0]["blocks"][0]["state"] = "sleeping";
+  EXPECT_THAT(message(bad), HasSubstr("segments[0].blocks[0].state"));
+  bad = j;
+  bad["stats"].erase("num_ooms");
+  EXPECT_THAT(message(bad), HasSubstr("stats.num_ooms: missing"));
+  bad = j;
+  bad["trace"] = 3;
+  EXPECT_THAT(message(bad), HasSubstr("snapshot.trace: expected an array"));
+  EXPECT_THROW(snapshot_from_json("{not json"), ParseError);
+}
+
+TEST(AllocatorStatsJson, FlatPyTorchKeys) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* x = a.allocate(3 * MiB);
+  nlohmann::json j = nlohmann::json::parse(to_json(a.stats()));
+  EXPECT_EQ(j["allocated_bytes.all.current"], 3 * MiB);
+  EXPECT_EQ(j["allocated_bytes.large_pool.current"], 3 * MiB);
+  EXPECT_EQ(j["allocated_bytes.small_pool.current"], 0);
+  EXPECT_EQ(j["reserved_bytes.all.peak"], 4 * MiB);
+  EXPECT_EQ(j["requested_bytes.all.allocated"], 3 * MiB);
+  EXPECT_EQ(j["num_device_alloc"], 2);
+  EXPECT_EQ(j.size(), 7u * 3 * 4 + 6);
+  a.deallocate(x);
+}
+
+TEST(AllocatorOptionsText, ParsesPyTorchAndStowageKeys) {
+  AllocatorOptions o = parse_allocator_options(
+      "expandable_segments:False, max_split_size_mb:512,garbage_collection_threshold:0.8,"
+      "memory_cap_mb:100,memory_cap_fraction:0.5,trace_entries:64,expandable_reserve_mb:1024");
+  EXPECT_EQ(o.segments, SegmentMode::classic);
+  EXPECT_EQ(o.max_split_size, 512 * MiB);
+  EXPECT_DOUBLE_EQ(o.gc_threshold, 0.8);
+  EXPECT_EQ(o.memory_cap_bytes, 100 * MiB);
+  EXPECT_DOUBLE_EQ(o.memory_cap_fraction, 0.5);
+  EXPECT_EQ(o.trace_entries, 64u);
+  EXPECT_EQ(o.expandable_reserve, 1024 * MiB);
+  EXPECT_EQ(parse_allocator_options("", o).max_split_size, 512 * MiB);  // base kept
+  EXPECT_EQ(parse_allocator_options("expandable_segments:True", o).segments, SegmentMode::expandable);
+}
+
+TEST(AllocatorOptionsText, BadTextNamesTheKey) {
+  auto message = [](const std::string& text) -> std::string {
+    try {
+      parse_allocator_options(text);
+    } catch (const ParseError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_THAT(message("roundup_bypass:1"), HasSubstr("unknown key \"roundup_bypass\""));
+  EXPECT_THAT(message("max_split_size_mb:abc"), HasSubstr("max_split_size_mb"));
+  EXPECT_THAT(message("garbage_collection_threshold:1.5"), HasSubstr("garbage_collection_threshold"));
+  EXPECT_THAT(message("expandable_segments:maybe"), HasSubstr("expandable_segments"));
+  EXPECT_THAT(message("memory_cap_mb"), HasSubstr("expected key:value"));
+}
+
+}  // namespace
+}  // namespace stowage
