@@ -1,0 +1,58 @@
+#include "offload/swap_timing.hpp"
+
+#include <algorithm>
+
+#include "allocator/log.hpp"
+
+namespace stowage::offload {
+
+EventPool::~EventPool() {
+  for (Event e : all_) {
+    try {
+      device_.destroy_event(e);
+    } catch (const std::exception& ex) {
+      log().error("swap: destroying an event failed: {}", ex.what());
+    }
+  }
+}
+
+Event EventPool::take() {
+  if (!free_.empty()) {
+    const Event e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  all_.push_back(device_.create_event(timing_));
+  return all_.back();
+}
+
+void SpanTimer::begin(Stream stream) {
+  Span s;
+  s.start = events_.take();
+  s.stream = stream;
+  device_.record(s.start, stream);
+  spans_.push_back(s);
+}
+
+void SpanTimer::end(Stream stream, SpanKind kind) {
+  auto it = std::find_if(spans_.rbegin(), spans_.rend(), [&](const Span& s) { return s.stream == stream && !s.closed; });
+  if (it == spans_.rend()) return;
+  it->stop = events_.take();
+  it->kind = kind;
+  it->closed = true;
+  device_.record(it->stop, stream);
+}
+
+void SpanTimer::settle(bool wait) {
+  std::erase_if(spans_, [&](const Span& s) {
+    if (!s.closed) return false;
+    if (wait) device_.synchronize(s.stop);
+    else if (!device_.query(s.stop)) return false;
+    totals_[static_cast<int>(s.kind)] += std::max(0.0f, device_.elapsed_ms(s.start, s.stop));
+    events_.give(s.start);
+    events_.give(s.stop);
+    return true;
+  });
+}
+
+}  // namespace stowage::offload
