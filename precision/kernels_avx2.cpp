@@ -1,0 +1,27 @@
+// Host kernels for avx2. Only this file is compiled for avx2, and its code runs only when
+// dispatch.cpp finds the CPU supports it.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "precision/kernel_table.hpp"
+
+#pragma GCC optimize("fp-contract=off")
+#pragma GCC target("avx2")
+
+namespace stowage::detail {
+namespace {
+#include "precision/ops_scalar.hpp"
+#include "precision/ops_avx2.hpp"
+#include "precision/host_kernels.hpp"
+}  // namespace
+
+const KernelTable& avx2_kernels() {
+  static const KernelTable table = make_table<Avx2Ops>();
+  return table;
+}
+
+}  // namespace stowage::detail

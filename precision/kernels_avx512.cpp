@@ -1,0 +1,29 @@
+// Host kernels for avx512. Only this file is compiled for avx512, and its code runs only when
+// dispatch.cpp finds the CPU supports it.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "precision/kernel_table.hpp"
+
+#pragma GCC optimize("fp-contract=off")
+#pragma GCC target("avx512f,avx512bw")
+// GCC 12 warns about the deliberately undefined registers inside its own intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace stowage::detail {
+namespace {
+#include "precision/ops_scalar.hpp"
+#include "precision/ops_avx512.hpp"
+#include "precision/host_kernels.hpp"
+}  // namespace
+
+const KernelTable& avx512_kernels() {
+  static const KernelTable table = make_table<Avx512Ops>();
+  return table;
+}
+
+}  // namespace stowage::detail

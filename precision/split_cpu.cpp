@@ -1,0 +1,49 @@
+// Split / merge on the host: the portable (scalar) kernels and the checked public entry points.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "precision/kernel_table.hpp"
+#include "precision/validate.hpp"
+#include "stowage/error.hpp"
+#include "stowage/precision.hpp"
+
+#pragma GCC optimize("fp-contract=off")
+
+namespace stowage {
+namespace detail {
+namespace {
+#include "precision/ops_scalar.hpp"
+#include "precision/host_kernels.hpp"
+}  // namespace
+
+const KernelTable& scalar_kernels() {
+  static const KernelTable table = make_table<ScalarOps>();
+  return table;
+}
+}  // namespace detail
+
+const char* to_string(Rounding r) {
+  switch (r) {
+    case Rounding::half_up: return "half_up";
+    case Rounding::nearest_even: return "nearest_even";
+  }
+  return "?";
+}
+
+void split(const float* src, const SplitPlanes& dst, std::size_t begin, std::size_t end) {
+  detail::check_planes(dst, begin, end, "split");
+  detail::check_pointer(src, alignof(float), "split: source");
+  detail::kernels().split(src, dst, begin, end);
+}
+
+void merge(const SplitPlanes& src, float* dst, std::size_t begin, std::size_t end) {
+  detail::check_planes(src, begin, end, "merge");
+  detail::check_pointer(dst, alignof(float), "merge: destination");
+  detail::kernels().merge(src, dst, begin, end);
+}
+
+}  // namespace stowage
