@@ -1,0 +1,89 @@
+// Runs the built `stowage info` and checks what it reports: the emulated devices it was told to
+// use, their memory, why CUDA is not in use, and the build's features.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "stowage/device.hpp"
+
+namespace {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+CliResult run_cli(const std::string& env, const std::string& args) {
+  const std::string command = "env " + env + " '" STOWAGE_CLI "' " + args + " 2>&1";
+  CliResult r;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+constexpr const char* kTwoEmulated =
+    "STOWAGE_DEVICE=emulated STOWAGE_EMULATED_DEVICES=2 STOWAGE_EMULATED_CAPACITY=1GiB STOWAGE_LOG_LEVEL=off";
+
+TEST(ToolsInfo, TextNamesTheEmulatedDevicesAndWhyNotCuda) {
+  const CliResult r = run_cli(kTwoEmulated, "info");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("device 0: emulated 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("device 1: emulated 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1.00 GiB total"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("granularity 2.00 MiB"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nearest NUMA node(s): "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dependencies: hwloc "), std::string::npos) << r.output;
+  if (stowage::cuda_device_count() == 0)
+    EXPECT_NE(r.output.find("CUDA: no GPU: " + stowage::cuda_unavailable_reason()), std::string::npos) << r.output;
+#ifdef STOWAGE_HAVE_CUDA
+  EXPECT_NE(r.output.find("CUDA backend: built"), std::string::npos) << r.output;
+#else
+  EXPECT_NE(r.output.find("CUDA backend: not built"), std::string::npos) << r.output;
+#endif
+}
+
+TEST(ToolsInfo, JsonCarriesTheSameFacts) {
+  const CliResult r = run_cli(kTwoEmulated, "info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_FALSE(j["using_cuda"].get<bool>());
+  EXPECT_EQ(j["device_selection"], "emulated");
+  ASSERT_EQ(j["devices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const auto& d = j["devices"][i];
+    EXPECT_EQ(d["ordinal"], i);
+    EXPECT_EQ(d["kind"], "emulated");
+    EXPECT_EQ(d["capacity_bytes"], std::uint64_t{1} << 30);
+    EXPECT_EQ(d["free_bytes"], std::uint64_t{1} << 30);
+    EXPECT_EQ(d["granularity_bytes"], std::uint64_t{2} << 20);
+    EXPECT_TRUE(d["virtual_memory"].get<bool>());
+    EXPECT_FALSE(d["numa_nodes"].empty());
+  }
+  EXPECT_EQ(j["cuda"]["devices"], stowage::cuda_device_count());
+  if (stowage::cuda_device_count() == 0) EXPECT_EQ(j["cuda"]["reason"], stowage::cuda_unavailable_reason());
+#ifdef STOWAGE_HAVE_CUDA
+  EXPECT_TRUE(j["build"]["cuda_backend"]["enabled"].get<bool>());
+#else
+  EXPECT_FALSE(j["build"]["cuda_backend"]["enabled"].get<bool>());
+#endif
+  EXPECT_GE(j["host"]["numa_nodes"].get<int>(), 1);
+  for (const char* dep : {"hwloc", "libnuma", "jemalloc", "fmt", "spdlog", "nlohmann_json", "CLI11", "dlpack"})
+    EXPECT_FALSE(j["build"]["dependencies"][dep].get<std::string>().empty()) << dep;
+}
+
+TEST(ToolsInfo, MalformedConfigurationIsAClearError) {
+  const CliResult r = run_cli("STOWAGE_DEVICE=quantum", "info");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("STOWAGE_DEVICE"), std::string::npos) << r.output;
+}
+
+}  // namespace
