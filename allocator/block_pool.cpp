@@ -44,7 +44,7 @@ Block* BlockPool::best_on(Stream stream, std::size_t rounded, std::size_t max_sp
 Block* BlockPool::find(std::size_t rounded, Stream stream, std::size_t max_split) const {
   Block* own = best_on(stream, rounded, max_split);
   if (own && own->size == rounded) return own;
-  Block* any = best_on(kAnyStream, rounded, max_split);
+  Block* any = any_stream_blocks_ > 0 ? best_on(kAnyStream, rounded, max_split) : nullptr;
   if (!own) return any;
   return any && any->size < own->size ? any : own;
 }
@@ -68,6 +68,9 @@ Block* BlockPool::find_other_stream(std::size_t rounded, Stream stream, std::siz
 }
 
 void BlockPool::count_in(const Block* b, bool in) {
+  if (b->stream == kAnyStream) {
+    if (in) ++any_stream_blocks_; else --any_stream_blocks_;
+  }
   if (b->segment->expandable || b->prev || b->next) return;
   if (in) unsplit_free_ += b->size; else unsplit_free_ -= b->size;
 }
@@ -117,6 +120,7 @@ void BlockPool::coalesce_all_as_any() {
   std::vector<Block*> blocks(free_.begin(), free_.end());
   free_.clear();
   unsplit_free_ = 0;
+  any_stream_blocks_ = 0;
   std::sort(blocks.begin(), blocks.end(), [](Block* a, Block* b) { return a->addr < b->addr; });
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     Block* b = blocks[i];

@@ -52,6 +52,7 @@ class BlockPool {
   FreeSet free_;
   std::vector<Block*> spare_;
   std::size_t unsplit_free_ = 0;
+  std::size_t any_stream_blocks_ = 0;  // free blocks on kAnyStream: skip that search when none
 };
 
 }  // namespace stowage::detail

@@ -20,7 +20,6 @@ CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
     const auto frac = static_cast<std::size_t>(opts.memory_cap_fraction * static_cast<double>(props.capacity));
     cap = cap > 0 ? std::min(cap, frac) : frac;
   }
-  live.reserve(1024);
 }
 
 CachingAllocator::Impl::~Impl() { release_everything(); }
@@ -49,7 +48,7 @@ void* CachingAllocator::Impl::hand_out(Block* b, std::size_t bytes, std::size_t 
   b->stream = stream;
   b->requested = bytes;
   b->tag = ScopedTag::current();
-  live.emplace(b->addr, b);
+  live.insert(b->addr, b);
   const auto size = static_cast<std::int64_t>(b->size);
   st.allocated_bytes.add(b->pool, size);
   st.active_bytes.add(b->pool, size);
@@ -192,9 +191,8 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_bytes) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = m.live.find(addr);
-  if (it == m.live.end()) throw InvalidArgument(m.describe_foreign(addr));
-  Block* b = it->second;
+  Block* b = m.live.find(addr);
+  if (!b) throw InvalidArgument(m.describe_foreign(addr));
   if (expected_bytes != 0 && expected_bytes != b->requested && expected_bytes != b->size) {
     throw InvalidArgument(fmt::format(
         "stowage: free of {} with size {} bytes, but the block was allocated with {} bytes",
@@ -211,7 +209,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_bytes) {
     m.spare_events.insert(m.spare_events.end(), events.begin(), events.end());
     throw;
   }
-  m.live.erase(it);
+  m.live.erase(addr);
   const Pool p = b->pool;
   m.st.allocated_bytes.sub(p, static_cast<std::int64_t>(b->size));
   m.st.requested_bytes.sub(p, static_cast<std::int64_t>(b->requested));
@@ -228,27 +226,24 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_bytes) {
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
-  auto it = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == m.live.end()) {
+  Block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (!b) {
     throw InvalidArgument(fmt::format("stowage: record_stream on {}, which is not a live allocation", ptr));
   }
-  Block* b = it->second;
   if (stream == b->stream || std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
   b->uses.push_back(stream);
 }
 
 std::size_t CachingAllocator::block_size(const void* ptr) const {
   std::lock_guard lock(impl_->mu);
-  auto it = impl_->live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == impl_->live.end()) {
-    throw InvalidArgument(fmt::format("stowage: {} is not a live allocation of this allocator", ptr));
-  }
-  return it->second->size;
+  const Block* b = impl_->live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (!b) throw InvalidArgument(fmt::format("stowage: {} is not a live allocation of this allocator", ptr));
+  return b->size;
 }
 
 bool CachingAllocator::owns(const void* ptr) const {
   std::lock_guard lock(impl_->mu);
-  return impl_->live.count(reinterpret_cast<std::uintptr_t>(ptr)) > 0;
+  return impl_->live.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
 void CachingAllocator::empty_cache() {

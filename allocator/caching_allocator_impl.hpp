@@ -4,9 +4,9 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
+#include "allocator/address_map.hpp"
 #include "allocator/block_pool.hpp"
 #include "allocator/segment.hpp"
 #include "allocator/trace_ring.hpp"
@@ -30,7 +30,7 @@ struct CachingAllocator::Impl {
   std::size_t cap = 0;  // 0: none
   mutable std::mutex mu;
   detail::BlockPool pools[kPoolCount]{detail::BlockPool(Pool::small), detail::BlockPool(Pool::large)};
-  std::unordered_map<std::uintptr_t, detail::Block*> live;  // allocated blocks by address
+  detail::AddressMap live;  // allocated blocks by address
   std::vector<std::unique_ptr<detail::Segment>> classic;     // classic segments
   std::unique_ptr<detail::Segment> expandable[kPoolCount];   // one reservation per pool
   std::vector<Pending> pending;

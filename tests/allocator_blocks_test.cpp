@@ -1,6 +1,10 @@
 // Size classes, pools, splitting, coalescing and same-stream reuse.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
+
+#include "allocator/address_map.hpp"
 #include "allocator/size_classes.hpp"
 #include "allocator_test_util.hpp"
 
@@ -21,6 +25,28 @@ TEST(AllocatorSizeClasses, RoundsTo512AndPicksPool) {
   EXPECT_EQ(detail::classic_segment_size(10 * MiB - 512), 20 * MiB);
   EXPECT_EQ(detail::classic_segment_size(10 * MiB), 10 * MiB);
   EXPECT_EQ(detail::classic_segment_size(11 * MiB + 1), 12 * MiB);
+}
+
+TEST(AllocatorAddressMap, MatchesStdMapUnderChurn) {
+  detail::AddressMap m;
+  std::map<std::uintptr_t, detail::Block*> ref;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 20000; ++i) {
+    const std::uintptr_t key = (rng() % 5000 + 1) * 512;  // collisions and re-inserts
+    auto* value = reinterpret_cast<detail::Block*>(key * 3);
+    if (ref.count(key)) {
+      ASSERT_EQ(m.find(key), ref[key]);
+      ASSERT_TRUE(m.erase(key));
+      ref.erase(key);
+    } else {
+      ASSERT_EQ(m.find(key), nullptr);
+      m.insert(key, value);
+      ref[key] = value;
+    }
+  }
+  EXPECT_EQ(m.size(), ref.size());
+  for (auto [k, v] : ref) ASSERT_EQ(m.find(k), v);
+  EXPECT_FALSE(m.erase(512 * 6000));
 }
 
 TEST(AllocatorBlocks, ClassicPoolsAndSegmentSizes) {
