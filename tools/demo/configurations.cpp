@@ -1,0 +1,51 @@
+#include "tools/demo/configurations.hpp"
+
+#include <fmt/format.h>
+
+#include "stowage/error.hpp"
+
+namespace stowage::demo {
+
+const std::vector<Configuration>& all_configurations() {
+  static const std::vector<Configuration> configs = [] {
+    std::vector<Configuration> c;
+    c.push_back({"baseline", {}, "fp32 master + bf16 copy, all activations and states on device"});
+    c.push_back({"shared", {.shared_storage = true}, "bf16/fp32 shared storage (nearest_even)"});
+    Techniques all{.shared_storage = true};
+    c.push_back({"all", all, "every technique above together"});
+    return c;
+  }();
+  return configs;
+}
+
+std::vector<Configuration> select_configurations(const std::string& text) {
+  std::vector<Configuration> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string name = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (name.empty()) continue;
+    bool found = false;
+    for (const auto& c : all_configurations())
+      if (c.name == name) {
+        out.push_back(c);
+        found = true;
+      }
+    if (!found) {
+      std::string known;
+      for (const auto& c : all_configurations()) known += (known.empty() ? "" : ", ") + c.name;
+      throw InvalidArgument(fmt::format("demo: unknown configuration '{}' (this build has: {})", name, known));
+    }
+  }
+  if (out.empty()) throw InvalidArgument("demo: --configs names no configuration");
+  return out;
+}
+
+std::vector<std::string> missing_techniques() {
+  return {"recompute: stowage/recompute.hpp has not landed in this build",
+          "swap: stowage/swap.hpp has not landed in this build",
+          "offload: stowage/offload.hpp has not landed in this build"};
+}
+
+}  // namespace stowage::demo

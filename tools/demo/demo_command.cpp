@@ -1,0 +1,109 @@
+// `stowage demo`: trains a small transformer under each memory technique and shows, for each,
+// the loss curve, the measured peak device memory, the step time, and whether every step's
+// loss is bit-identical to the baseline.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include <unistd.h>
+
+#include "stowage/error.hpp"
+#include "tools/command.hpp"
+#include "tools/demo/report.hpp"
+#include "tools/demo/run.hpp"
+
+namespace stowage::demo {
+namespace {
+
+struct CliOptions {
+  DemoOptions demo;
+  std::string configs = "baseline,shared,recompute,swap,offload,all";
+  std::string rounding = "nearest_even";
+  std::string svg;
+  bool json = false;
+};
+
+Rounding parse_rounding(const std::string& s) {
+  if (s == "nearest_even" || s == "nearest-even") return Rounding::nearest_even;
+  if (s == "half_up" || s == "half-up" || s == "half-away") return Rounding::half_up;
+  throw InvalidArgument(fmt::format("demo: --rounding must be nearest_even or half_up (got '{}')", s));
+}
+
+// Only configurations this build offers; those asked for but missing are named on stderr.
+std::vector<Configuration> configs_in_build(const std::string& requested, bool explicit_request) {
+  if (explicit_request) return select_configurations(requested);
+  std::string available;
+  for (const auto& c : all_configurations()) available += (available.empty() ? "" : ",") + c.name;
+  return select_configurations(available);
+}
+
+int run(CliOptions& o, bool configs_given) {
+  o.demo.rounding = parse_rounding(o.rounding);
+  o.demo.configs = configs_in_build(o.configs, configs_given);
+  std::string device_note;
+  o.demo.device = &demo_device(&device_note);
+  if (!o.json) {
+    std::fprintf(stderr, "stowage demo: training on the %s\n", device_note.c_str());
+    if (!configs_given)
+      for (const auto& m : missing_techniques()) std::fprintf(stderr, "stowage demo: not in this run: %s\n", m.c_str());
+  }
+  // One line rewritten in place on a terminal; every tenth of the run otherwise (logs, CI).
+  const bool tty = isatty(fileno(stderr)) != 0;
+  const int every = std::max(1, o.demo.steps / 10);
+  auto progress = [&](std::size_t config, int step, float loss, const ConfigResult&) {
+    if (o.json) return;
+    const bool end = step == o.demo.steps;
+    if (!tty && !end && step % every != 0) return;
+    std::fprintf(stderr, "%s[%zu/%zu] %-10s step %4d/%d  loss %.4f%s", tty ? "\r" : "", config + 1,
+                 o.demo.configs.size(), o.demo.configs[config].name.c_str(), step, o.demo.steps,
+                 static_cast<double>(loss), tty && !end ? "" : "\n");
+    std::fflush(stderr);
+  };
+  const auto results = run_demo(o.demo, progress);
+  DemoOptions shown = o.demo;
+  if (!results.empty()) shown.shape.vocab = results.front().vocab;
+  if (o.json) {
+    std::printf("%s\n", to_json(results, shown).c_str());
+  } else {
+    std::printf("\n%s", format_table(results, shown).c_str());
+  }
+  if (!o.svg.empty()) {
+    std::ofstream f(o.svg);
+    f << to_svg(results, shown);
+    if (!f) throw Error(fmt::format("demo: cannot write {}", o.svg));
+    if (!o.json) std::printf("wrote %s\n", o.svg.c_str());
+  }
+  int mismatches = 0;
+  for (const auto& r : results)
+    if (r.compared && !r.bit_identical && r.must_match) ++mismatches;
+  return mismatches == 0 ? 0 : 3;
+}
+
+void setup(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<CliOptions>();
+  auto* cmd = app.add_subcommand("demo", "train a small transformer with every memory technique and compare");
+  auto& s = o->demo.shape;
+  cmd->add_option("--layers", s.layers, "transformer blocks")->capture_default_str();
+  cmd->add_option("--hidden", s.hidden, "hidden size")->capture_default_str();
+  cmd->add_option("--heads", s.heads, "attention heads")->capture_default_str();
+  cmd->add_option("--seq", s.seq, "sequence length (characters)")->capture_default_str();
+  cmd->add_option("--batch", s.batch, "sequences per step")->capture_default_str();
+  cmd->add_option("--steps", o->demo.steps, "training steps per configuration")->capture_default_str();
+  auto* configs = cmd->add_option("--configs", o->configs,
+                                  "comma-separated: baseline,shared,recompute,swap,offload,all (default: every "
+                                  "one this build has)");
+  cmd->add_option("--rounding", o->rounding, "shared storage rounding: nearest_even (bit-identical) or half_up")
+      ->capture_default_str();
+  cmd->add_option("--svg", o->svg, "write an SVG bar chart of peak memory per configuration");
+  cmd->add_flag("--json", o->json, "JSON output (losses with their bit patterns, peaks, step times)");
+  cmd->callback([o, configs, &exit_code] { exit_code = run(*o, configs->count() > 0); });
+}
+
+STOWAGE_COMMAND(40, setup);
+
+}  // namespace
+}  // namespace stowage::demo

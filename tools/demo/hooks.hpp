@@ -1,0 +1,81 @@
+#pragma once
+// The seams where each memory technique plugs into the demo trainer. The baseline implements
+// each with the plain behaviour; a configuration swaps in the technique's version.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stowage/tensor.hpp"
+#include "tools/demo/context.hpp"
+
+namespace stowage::demo {
+
+// Optimizer states m and v (fp32, one per parameter element): on the device, or wherever an
+// offload technique puts them. The views must stay host-addressable for the CPU optimizer.
+class OptimizerStates {
+ public:
+  virtual ~OptimizerStates() = default;
+  virtual float* m() = 0;
+  virtual float* v() = 0;
+  // Called on the host before each optimizer step is enqueued (e.g. to stage states in).
+  virtual void before_step() {}
+  virtual void after_step() {}
+  virtual std::string describe() const = 0;
+};
+
+// How weights are held: the bf16 values forward and backward read, and the AdamW update of the
+// fp32 master behind them (enqueued on the compute stream).
+class ParameterStore {
+ public:
+  virtual ~ParameterStore() = default;
+  // bf16 weights, flat, indexed like ParameterLayout (element offsets).
+  virtual const std::uint16_t* bf16() = 0;
+  virtual void step(const float* grads, OptimizerStates& states, std::int64_t step) = 0;
+  // The fp32 master (after synchronising), for checks.
+  virtual std::vector<float> master() = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Activation memory hooks, called on the host in program order.
+class ActivationHooks {
+ public:
+  virtual ~ActivationHooks() = default;
+  // Forward: `out` = GeLU(`in`) of `layer`'s MLP was just enqueued, and the second MLP matmul
+  // that reads it too. A technique may release `out` until before_layer_backward.
+  virtual void mlp_activation_done(int layer, TensorView& out, const TensorView& in) {}
+  // Forward: `layer`'s attention is done; `saved` are the tensors its backward needs.
+  virtual void attention_done(int layer, const std::vector<TensorView*>& saved) {}
+  // Backward is about to start on `layer` (MLP first, then attention).
+  virtual void before_layer_backward(int layer) {}
+  // `layer`'s attention backward is next and needs `saved` resident.
+  virtual void before_attention_backward(int layer, const std::vector<TensorView*>& saved) {}
+  // The step's backward is complete (all activations freed).
+  virtual void backward_done() {}
+};
+
+// Several hook sets, called in order ("all" configuration).
+class HookChain : public ActivationHooks {
+ public:
+  void add(std::unique_ptr<ActivationHooks> h) { hooks_.push_back(std::move(h)); }
+  void mlp_activation_done(int layer, TensorView& out, const TensorView& in) override {
+    for (auto& h : hooks_) h->mlp_activation_done(layer, out, in);
+  }
+  void attention_done(int layer, const std::vector<TensorView*>& saved) override {
+    for (auto& h : hooks_) h->attention_done(layer, saved);
+  }
+  void before_layer_backward(int layer) override {
+    for (auto& h : hooks_) h->before_layer_backward(layer);
+  }
+  void before_attention_backward(int layer, const std::vector<TensorView*>& saved) override {
+    for (auto& h : hooks_) h->before_attention_backward(layer, saved);
+  }
+  void backward_done() override {
+    for (auto& h : hooks_) h->backward_done();
+  }
+
+ private:
+  std::vector<std::unique_ptr<ActivationHooks>> hooks_;
+};
+
+}  // namespace stowage::demo
