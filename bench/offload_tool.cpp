@@ -1,0 +1,169 @@
+// Swap-attention on the emulated device with a throttled link: how much transfer time is hidden
+// behind compute, and how far the device peak drops. Each layer's forward is attention (its
+// output offloaded) then MLP; backward is MLP (the prefetch runs behind it) then attention.
+// Compute is a sleeping kernel, so the numbers do not depend on how busy the CPU is. The host
+// runs at most two layers ahead of the compute stream (as a framework's launch queue and syncs
+// keep it), so the allocator sees finished copies and reuses their blocks.
+//   offload_tool [--layers N] [--attn-mib A] [--mlp-mib M] [--gbps G] [--steps S]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stowage/allocator.hpp"
+#include "stowage/host_pool.hpp"
+#include "stowage/swap.hpp"
+
+using namespace stowage;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Workload {
+  int layers = 8;
+  std::size_t attn_bytes = std::size_t{32} << 20;  // swapped per layer
+  std::size_t mlp_bytes = std::size_t{16} << 20;   // kept per layer
+  double gbps = 4.0;
+  double compute_ratio = 1.25;  // MLP (and attention) time / one tensor's transfer time
+  int steps = 3;
+};
+
+struct Outcome {
+  double step_ms = 0;  // median
+  std::int64_t peak_allocated = 0, peak_reserved = 0;  // first step, fresh allocator
+  SwapStats swap;
+};
+
+void busy(Device& d, Stream s, double ms) {
+  d.launch_host(s, [ms] { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); });
+}
+
+// Keeps the host at most `ahead` layers in front of the stream.
+class Pacer {
+ public:
+  Pacer(Device& d, Stream s, int ahead) : d_(d), s_(s), events_(ahead) {
+    for (auto& e : events_) e = d_.create_event();
+  }
+  ~Pacer() {
+    for (auto e : events_) d_.destroy_event(e);
+  }
+  void layer_enqueued() {
+    Event& e = events_[next_++ % events_.size()];
+    d_.synchronize(e);  // the layer `ahead` back has finished
+    d_.record(e, s_);
+  }
+
+ private:
+  Device& d_;
+  Stream s_;
+  std::vector<Event> events_;
+  std::size_t next_ = 0;
+};
+
+// One step (forward then backward); returns its wall time in ms.
+double step(Device& dev, CachingAllocator& alloc, SwapScheduler* swap, const Workload& w, double compute_ms) {
+  const Stream compute = kDefaultStream;
+  std::vector<TensorView> attn(w.layers), mlp(w.layers);
+  Pacer pace(dev, compute, 2);
+  const auto t0 = Clock::now();
+  for (int l = 0; l < w.layers; ++l) {
+    attn[l] = TensorView::empty(alloc, DType::u8, {static_cast<std::int64_t>(w.attn_bytes)}, compute);
+    busy(dev, compute, compute_ms);  // attention forward writes attn[l]
+    if (swap) swap->offload(attn[l], l, "attn");
+    mlp[l] = TensorView::empty(alloc, DType::u8, {static_cast<std::int64_t>(w.mlp_bytes)}, compute);
+    busy(dev, compute, compute_ms);  // MLP forward: the D2H runs behind it
+    pace.layer_enqueued();
+  }
+  for (int l = w.layers - 1; l >= 0; --l) {
+    if (swap) swap->before_backward(l);
+    busy(dev, compute, compute_ms);  // MLP backward: the H2D runs behind it
+    mlp[l] = {};
+    if (swap) attn[l] = swap->acquire(attn[l]);
+    busy(dev, compute, compute_ms);  // attention backward reads attn[l]
+    attn[l] = {};
+    if (swap) swap->after_backward(l);
+    pace.layer_enqueued();
+  }
+  dev.synchronize(compute);
+  if (swap) swap->finish_step();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+Outcome measure(const Workload& w, bool with_swap, int distance, double compute_ms) {
+  EmulatedOptions o;
+  o.capacity = std::size_t{4} << 30;
+  o.link_bandwidth_gbps = w.gbps;
+  auto dev = make_emulated_device(0, o);
+  CachingAllocator alloc(*dev);
+  HostPool pool(*dev);
+  SwapOptions so;
+  so.prefetch_distance = distance;
+  SwapScheduler swap(alloc, pool, so);
+  SwapScheduler* s = with_swap ? &swap : nullptr;
+  // The first step on a fresh allocator shows what the device must provide; later steps, with
+  // segments and pinned pages in place, are timed.
+  Outcome out;
+  step(*dev, alloc, s, w, compute_ms);
+  out.peak_allocated = alloc.stats().allocated_bytes.all.peak;
+  out.peak_reserved = alloc.stats().reserved_bytes.all.peak;
+  std::vector<double> times;
+  for (int i = 0; i < w.steps; ++i) {
+    swap.reset_stats();
+    times.push_back(step(*dev, alloc, s, w, compute_ms));
+  }
+  out.swap = swap.stats();  // the last step's
+  std::sort(times.begin(), times.end());
+  out.step_ms = times[times.size() / 2];
+  return out;
+}
+
+double mib(std::int64_t b) { return static_cast<double>(b) / (1 << 20); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Workload w;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const double v = std::stod(argv[i + 1]);
+    if (k == "--layers") w.layers = static_cast<int>(v);
+    else if (k == "--attn-mib") w.attn_bytes = static_cast<std::size_t>(v * (1 << 20));
+    else if (k == "--mlp-mib") w.mlp_bytes = static_cast<std::size_t>(v * (1 << 20));
+    else if (k == "--gbps") w.gbps = v;
+    else if (k == "--steps") w.steps = static_cast<int>(v);
+    else if (k == "--ratio") w.compute_ratio = v;
+    else {
+      fmt::print(stderr, "unknown option {}\n", k);
+      return 2;
+    }
+  }
+  const double transfer_ms = static_cast<double>(w.attn_bytes) / (w.gbps * 1e6);  // one tensor, one way
+  fmt::print("workload: {} layers, attention {:.0f} MiB/layer swapped, MLP {:.0f} MiB/layer kept, link {:g} GB/s "
+             "({:.2f} ms per tensor per direction), median of {} steps\n\n",
+             w.layers, mib(w.attn_bytes), mib(w.mlp_bytes), w.gbps, transfer_ms, w.steps);
+  fmt::print("| compute / transfer | distance | step ms (no swap) | step ms (swap) | link time ms | hidden | "
+             "scheduler overlap | compute wait ms | swapped MiB | peak allocated MiB (no swap → swap) | "
+             "peak reserved MiB (no swap → swap) | reserved drop MiB |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (double ratio : {w.compute_ratio, 0.5}) {
+    const double compute_ms = ratio * transfer_ms;
+    const Outcome base = measure(w, false, 0, compute_ms);
+    for (int distance : {0, 1}) {
+      const Outcome sw = measure(w, true, distance, compute_ms);
+      const double link_ms = static_cast<double>(sw.swap.bytes_d2h + sw.swap.bytes_h2d) / (w.gbps * 1e6);
+      const double exposed = std::max(0.0, sw.step_ms - base.step_ms);
+      const double hidden = link_ms > 0 ? std::clamp(1.0 - exposed / link_ms, 0.0, 1.0) : 1.0;
+      fmt::print("| {:.2f} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f}% | {:.1f}% | {:.1f} | {:.0f} | {:.0f} → {:.0f} | "
+                 "{:.0f} → {:.0f} | {:.0f} |\n",
+                 ratio, distance, base.step_ms, sw.step_ms, link_ms, 100 * hidden, 100 * sw.swap.overlap_fraction,
+                 sw.swap.compute_wait_ms, mib(static_cast<std::int64_t>(sw.swap.bytes_d2h)),
+                 mib(base.peak_allocated), mib(sw.peak_allocated), mib(base.peak_reserved), mib(sw.peak_reserved),
+                 mib(base.peak_reserved - sw.peak_reserved));
+    }
+  }
+  return 0;
+}
