@@ -1,0 +1,129 @@
+// Optimizer steps on a ParameterBucket: argument checks, then host kernels on the emulated
+// device's stream thread or CUDA kernels on the stream.
+#include "stowage/bucket_optimizers.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "precision/cuda_kernels.hpp"
+#include "precision/kernel_table.hpp"
+#include "stowage/allocator.hpp"
+#include "stowage/error.hpp"
+
+namespace stowage {
+namespace {
+
+ElementRange resolve(const ParameterBucket& w, ElementRange r, const char* fn) {
+  if (r.end == std::numeric_limits<std::size_t>::max()) r.end = w.numel();
+  if (r.begin > r.end || r.end > w.numel() || r.begin % 8 != 0) {
+    throw InvalidArgument(fmt::format("{}: range [{}, {}) is not inside the bucket's {} elements starting at a "
+                                      "multiple of 8", fn, r.begin, r.end, w.numel()));
+  }
+  return r;
+}
+
+void check_tensor(const ParameterBucket& w, const TensorView& t, const char* fn, const char* what, bool grad,
+                  ElementRange r) {
+  if (!t.defined()) throw InvalidArgument(fmt::format("{}: {} is undefined", fn, what));
+  if (grad ? (t.dtype() != DType::f32 && t.dtype() != DType::bf16) : t.dtype() != DType::f32) {
+    throw InvalidArgument(fmt::format("{}: {} must be {} (got {})", fn, what, grad ? "f32 or bf16" : "f32",
+                                      to_string(t.dtype())));
+  }
+  const auto n = static_cast<std::size_t>(t.numel());
+  if (n != w.numel() && (grad || n != r.end - r.begin)) {
+    throw InvalidArgument(fmt::format("{}: {} has {} elements; the bucket has {}{}", fn, what, n, w.numel(),
+                                      grad ? "" : fmt::format(" and the range {}", r.end - r.begin)));
+  }
+  if (!t.is_contiguous()) throw InvalidArgument(fmt::format("{}: {} is not contiguous", fn, what));
+  if (&t.storage().device() != &w.device()) {
+    throw InvalidArgument(fmt::format("{}: {} is on another device than the weights", fn, what));
+  }
+}
+
+// A state tensor indexed like the bucket: shard-local state is shifted back by begin.
+float* indexed(const TensorView& t, const ParameterBucket& w, ElementRange r) {
+  float* p = t.data_as<float>();
+  return static_cast<std::size_t>(t.numel()) == w.numel() ? p : p - r.begin;
+}
+
+// Runs the finite check on the stream and waits for it.
+bool nonfinite_on_device(ParameterBucket& w, const void* grad, bool bf16, ElementRange r) {
+  Device& dev = w.device();
+  if (dev.kind() == DeviceKind::cuda) {
+    CachingAllocator& alloc = *w.storage().allocator();
+    void* flag = alloc.allocate(sizeof(int), w.stream());
+    dev.fill_async(flag, 0, sizeof(int), w.stream());
+    cuda_precision::any_nonfinite(grad, bf16, r.begin, r.end, static_cast<int*>(flag), native(w.stream()));
+    int host = 0;
+    dev.copy_async(&host, flag, sizeof(int), CopyKind::device_to_host, w.stream());
+    dev.synchronize(w.stream());
+    alloc.deallocate(flag);
+    return host != 0;
+  }
+  bool found = false;
+  dev.launch_host(w.stream(), [&] { found = detail::kernels().any_nonfinite(grad, bf16, r.begin, r.end); });
+  dev.synchronize(w.stream());
+  return found;
+}
+
+}  // namespace
+
+StepResult adam_step(ParameterBucket& w, const TensorView& grad, const TensorView& m, const TensorView& v,
+                     const AdamOptions& options, const GradScaling& scaling, OptimizerState& state, ElementRange range) {
+  const char* fn = "adam_step(bucket)";
+  const ElementRange r = resolve(w, range, fn);
+  check_tensor(w, grad, fn, "grad", true, r);
+  check_tensor(w, m, fn, "m", false, r);
+  check_tensor(w, v, fn, "v", false, r);
+  if (!(scaling.loss_scale > 0.0f) || !(scaling.clip_coef >= 0.0f)) {
+    throw InvalidArgument(fmt::format("{}: loss_scale {} / clip_coef {} out of range", fn, scaling.loss_scale, scaling.clip_coef));
+  }
+  const detail::AdamArgs args{w.planes(), grad.data(), grad.dtype() == DType::bf16, indexed(m, w, r), indexed(v, w, r),
+                              adam_scalars(options, state.step + 1, scaling)};
+  StepResult result;
+  if (scaling.skip_nonfinite && nonfinite_on_device(w, args.grad, args.grad_bf16, r)) {
+    result.found_nonfinite = true;
+    result.step = state.step;
+    return result;
+  }
+  Device& dev = w.device();
+  if (dev.kind() == DeviceKind::cuda) {
+    cuda_precision::adam(args, r.begin, r.end, native(w.stream()));
+  } else {
+    dev.launch_host(w.stream(), [args, r] { detail::kernels().adam(args, r.begin, r.end); });
+  }
+  result.applied = true;
+  result.step = ++state.step;
+  return result;
+}
+
+StepResult sgd_step(ParameterBucket& w, const TensorView& grad, const TensorView& momentum, const SgdOptions& options,
+                    const GradScaling& scaling, OptimizerState& state, ElementRange range) {
+  const char* fn = "sgd_step(bucket)";
+  const ElementRange r = resolve(w, range, fn);
+  check_tensor(w, grad, fn, "grad", true, r);
+  if (options.momentum != 0.0f) check_tensor(w, momentum, fn, "momentum", false, r);
+  if (!(scaling.loss_scale > 0.0f) || !(scaling.clip_coef >= 0.0f)) {
+    throw InvalidArgument(fmt::format("{}: loss_scale {} / clip_coef {} out of range", fn, scaling.loss_scale, scaling.clip_coef));
+  }
+  const detail::SgdArgs args{w.planes(), grad.data(), grad.dtype() == DType::bf16,
+                             options.momentum != 0.0f ? indexed(momentum, w, r) : nullptr,
+                             sgd_scalars(options, state.step + 1, scaling)};
+  StepResult result;
+  if (scaling.skip_nonfinite && nonfinite_on_device(w, args.grad, args.grad_bf16, r)) {
+    result.found_nonfinite = true;
+    result.step = state.step;
+    return result;
+  }
+  Device& dev = w.device();
+  if (dev.kind() == DeviceKind::cuda) {
+    cuda_precision::sgd(args, r.begin, r.end, native(w.stream()));
+  } else {
+    dev.launch_host(w.stream(), [args, r] { detail::kernels().sgd(args, r.begin, r.end); });
+  }
+  result.applied = true;
+  result.step = ++state.step;
+  return result;
+}
+
+}  // namespace stowage
