@@ -1,0 +1,162 @@
+// `stowage estimate`: will this configuration fit, and what does each technique save?
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "stowage/error.hpp"
+#include "tools/command.hpp"
+#include "tools/common/byte_size.hpp"
+#include "tools/common/json_input.hpp"
+#include "tools/estimate/chart.hpp"
+#include "tools/estimate/deepspeed_config.hpp"
+#include "tools/estimate/fit.hpp"
+#include "tools/estimate/megatron_args.hpp"
+#include "tools/estimate/report.hpp"
+
+namespace stowage::estimate {
+namespace {
+
+struct Options {
+  std::string model, model_json, megatron_args, deepspeed_config;
+  std::int64_t seq = 0, micro_batch = 0, grad_accum = 0, global_batch = 0;
+  std::string precision, optimizer, recompute, accounting, offload, rounding;
+  std::int64_t recompute_layers = -1, tp = 0, pp = 0, vpp = 0, dp = 0, cp = 0, ep = 0, zero = -1, grad_bytes = 0;
+  bool sp = false, no_flash = false, unfused_swiglu = false, dist_opt = false;
+  bool shared = false, act_fn = false, swap = false;
+  std::int64_t prefetch_window = -1, stream_window = 0;
+  double overhead = -1;
+  bool json = false;
+  std::string svg, fit, fit_dim = "micro-batch";
+};
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out || !(out << text)) throw InvalidArgument(fmt::format("--svg: cannot write '{}'", path));
+}
+
+RunConfig build_config(const Options& o) {
+  RunConfig c;
+  if (!o.model_json.empty()) c.model = model_from_hf_json(tools::read_file(o.model_json), o.model_json);
+  else if (!o.model.empty()) c.model = preset(o.model);
+  else if (o.megatron_args.empty()) c.model = preset("llama2-7b");
+  if (!o.megatron_args.empty()) apply_megatron_args(o.megatron_args, c);
+  if (!o.deepspeed_config.empty()) apply_deepspeed_config(tools::read_file(o.deepspeed_config), c, o.deepspeed_config);
+  // Explicit options win over both files.
+  auto& t = c.training;
+  auto& p = c.parallel;
+  if (o.seq) t.seq_length = o.seq;
+  if (o.micro_batch) t.micro_batch = o.micro_batch;
+  if (o.grad_accum) t.grad_accumulation = o.grad_accum;
+  if (o.global_batch) t.global_batch = o.global_batch;
+  if (!o.precision.empty()) t.precision = parse_precision(o.precision);
+  if (!o.optimizer.empty()) t.optimizer = parse_optimizer(o.optimizer);
+  if (o.grad_bytes) t.grad_bytes = static_cast<int>(o.grad_bytes);
+  if (o.no_flash) t.flash_attention = false;
+  if (o.unfused_swiglu) t.fused_swiglu = false;
+  if (o.tp) p.tp = o.tp;
+  if (o.pp) p.pp = o.pp;
+  if (o.vpp) p.vpp = o.vpp;
+  if (o.dp) p.dp = o.dp;
+  if (o.cp) p.cp = o.cp;
+  if (o.ep) p.ep = o.ep;
+  if (o.sp) p.sequence_parallel = true;
+  if (o.zero >= 0) p.zero_stage = static_cast<int>(o.zero);
+  if (o.dist_opt) p.zero_stage = std::max(p.zero_stage, 1);
+  if (!o.accounting.empty()) p.accounting = parse_accounting(o.accounting);
+  if (!o.recompute.empty()) c.recompute.granularity = parse_recompute(o.recompute);
+  if (o.recompute_layers >= 0) c.recompute.num_layers = o.recompute_layers;
+  auto& k = c.techniques;
+  if (o.shared) k.shared_storage = true;
+  if (!o.rounding.empty()) k.rounding = parse_rounding(o.rounding);
+  if (o.act_fn) k.act_fn_recompute = true;
+  if (o.swap) k.swap_attention = true;
+  if (o.prefetch_window >= 0) k.prefetch_window = o.prefetch_window;
+  if (!o.offload.empty()) k.optimizer_offload = parse_offload(o.offload);
+  if (o.stream_window) k.stream_window_layers = o.stream_window;
+  if (o.overhead >= 0) c.allocator_overhead = o.overhead;
+  if (k.shared_storage && k.optimizer_offload != OffloadMode::none)
+    c.notes.push_back("shared storage needs the fp32 master on the device; with optimizer offload it saves nothing");
+  finalize(c);
+  validate(c);
+  return c;
+}
+
+int run(const Options& o) {
+  const RunConfig c = build_config(o);
+  if (!o.fit.empty()) {
+    const auto budget = tools::parse_byte_size(o.fit, "--fit");
+    FitDim dim;
+    if (o.fit_dim == "micro-batch" || o.fit_dim == "batch") dim = FitDim::micro_batch;
+    else if (o.fit_dim == "seq" || o.fit_dim == "seq-length") dim = FitDim::seq_length;
+    else throw InvalidArgument(fmt::format("--fit-dim: expected micro-batch or seq, got '{}'", o.fit_dim));
+    const FitResult f = fit(c, budget, dim);
+    const char* what = dim == FitDim::micro_batch ? "micro_batch" : "seq_length";
+    if (o.json) {
+      nlohmann::json j{{"schema", "stowage.fit/1"},       {"dimension", what},
+                       {"budget", f.budget},              {"step", f.step},
+                       {"without_stowage", f.without_stowage}, {"with_stowage", f.with_stowage}};
+      if (f.without_stowage) j["peak_reserved_without"] = f.memory_without.peak_reserved;
+      if (f.with_stowage) j["peak_reserved_with"] = f.memory_with.peak_reserved;
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::cout << fmt::format("largest {} that fits {}:\n  without stowage's techniques: {}\n  with all of them:            {}\n",
+                               what, tools::format_bytes(f.budget), f.without_stowage, f.with_stowage);
+    }
+    return 0;
+  }
+  const EstimateResult r = run_estimate(c);
+  if (!o.svg.empty()) write_file(o.svg, to_svg(r));
+  if (o.json) std::cout << to_json(r).dump(2) << "\n";
+  else std::cout << to_table(r);
+  return 0;
+}
+
+void setup(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("estimate", "predict per-device memory and what each technique saves");
+  cmd->add_option("--model", o->model, "preset (default llama2-7b): " + fmt::format("{}", fmt::join(preset_names(), ", ")));
+  cmd->add_option("--model-json", o->model_json, "a Hugging Face config.json");
+  cmd->add_option("--megatron-args", o->megatron_args, "Megatron-LM launch arguments, as pasted");
+  cmd->add_option("--deepspeed-config", o->deepspeed_config, "DeepSpeed config JSON (ZeRO stage, offload)");
+  cmd->add_option("--seq", o->seq, "sequence length");
+  cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size");
+  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per step (in flight for pipeline stages)");
+  cmd->add_option("--global-batch", o->global_batch, "global batch (sets grad-accum = global / (micro × dp))");
+  cmd->add_option("--precision", o->precision, "bf16, fp16 or fp32");
+  cmd->add_option("--optimizer", o->optimizer, "adam or sgd");
+  cmd->add_option("--grad-bytes", o->grad_bytes, "bytes per gradient: 2 or 4");
+  cmd->add_flag("--no-flash-attention", o->no_flash, "attention stores the s² scores");
+  cmd->add_flag("--unfused-swiglu", o->unfused_swiglu, "SwiGLU keeps silu(x1) too");
+  cmd->add_option("--tp", o->tp, "tensor parallel size");
+  cmd->add_option("--pp", o->pp, "pipeline parallel size");
+  cmd->add_option("--vpp", o->vpp, "virtual pipeline stages per rank");
+  cmd->add_option("--dp", o->dp, "data parallel size");
+  cmd->add_option("--cp", o->cp, "context parallel size");
+  cmd->add_option("--ep", o->ep, "expert parallel size");
+  cmd->add_flag("--sequence-parallel", o->sp, "Megatron sequence parallelism");
+  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3");
+  cmd->add_flag("--distributed-optimizer", o->dist_opt, "Megatron distributed optimizer (ZeRO-1)");
+  cmd->add_option("--accounting", o->accounting, "zero-paper, deepspeed or megatron model-state bookkeeping");
+  cmd->add_option("--recompute", o->recompute, "none, selective, full or activation-function");
+  cmd->add_option("--recompute-num-layers", o->recompute_layers, "layers per stage recomputed (0 = all)");
+  cmd->add_flag("--shared-storage", o->shared, "bf16 weights inside the fp32 master");
+  cmd->add_option("--rounding", o->rounding, "shared storage rounding: half-away or nearest-even");
+  cmd->add_flag("--act-fn-recompute", o->act_fn, "release and recompute the MLP activation output");
+  cmd->add_flag("--swap-attention", o->swap, "move attention activations to host memory");
+  cmd->add_option("--prefetch-window", o->prefetch_window, "layers prefetched ahead of backward");
+  cmd->add_option("--optimizer-offload", o->offload, "none, mapped or streamed");
+  cmd->add_option("--stream-window", o->stream_window, "streamed offload: layers per buffer");
+  cmd->add_option("--allocator-overhead", o->overhead, "reserved − allocated as a fraction (default 0.05)");
+  cmd->add_flag("--json", o->json, "JSON output (schema in docs/estimate.md)");
+  cmd->add_option("--svg", o->svg, "write a stacked-bar chart to this file");
+  cmd->add_option("--fit", o->fit, "device memory, e.g. 80GiB: largest micro-batch (or --fit-dim seq) that fits");
+  cmd->add_option("--fit-dim", o->fit_dim, "micro-batch or seq");
+  cmd->callback([o, &exit_code] { exit_code = run(*o); });
+}
+
+STOWAGE_COMMAND(20, setup);
+
+}  // namespace
+}  // namespace stowage::estimate

@@ -1,0 +1,60 @@
+#pragma once
+// The memory model: bytes per device for the most loaded pipeline stage. Every formula and its
+// source is in memory_model.cpp beside the code and in docs/estimate.md.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tools/estimate/run_config.hpp"
+
+namespace stowage::estimate {
+
+struct NamedBytes {
+  std::string name;
+  std::int64_t bytes = 0;
+};
+
+struct StageMemory {
+  std::int64_t stage = 0;            // pipeline rank that is most loaded
+  std::int64_t layers = 0;           // transformer layers on it
+  double microbatches_in_flight = 1;  // activations held at once (1F1B / interleaved schedule)
+  std::int64_t parameters = 0;       // parameters held by this device (after TP/PP/EP split)
+  std::int64_t weights = 0;
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_states = 0;
+  std::vector<NamedBytes> activations;  // by kind, fixed order (see kActivationKinds)
+  std::int64_t communication = 0;
+  std::int64_t peak_allocated = 0;      // everything above
+  std::int64_t allocator_overhead = 0;  // reserved − allocated
+  std::int64_t peak_reserved = 0;
+  std::int64_t host_bytes = 0;  // moved to host memory per device (offloaded states, swapped activations)
+  std::int64_t activation_total() const;
+  std::int64_t model_states() const { return weights + gradients + optimizer_states; }
+};
+
+inline constexpr const char* kActivationKinds[] = {
+    "attention",         // norms, QKV input, Q/K/V, attention output (what swap-attention moves)
+    "core_attention",    // softmax scores / dropout (none with flash attention) or log-sum-exp
+    "mlp",               // fc1 input, activation-function input, dropout mask
+    "mlp_activation_output",  // activation-function output: fc2's input (and silu(x1) unfused)
+    "moe_router",        // router probabilities (MoE only)
+    "embedding",         // token ids and embedding dropout mask (first stage)
+    "output_logits",     // final norm, output-layer input and fp32 logits for the loss (last stage)
+    "recompute_working_set",  // one layer rematerialised during backward
+};
+
+// The memory of the most loaded stage (largest peak_reserved of first and last stage).
+// InvalidArgument from validate() for nonsensical configurations.
+StageMemory estimate_memory(const RunConfig& config);
+
+// The Korthikanti et al. (2022) per-layer activation bytes, Table 2, for checks and docs:
+// s·b·h·(34 + 5·a·s/h) without parallelism, and its TP / SP / selective variants.
+double korthikanti_layer_bytes(double s, double b, double h, double a, double t, bool sp, bool selective);
+
+// DeepSpeed's documented estimators (deepspeed.readthedocs.io "Memory Requirements"): bytes per
+// GPU for params, gradients and optimizer states.
+double deepspeed_zero2_gpu_bytes(double params, double gpus, bool offload_optimizer);
+double deepspeed_zero3_gpu_bytes(double params, double largest_layer_params, double gpus, bool offload_optimizer,
+                                 bool offload_params);
+
+}  // namespace stowage::estimate

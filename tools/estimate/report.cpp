@@ -1,0 +1,113 @@
+#include "tools/estimate/report.hpp"
+
+#include <fmt/format.h>
+
+#include "tools/common/byte_size.hpp"
+
+namespace stowage::estimate {
+
+using tools::format_bytes;
+
+nlohmann::json to_json(const StageMemory& m) {
+  nlohmann::json acts = nlohmann::json::object();
+  for (const auto& a : m.activations) acts[a.name] = a.bytes;
+  return {{"stage", m.stage},
+          {"layers", m.layers},
+          {"microbatches_in_flight", m.microbatches_in_flight},
+          {"parameters", m.parameters},
+          {"weights", m.weights},
+          {"gradients", m.gradients},
+          {"optimizer_states", m.optimizer_states},
+          {"activations", acts},
+          {"activations_total", m.activation_total()},
+          {"communication", m.communication},
+          {"allocator_overhead", m.allocator_overhead},
+          {"peak_allocated", m.peak_allocated},
+          {"peak_reserved", m.peak_reserved},
+          {"host_bytes", m.host_bytes}};
+}
+
+nlohmann::json to_json(const EstimateResult& r) {
+  const auto& c = r.config;
+  const auto& m = c.model;
+  nlohmann::json j;
+  j["schema"] = "stowage.estimate/1";
+  j["model"] = {{"name", m.name},
+                {"hidden_size", m.hidden_size},
+                {"num_layers", m.num_layers},
+                {"num_attention_heads", m.num_heads},
+                {"num_key_value_heads", m.kv_heads()},
+                {"ffn_hidden_size", m.ffn_hidden_size},
+                {"vocab_size", m.vocab_size},
+                {"num_experts", m.num_experts},
+                {"experts_per_token", m.experts_per_token},
+                {"parameters", count_parameters(m, m.vocab_size).total(m.num_layers)}};
+  j["training"] = {{"seq_length", c.training.seq_length},
+                   {"micro_batch", c.training.micro_batch},
+                   {"grad_accumulation", c.training.grad_accumulation},
+                   {"precision", to_string(c.training.precision)},
+                   {"optimizer", c.training.optimizer == Optimizer::adam ? "adam" : "sgd"},
+                   {"flash_attention", c.training.flash_attention}};
+  j["parallelism"] = {{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"vpp", c.parallel.vpp},
+                      {"dp", c.parallel.dp}, {"cp", c.parallel.cp}, {"ep", c.parallel.ep},
+                      {"sequence_parallel", c.parallel.sequence_parallel},
+                      {"zero_stage", c.parallel.zero_stage},
+                      {"accounting", to_string(c.parallel.accounting)}};
+  j["recompute"] = {{"granularity", to_string(c.recompute.granularity)}, {"num_layers", c.recompute.num_layers}};
+  j["techniques"] = {{"shared_storage", c.techniques.shared_storage},
+                     {"rounding", to_string(c.techniques.rounding)},
+                     {"act_fn_recompute", c.techniques.act_fn_recompute},
+                     {"swap_attention", c.techniques.swap_attention},
+                     {"prefetch_window", c.techniques.prefetch_window},
+                     {"optimizer_offload", to_string(c.techniques.optimizer_offload)}};
+  j["allocator_overhead_fraction"] = c.allocator_overhead;
+  j["per_device"] = to_json(r.configured);
+  j["predicted_peak_allocated_bytes"] = r.configured.peak_allocated;
+  j["baseline"] = to_json(r.baseline);
+  nlohmann::json savings = nlohmann::json::array();
+  for (const auto& v : r.alone)
+    savings.push_back({{"technique", v.name}, {"peak_reserved", v.memory.peak_reserved}, {"saving", v.saving}});
+  savings.push_back({{"technique", "all"}, {"peak_reserved", r.all.memory.peak_reserved}, {"saving", r.all.saving}});
+  j["savings"] = savings;
+  j["notes"] = c.notes;
+  return j;
+}
+
+std::string to_table(const EstimateResult& r) {
+  const auto& c = r.config;
+  const auto& m = r.configured;
+  std::string out;
+  out += fmt::format("model {}: {} layers, hidden {}, heads {}/{}, ffn {}, vocab {}{}\n", c.model.name,
+                     c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.kv_heads(),
+                     c.model.ffn_hidden_size, c.model.vocab_size,
+                     c.model.moe() ? fmt::format(", {} experts top-{}", c.model.num_experts, c.model.experts_per_token) : "");
+  out += fmt::format("seq {} × micro-batch {}, {} micro-batches; TP {} PP {}{} DP {} CP {} EP {}{}; ZeRO {}; recompute {}\n",
+                     c.training.seq_length, c.training.micro_batch, c.training.grad_accumulation, c.parallel.tp,
+                     c.parallel.pp, c.parallel.vpp > 1 ? fmt::format(" (×{} virtual)", c.parallel.vpp) : "",
+                     c.parallel.dp, c.parallel.cp, c.parallel.ep, c.parallel.sequence_parallel ? " +SP" : "",
+                     c.parallel.zero_stage, to_string(c.recompute.granularity));
+  out += fmt::format("per device, pipeline stage {} ({} layers, {:.2f} micro-batches in flight, {} parameters):\n",
+                     m.stage, m.layers, m.microbatches_in_flight, m.parameters);
+  auto row = [&](const std::string& name, std::int64_t a, std::int64_t b) {
+    out += fmt::format("  {:<28}{:>14}{:>14}\n", name, format_bytes(a), format_bytes(b));
+  };
+  out += fmt::format("  {:<28}{:>14}{:>14}\n", "", "configured", "no stowage");
+  row("weights", m.weights, r.baseline.weights);
+  row("gradients", m.gradients, r.baseline.gradients);
+  row("optimizer states", m.optimizer_states, r.baseline.optimizer_states);
+  for (std::size_t i = 0; i < m.activations.size(); ++i)
+    if (m.activations[i].bytes || r.baseline.activations[i].bytes)
+      row("activations: " + m.activations[i].name, m.activations[i].bytes, r.baseline.activations[i].bytes);
+  row("communication buffers", m.communication, r.baseline.communication);
+  row("peak allocated", m.peak_allocated, r.baseline.peak_allocated);
+  row("allocator overhead", m.allocator_overhead, r.baseline.allocator_overhead);
+  row("peak reserved", m.peak_reserved, r.baseline.peak_reserved);
+  row("host memory", m.host_bytes, r.baseline.host_bytes);
+  out += "saving against no stowage technique (peak reserved):\n";
+  for (const auto& v : r.alone) out += fmt::format("  {:<28}{:>14}\n", v.name, format_bytes(v.saving));
+  out += fmt::format("  {:<28}{:>14}\n", "all together", format_bytes(r.all.saving));
+  for (const auto& n : c.notes) out += "note: " + n + "\n";
+  return out;
+}
+
+}  // namespace stowage::estimate

@@ -1,0 +1,133 @@
+#include "tools/estimate/run_config.hpp"
+
+#include <fmt/format.h>
+
+#include "stowage/error.hpp"
+
+namespace stowage::estimate {
+
+void finalize(RunConfig& c) {
+  auto& t = c.training;
+  if (t.global_batch < 0) throw InvalidArgument("global-batch must not be negative");
+  if (t.global_batch == 0) return;
+  const std::int64_t per_step = t.micro_batch * c.parallel.dp;
+  if (per_step <= 0 || t.global_batch % per_step != 0)
+    throw InvalidArgument(fmt::format("global-batch ({}) is not a multiple of micro-batch × data-parallel ({})",
+                                      t.global_batch, per_step));
+  t.grad_accumulation = t.global_batch / per_step;
+}
+
+void validate(const RunConfig& c) {
+  validate(c.model);
+  const auto& t = c.training;
+  const auto& p = c.parallel;
+  auto positive = [](std::int64_t v, const char* field) {
+    if (v <= 0) throw InvalidArgument(fmt::format("{} must be positive, got {}", field, v));
+  };
+  positive(t.seq_length, "seq-length");
+  positive(t.micro_batch, "micro-batch");
+  positive(t.grad_accumulation, "grad-accumulation");
+  positive(p.tp, "tensor-parallel");
+  positive(p.pp, "pipeline-parallel");
+  positive(p.vpp, "virtual-stages");
+  positive(p.dp, "data-parallel");
+  positive(p.cp, "context-parallel");
+  positive(p.ep, "expert-parallel");
+  if (t.seq_length > (std::int64_t{1} << 24) || t.micro_batch > (std::int64_t{1} << 20) ||
+      t.grad_accumulation > (std::int64_t{1} << 24))
+    throw InvalidArgument("seq-length, micro-batch or grad-accumulation is implausibly large");
+  for (auto v : {p.tp, p.pp, p.vpp, p.dp, p.cp, p.ep})
+    if (v > (1 << 20)) throw InvalidArgument("a parallel size is implausibly large");
+  if (t.grad_bytes != 0 && t.grad_bytes != 2 && t.grad_bytes != 4)
+    throw InvalidArgument(fmt::format("grad-bytes must be 2 or 4, got {}", t.grad_bytes));
+  if (t.vocab_divisor <= 0) throw InvalidArgument("make-vocab-size-divisible-by must be positive");
+  const auto& m = c.model;
+  if (m.num_heads % p.tp != 0)
+    throw InvalidArgument(fmt::format("tensor-parallel ({}) does not divide num_attention_heads ({})", p.tp, m.num_heads));
+  if (m.kv_heads() % p.tp != 0 && p.tp % m.kv_heads() != 0)
+    throw InvalidArgument(fmt::format("tensor-parallel ({}) and num_key_value_heads ({}) do not divide one another",
+                                      p.tp, m.kv_heads()));
+  if (m.ffn_hidden_size % p.tp != 0)
+    throw InvalidArgument(fmt::format("tensor-parallel ({}) does not divide ffn_hidden_size ({})", p.tp, m.ffn_hidden_size));
+  if (m.num_layers % (p.pp * p.vpp) != 0)
+    throw InvalidArgument(fmt::format("pipeline-parallel × virtual-stages ({} × {}) does not divide num_layers ({})",
+                                      p.pp, p.vpp, m.num_layers));
+  if (p.vpp > 1 && p.pp == 1) throw InvalidArgument("virtual-stages > 1 needs pipeline-parallel > 1");
+  if (t.seq_length % p.cp != 0)
+    throw InvalidArgument(fmt::format("context-parallel ({}) does not divide seq-length ({})", p.cp, t.seq_length));
+  if (p.sequence_parallel && (t.seq_length / p.cp) % p.tp != 0)
+    throw InvalidArgument(fmt::format("sequence parallel: tensor-parallel ({}) does not divide the local sequence ({})",
+                                      p.tp, t.seq_length / p.cp));
+  if (p.ep > 1 && !m.moe()) throw InvalidArgument("expert-parallel > 1 needs a mixture-of-experts model");
+  if (m.moe() && m.num_experts % p.ep != 0)
+    throw InvalidArgument(fmt::format("expert-parallel ({}) does not divide num_experts ({})", p.ep, m.num_experts));
+  if ((p.dp * p.cp) % p.ep != 0)
+    throw InvalidArgument(fmt::format("expert-parallel ({}) does not divide data × context parallel ({})", p.ep, p.dp * p.cp));
+  if (p.zero_stage < 0 || p.zero_stage > 3)
+    throw InvalidArgument(fmt::format("zero-stage must be 0..3, got {}", p.zero_stage));
+  if (c.recompute.num_layers < 0) throw InvalidArgument("recompute-num-layers must not be negative");
+  if (c.techniques.prefetch_window < 0) throw InvalidArgument("prefetch-window must not be negative");
+  if (c.techniques.stream_window_layers <= 0) throw InvalidArgument("stream-window must be positive");
+  if (!(c.allocator_overhead >= 0.0 && c.allocator_overhead <= 4.0))
+    throw InvalidArgument("allocator-overhead must be a fraction between 0 and 4");
+}
+
+namespace {
+template <typename E, std::size_t N>
+E parse_enum(std::string_view s, const char* field, const std::pair<const char*, E> (&names)[N]) {
+  std::string norm(s);
+  for (auto& ch : norm)
+    if (ch == '_') ch = '-';
+  for (const auto& [name, value] : names)
+    if (norm == name) return value;
+  std::string known;
+  for (const auto& [name, value] : names) known += (known.empty() ? "" : ", ") + std::string(name);
+  throw InvalidArgument(fmt::format("{}: unknown value '{}' (expected one of: {})", field, s, known));
+}
+}  // namespace
+
+Precision parse_precision(std::string_view s) {
+  static const std::pair<const char*, Precision> n[] = {{"bf16", Precision::bf16}, {"fp16", Precision::fp16}, {"fp32", Precision::fp32}};
+  return parse_enum(s, "precision", n);
+}
+Optimizer parse_optimizer(std::string_view s) {
+  static const std::pair<const char*, Optimizer> n[] = {{"adam", Optimizer::adam}, {"adamw", Optimizer::adam}, {"sgd", Optimizer::sgd}};
+  return parse_enum(s, "optimizer", n);
+}
+Recompute parse_recompute(std::string_view s) {
+  static const std::pair<const char*, Recompute> n[] = {{"none", Recompute::none}, {"selective", Recompute::selective},
+                                                        {"full", Recompute::full}, {"activation-function", Recompute::activation_function}};
+  return parse_enum(s, "recompute", n);
+}
+OffloadMode parse_offload(std::string_view s) {
+  static const std::pair<const char*, OffloadMode> n[] = {{"none", OffloadMode::none}, {"mapped", OffloadMode::mapped},
+                                                          {"streamed", OffloadMode::streamed}};
+  return parse_enum(s, "optimizer-offload", n);
+}
+Rounding parse_rounding(std::string_view s) {
+  static const std::pair<const char*, Rounding> n[] = {{"half-away", Rounding::half_away}, {"nearest-even", Rounding::nearest_even}};
+  return parse_enum(s, "shared-storage rounding", n);
+}
+Accounting parse_accounting(std::string_view s) {
+  static const std::pair<const char*, Accounting> n[] = {{"zero-paper", Accounting::zero_paper}, {"deepspeed", Accounting::deepspeed},
+                                                         {"megatron", Accounting::megatron}};
+  return parse_enum(s, "accounting", n);
+}
+
+const char* to_string(Precision p) { return p == Precision::bf16 ? "bf16" : p == Precision::fp16 ? "fp16" : "fp32"; }
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+    case Recompute::activation_function: return "activation-function";
+  }
+  return "?";
+}
+const char* to_string(OffloadMode m) { return m == OffloadMode::none ? "none" : m == OffloadMode::mapped ? "mapped" : "streamed"; }
+const char* to_string(Rounding r) { return r == Rounding::half_away ? "half-away" : "nearest-even"; }
+const char* to_string(Accounting a) {
+  return a == Accounting::zero_paper ? "zero-paper" : a == Accounting::deepspeed ? "deepspeed" : "megatron";
+}
+
+}  // namespace stowage::estimate
