@@ -36,13 +36,13 @@ const char* to_string(Rounding r) {
 
 void split(const float* src, const SplitPlanes& dst, std::size_t begin, std::size_t end) {
   detail::check_planes(dst, begin, end, "split");
-  detail::check_pointer(src, alignof(float), "split: source");
+  if (end > begin) detail::check_pointer(src, alignof(float), "split: source");
   detail::kernels().split(src, dst, begin, end);
 }
 
 void merge(const SplitPlanes& src, float* dst, std::size_t begin, std::size_t end) {
   detail::check_planes(src, begin, end, "merge");
-  detail::check_pointer(dst, alignof(float), "merge: destination");
+  if (end > begin) detail::check_pointer(dst, alignof(float), "merge: destination");
   detail::kernels().merge(src, dst, begin, end);
 }
 

@@ -61,7 +61,8 @@ inline void merge(const SplitPlanes& src, float* dst) { merge(src, dst, 0, src.n
 // In-place conversion of an interleaved fp32 buffer of n elements (4-byte aligned, host
 // memory) into split storage: afterwards its first 2n bytes are the bf16 plane and the next 2n
 // bytes the residual plane; `ties` (tie_bitmap_bytes(n, r) bytes) receives the tie bits. Uses a
-// workspace of chunk_elements x 2 bytes plus n / chunk_elements bits, never a second copy.
+// workspace of chunk_elements x 4 bytes plus 2n / chunk_elements bits, never a second copy.
+// chunk_elements must be a positive multiple of 8.
 SplitPlanes split_in_place(float* buffer, std::size_t n, std::uint8_t* ties, Rounding r,
                            std::size_t chunk_elements = std::size_t{1} << 20);
 // The inverse: planes laid out as split_in_place leaves them become n interleaved fp32 values
