@@ -76,8 +76,21 @@ void BlockPool::count_in(const Block* b, bool in) {
 }
 
 void BlockPool::remove(Block* b) {
-  free_.erase(b);
+  auto node = free_.extract(b);
+  if (node && spare_nodes_.size() < 64) spare_nodes_.push_back(std::move(node));
   count_in(b, false);
+}
+
+void BlockPool::file(Block* b) {
+  if (spare_nodes_.empty()) {
+    free_.insert(b);
+  } else {
+    auto node = std::move(spare_nodes_.back());
+    spare_nodes_.pop_back();
+    node.value() = b;
+    free_.insert(std::move(node));
+  }
+  count_in(b, true);
 }
 
 void BlockPool::absorb_next(Block* b) {
@@ -111,8 +124,7 @@ Block* BlockPool::insert(Block* b) {
     absorb_next(p);
     b = p;
   }
-  free_.insert(b);
-  count_in(b, true);
+  file(b);
   return b;
 }
 

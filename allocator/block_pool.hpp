@@ -47,10 +47,13 @@ class BlockPool {
   Block* best_on(Stream stream, std::size_t rounded, std::size_t max_split) const;
   void absorb_next(Block* b);  // b takes over its (free) next neighbour
   void count_in(const Block* b, bool in);
+  void file(Block* b);  // into the free set, reusing a spare tree node
+
 
   Pool pool_;
   FreeSet free_;
   std::vector<Block*> spare_;
+  std::vector<FreeSet::node_type> spare_nodes_;  // set nodes kept so the hot path does not allocate
   std::size_t unsplit_free_ = 0;
   std::size_t any_stream_blocks_ = 0;  // free blocks on kAnyStream: skip that search when none
 };

@@ -1,6 +1,7 @@
 // Fragmentation on a transformer training step: a trace generated from a model shape (GPT-like,
 // flash attention, bf16 activations) is replayed through the caching allocator with classic and
-// with expandable segments; prints peak reserved / peak allocated for each.
+// with expandable segments; prints peak reserved / peak allocated for each. A second trace varies
+// the sequence length from step to step (1536, 1792, 2048), as packed or bucketed data does.
 //   fragmentation_tool [layers hidden seq micro_batch steps]   (default 24 2048 2048 4 3)
 #include <chrono>
 #include <cstdio>
@@ -44,9 +45,10 @@ struct Shape {
   std::size_t layers = 24, hidden = 2048, seq = 2048, batch = 4, heads = 16, vocab = 50304, steps = 3;
 };
 
-Trace make_trace(const Shape& m) {
+// seq_scale[i] (in eighths) scales the sequence length of step i (cycled).
+Trace make_trace(const Shape& m, const std::vector<std::size_t>& seq_eighths) {
   Trace t;
-  const std::size_t h = m.hidden, sb = m.seq * m.batch, sbh = sb * h;
+  const std::size_t h = m.hidden;
   const std::size_t bf16 = 2, workspace = 8 * MiB, bucket = 40 * MiB;
   // Persistent bf16 weights: embedding, then per layer qkv, proj, fc1, fc2 and two norms.
   const std::vector<std::size_t> layer_weights{3 * h * h * bf16, h * h * bf16, 4 * h * h * bf16,
@@ -56,6 +58,8 @@ Trace make_trace(const Shape& m) {
     for (std::size_t w : layer_weights) t.alloc(w);
   }
   for (std::size_t step = 0; step < m.steps; ++step) {
+    const std::size_t seq = m.seq * seq_eighths[step % seq_eighths.size()] / 8;
+    const std::size_t sb = seq * m.batch, sbh = sb * h;
     // Forward: what each layer keeps for backward (in order), with temporaries in between.
     std::vector<std::vector<std::size_t>> saved(m.layers);
     const std::size_t input = t.alloc(sbh * bf16);
@@ -170,18 +174,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s [layers hidden seq micro_batch steps]\n", argv[0]);
     return 2;
   }
-  const Trace trace = make_trace(m);
-  std::printf("model: %zu layers, hidden %zu, sequence %zu, micro-batch %zu, %zu steps; %zu allocator calls\n\n",
-              m.layers, m.hidden, m.seq, m.batch, m.steps, trace.ops().size());
-  std::printf("| segments | peak allocated (MiB) | peak reserved (MiB) | reserved / allocated | device allocs or maps | replay ms |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|\n");
-  for (auto mode : {stowage::SegmentMode::classic, stowage::SegmentMode::expandable}) {
-    const Result r = replay(trace, mode);
-    std::printf("| %s | %.1f | %.1f | %.3f | %lld | %.1f |\n",
-                mode == stowage::SegmentMode::classic ? "classic" : "expandable",
+  std::printf("model: %zu layers, hidden %zu, sequence %zu, micro-batch %zu, %zu steps\n\n", m.layers,
+              m.hidden, m.seq, m.batch, m.steps);
+  std::printf("| trace | segments | peak allocated (MiB) | peak reserved (MiB) | reserved / allocated | device allocs or maps | replay ms |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|\n");
+  const std::pair<const char*, std::vector<std::size_t>> traces[] = {
+      {"fixed sequence", {8}}, {"sequence 6/8, 7/8, 8/8 of it", {6, 7, 8}}};
+  for (const auto& [name, eighths] : traces) {
+    const Trace trace = make_trace(m, eighths);
+    for (auto mode : {stowage::SegmentMode::classic, stowage::SegmentMode::expandable}) {
+      const Result r = replay(trace, mode);
+      std::printf("| %s (%zu calls) | %s | %.1f | %.1f | %.3f | %lld | %.1f |\n", name, trace.ops().size(),
+                  mode == stowage::SegmentMode::classic ? "classic" : "expandable",
                 static_cast<double>(r.peak_allocated) / MiB, static_cast<double>(r.peak_reserved) / MiB,
                 static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_allocated),
-                static_cast<long long>(r.device_allocs), r.ms);
+                  static_cast<long long>(r.device_allocs), r.ms);
+    }
   }
   return 0;
 }
