@@ -85,27 +85,58 @@ bool nonfinite_kernel(const void* g, bool bf16, std::size_t b, std::size_t e) {
 }
 
 // Adam / AdamW; the operation order is the contract with the reference (docs/precision.md).
+// Master is SplitMaster (fused on split storage) or Fp32Master (a plain fp32 array).
+template <class P, class Master, class GradLoad>
+inline void adam_element(const AdamScalars& s, const Master& master, GradLoad&& grad, float* mp, float* vp,
+                         std::size_t i) {
+  using F = typename P::F;
+  F g = grad.template operator()<P>(i);
+  g = P::fmul(P::fmul(g, P::fset1(s.inv_loss_scale)), P::fset1(s.clip_coef));
+  F p = master.template load<P>(i);
+  if (s.weight_decay != 0.0f) {
+    if (s.decoupled) p = P::fmul(p, P::fset1(s.decay));
+    else g = P::fadd(g, P::fmul(p, P::fset1(s.weight_decay)));
+  }
+  const F m = P::fadd(P::fmul(P::load_f32(mp + i), P::fset1(s.beta1)), P::fmul(g, P::fset1(s.one_minus_beta1)));
+  const F v = P::fadd(P::fmul(P::load_f32(vp + i), P::fset1(s.beta2)),
+                      P::fmul(P::fmul(g, g), P::fset1(s.one_minus_beta2)));
+  const F denom = P::fadd(P::fdiv(P::fsqrt(v), P::fset1(s.bias_correction2_sqrt)), P::fset1(s.eps));
+  p = P::fsub(p, P::fmul(P::fdiv(m, denom), P::fset1(s.step_size)));
+  P::store_f32(mp + i, m);
+  P::store_f32(vp + i, v);
+  master.template store<P>(i, p);
+}
+
+template <bool RNE>
+struct SplitMaster {
+  const SplitPlanes& w;
+  template <class P> typename P::F load(std::size_t i) const { return load_master<P, RNE>(w, i); }
+  template <class P> void store(std::size_t i, typename P::F x) const { store_master<P, RNE>(w, i, x); }
+};
+struct Fp32Master {
+  float* p;
+  template <class P> typename P::F load(std::size_t i) const { return P::load_f32(p + i); }
+  template <class P> void store(std::size_t i, typename P::F x) const { P::store_f32(p + i, x); }
+};
+
 template <class O, bool RNE, bool BF16>
 void adam_range(const AdamArgs& a, std::size_t b, std::size_t e) {
   const AdamScalars s = a.s;
-  for_each_group<O>(b, e, [&]<class P>(std::size_t i) {
-    using F = typename P::F;
-    F g = load_grad<P, BF16>(a.grad, i);
-    g = P::fmul(P::fmul(g, P::fset1(s.inv_loss_scale)), P::fset1(s.clip_coef));
-    F p = load_master<P, RNE>(a.w, i);
-    if (s.weight_decay != 0.0f) {
-      if (s.decoupled) p = P::fmul(p, P::fset1(s.decay));
-      else g = P::fadd(g, P::fmul(p, P::fset1(s.weight_decay)));
-    }
-    const F m = P::fadd(P::fmul(P::load_f32(a.m + i), P::fset1(s.beta1)), P::fmul(g, P::fset1(s.one_minus_beta1)));
-    const F v = P::fadd(P::fmul(P::load_f32(a.v + i), P::fset1(s.beta2)),
-                        P::fmul(P::fmul(g, g), P::fset1(s.one_minus_beta2)));
-    const F denom = P::fadd(P::fdiv(P::fsqrt(v), P::fset1(s.bias_correction2_sqrt)), P::fset1(s.eps));
-    p = P::fsub(p, P::fmul(P::fdiv(m, denom), P::fset1(s.step_size)));
-    P::store_f32(a.m + i, m);
-    P::store_f32(a.v + i, v);
-    store_master<P, RNE>(a.w, i, p);
-  });
+  const SplitMaster<RNE> master{a.w};
+  auto grad = [&]<class P>(std::size_t i) { return load_grad<P, BF16>(a.grad, i); };
+  for_each_group<O>(b, e, [&]<class P>(std::size_t i) { adam_element<P>(s, master, grad, a.m, a.v, i); });
+}
+template <class O>
+void adam_fp32_kernel(const AdamArgs& a, float* params, std::size_t b, std::size_t e) {
+  const AdamScalars s = a.s;
+  const Fp32Master master{params};
+  if (a.grad_bf16) {
+    auto grad = [&]<class P>(std::size_t i) { return load_grad<P, true>(a.grad, i); };
+    for_each_group<O>(b, e, [&]<class P>(std::size_t i) { adam_element<P>(s, master, grad, a.m, a.v, i); });
+  } else {
+    auto grad = [&]<class P>(std::size_t i) { return load_grad<P, false>(a.grad, i); };
+    for_each_group<O>(b, e, [&]<class P>(std::size_t i) { adam_element<P>(s, master, grad, a.m, a.v, i); });
+  }
 }
 template <class O>
 void adam_kernel(const AdamArgs& a, std::size_t b, std::size_t e) {
@@ -149,5 +180,6 @@ void sgd_kernel(const SgdArgs& a, std::size_t b, std::size_t e) {
 
 template <class O>
 KernelTable make_table() {
-  return KernelTable{&split_kernel<O>, &merge_kernel<O>, &nonfinite_kernel<O>, &adam_kernel<O>, &sgd_kernel<O>};
+  return KernelTable{&split_kernel<O>, &merge_kernel<O>, &nonfinite_kernel<O>, &adam_kernel<O>, &sgd_kernel<O>,
+                     &adam_fp32_kernel<O>};
 }

@@ -33,6 +33,8 @@ struct KernelTable {
   bool (*any_nonfinite)(const void* grad, bool bf16, std::size_t begin, std::size_t end);
   void (*adam)(const AdamArgs& a, std::size_t begin, std::size_t end);
   void (*sgd)(const SgdArgs& a, std::size_t begin, std::size_t end);
+  // Adam on a plain fp32 master array (a.w unused): the unfused path's update.
+  void (*adam_fp32)(const AdamArgs& a, float* params, std::size_t begin, std::size_t end);
 };
 
 const KernelTable& scalar_kernels();

@@ -88,6 +88,19 @@ void adam_step_range(const SplitPlanes& w, HostGrad grad, float* m, float* v, st
   detail::kernels().adam(args, begin, end);
 }
 
+void adam_step_range_fp32(float* params, HostGrad grad, float* m, float* v, std::size_t begin, std::size_t end,
+                          const AdamScalars& scalars) {
+  if (begin > end) throw InvalidArgument(fmt::format("adam_step_range_fp32: begin {} > end {}", begin, end));
+  check_grad(grad, end - begin, "adam_step_range_fp32");
+  if (end > begin) {
+    detail::check_pointer(params, 4, "adam: params");
+    detail::check_pointer(m, 4, "adam: m (exp_avg)");
+    detail::check_pointer(v, 4, "adam: v (exp_avg_sq)");
+  }
+  const detail::AdamArgs args{SplitPlanes{}, grad.data, grad.dtype == DType::bf16, m, v, scalars};
+  detail::kernels().adam_fp32(args, params, begin, end);
+}
+
 void sgd_step_range(const SplitPlanes& w, HostGrad grad, float* buf, std::size_t begin, std::size_t end,
                     const SgdScalars& scalars) {
   detail::check_planes(w, begin, end, "sgd_step_range");
