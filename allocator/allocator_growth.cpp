@@ -71,6 +71,7 @@ void CachingAllocator::Impl::grow_expandable(Pool p, std::size_t rounded, Stream
     s->handles.assign(bytes / g, PhysicalHandle{0});
     s->first_at.assign(bytes / g, nullptr);
     s->last_at.assign(bytes / g + 1, nullptr);
+    s->gaps[0] = bytes / g;
     seg = std::move(s);
     st.segment.add(p, 1);
   }

@@ -1,5 +1,6 @@
 #include "allocator/segment.hpp"
 
+#include <algorithm>
 #include <limits>
 
 namespace stowage::detail {
@@ -29,13 +30,7 @@ bool plan_expansion(const Segment& seg, std::size_t rounded, Stream stream, Plac
       out = {at, count};
     }
   };
-  for (std::size_t begin = 0; begin < n;) {
-    if (seg.mapped(begin)) {
-      ++begin;
-      continue;
-    }
-    std::size_t end = begin;
-    while (end < n && !seg.mapped(end)) ++end;
+  for (const auto& [begin, end] : seg.gaps) {
     const std::size_t gap = end - begin;
     const std::size_t left = begin > 0 ? usable(seg.last_at[begin], stream) : 0;
     const std::size_t right = end < n ? usable(seg.first_at[end], stream) : 0;
@@ -43,7 +38,6 @@ bool plan_expansion(const Segment& seg, std::size_t rounded, Stream stream, Plac
     if (std::size_t k = need(left); k <= gap) consider(begin, k);  // grow the left block
     if (std::size_t k = need(right); k <= gap) consider(end - k, k);  // grow the right one down
     if (left + gap * g + right >= rounded) consider(begin, gap);  // bridge both
-    begin = end;
   }
   return best != std::numeric_limits<std::size_t>::max();
 }
@@ -67,11 +61,31 @@ void map_granules(Device& device, Segment& seg, std::size_t at, std::size_t coun
     throw;
   }
   seg.mapped_bytes += count * seg.granule;
+  // [at, at+count) lies inside one gap: cut it out.
+  auto it = std::prev(seg.gaps.upper_bound(at));
+  const std::size_t begin = it->first, end = it->second;
+  seg.gaps.erase(it);
+  if (begin < at) seg.gaps[begin] = at;
+  if (at + count < end) seg.gaps[at + count] = end;
 }
 
 void unmap_granules(Device& device, Segment& seg, std::size_t at, std::size_t count) {
   unmap_uncounted(device, seg, at, count);
   seg.mapped_bytes -= count * seg.granule;
+  // A new gap, merged with the gaps it touches.
+  std::size_t begin = at, end = at + count;
+  auto next = seg.gaps.find(end);
+  if (next != seg.gaps.end()) {
+    end = next->second;
+    seg.gaps.erase(next);
+  }
+  auto it = seg.gaps.lower_bound(begin);
+  if (it != seg.gaps.begin() && std::prev(it)->second == begin) {
+    --it;
+    begin = it->first;
+    seg.gaps.erase(it);
+  }
+  seg.gaps[begin] = end;
 }
 
 }  // namespace stowage::detail

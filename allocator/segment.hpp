@@ -4,6 +4,7 @@
 // by granule by physical chunks that are mapped on growth and unmapped when wholly free.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "allocator/block.hpp"
@@ -22,6 +23,7 @@ struct Segment {
   // Expandable only, indexed by granule number from base.
   std::size_t granule = 0;
   std::size_t mapped_bytes = 0;
+  std::map<std::size_t, std::size_t> gaps;  // unmapped runs of granules: begin -> end
   std::vector<PhysicalHandle> handles;  // PhysicalHandle{0}: not mapped
   std::vector<Block*> first_at;         // block starting a mapped run at granule g
   std::vector<Block*> last_at;          // block ending a mapped run at granule g (its end)

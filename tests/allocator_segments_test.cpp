@@ -66,6 +66,31 @@ TEST(AllocatorSegments, EmptyCacheGivesBackWholeFreeGranulesOnly) {
   EXPECT_EQ(a.stats().reserved_bytes.all.current, 0);
 }
 
+TEST(AllocatorSegments, UnmappedHolesMergeAndAreRefilled) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* x = a.allocate(4 * MiB);  // granules 0-1
+  void* y = a.allocate(4 * MiB);  // 2-3
+  void* z = a.allocate(4 * MiB);  // 4-5
+  a.deallocate(y);
+  a.empty_cache();  // hole 2-3
+  a.deallocate(x);
+  a.empty_cache();  // hole 0-1 joins it: 0-3
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(4 * MiB));
+  void* w = a.allocate(8 * MiB);  // fits the joined hole exactly, below z
+  EXPECT_EQ(w, x);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(12 * MiB));
+  Snapshot s = a.snapshot();
+  ASSERT_EQ(s.segments.size(), 1u);
+  ASSERT_EQ(s.segments[0].blocks.size(), 2u);  // w then z, contiguous again
+  EXPECT_EQ(s.segments[0].blocks[1].address, addr(z));
+  a.deallocate(w);
+  a.deallocate(z);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, 0);
+  EXPECT_EQ(dev->counters().physical_allocated, 0u);
+}
+
 TEST(AllocatorSegments, ClassicSegmentsAreWholeDeviceAllocations) {
   auto dev = small_device();
   CachingAllocator a(*dev, classic_options());
