@@ -99,23 +99,28 @@ struct SwapScheduler::Impl {
     return device.query(e);
   }
 
+  // Gives back what entry `it` holds once the copies touching it are done (`wait`: wait for
+  // them); false when they are still running.
+  bool retire(std::unordered_map<const void*, SwapEntry>::iterator it, bool wait) {
+    SwapEntry& e = it->second;
+    if (!done(e.d2h_done, wait) || !done(e.h2d_done, wait)) return false;
+    if (e.incoming) allocator.deallocate(e.incoming);
+    pool.deallocate(e.host);
+    if (e.d2h_done != Event{}) events.give(e.d2h_done);
+    if (e.h2d_done != Event{}) events.give(e.h2d_done);
+    st.host_bytes -= e.nbytes;
+    --st.tensors_swapped;
+    entries.erase(it);
+    return true;
+  }
+
   // Returns the host buffers (and unused blocks) of entries no one needs any more.
   void sweep(bool wait) {
     for (auto it = entries.begin(); it != entries.end();) {
-      SwapEntry& e = it->second;
-      const bool unreferenced = e.storage.use_count() == 1;
-      const bool finished = e.phase == SwapEntry::Phase::resident || unreferenced;
-      if (!finished || !done(e.d2h_done, wait) || !done(e.h2d_done, wait)) {
-        ++it;
-        continue;
-      }
-      if (e.incoming) allocator.deallocate(e.incoming);
-      pool.deallocate(e.host);
-      if (e.d2h_done != Event{}) events.give(e.d2h_done);
-      if (e.h2d_done != Event{}) events.give(e.h2d_done);
-      st.host_bytes -= e.nbytes;
-      --st.tensors_swapped;
-      it = entries.erase(it);
+      auto next = std::next(it);
+      const bool unreferenced = it->second.storage.use_count() == 1;
+      if (it->second.phase == SwapEntry::Phase::resident || unreferenced) retire(it, wait);
+      it = next;
     }
     timer.settle(wait);
   }
@@ -204,7 +209,10 @@ SwapDecision SwapScheduler::offload(const TensorView& view, int layer, std::stri
     return d;
   };
   if (s.allocator() != &m.allocator) return keep(SwapDecision::kept_not_ours, m.st.kept_not_ours);
-  if (m.entries.contains(s.id())) return SwapDecision::swapped;  // another view of a swapped storage
+  if (auto it = m.entries.find(s.id()); it != m.entries.end()) {
+    if (it->second.phase != SwapEntry::Phase::resident) return SwapDecision::swapped;  // another view
+    m.retire(it, true);  // back from an earlier swap: its H2D is done or nearly
+  }
   if (!s.resident()) return keep(SwapDecision::kept_not_resident, m.st.kept_not_resident);
   if (!m.tag_selected(tag)) return keep(SwapDecision::kept_tag, m.st.kept_tag);
   const std::size_t n = s.nbytes();

@@ -103,6 +103,20 @@ TEST_F(SwapTest, EarlierViewsStayValid) {
   EXPECT_EQ(hash_now(v), expected_hash(MiB, 5));
 }
 
+TEST_F(SwapTest, AStorageCanBeSwappedAgainAfterItCameBack) {
+  auto swap = scheduler();
+  auto v = tensor(2 * MiB, 8);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(swap->offload(v, 0, "attn"), SwapDecision::swapped) << "round " << round;
+    v = swap->acquire(v);
+    EXPECT_EQ(hash_now(v), expected_hash(2 * MiB, 8)) << "round " << round;
+  }
+  EXPECT_EQ(swap->stats().copies_d2h, 3u);
+  EXPECT_EQ(swap->stats().copies_h2d, 3u);
+  swap->finish_step();
+  EXPECT_EQ(pool_->stats().in_use_bytes, 0u);
+}
+
 TEST_F(SwapTest, PolicyKeepsWhatItShould) {
   SwapOptions o;
   o.policy.tags = {"attn"};
