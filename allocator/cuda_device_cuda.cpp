@@ -16,7 +16,9 @@ namespace stowage::detail {
 
 CudaDevice::Current::Current(int ordinal) {
   check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-  if (previous_ != ordinal) check_cuda(cudaSetDevice(ordinal), "cudaSetDevice");
+  // Always set: besides choosing the device, it makes the primary context current on this
+  // thread, which the driver-API calls need (a fresh thread has none even when the device is 0).
+  check_cuda(cudaSetDevice(ordinal), "cudaSetDevice");
 }
 
 CudaDevice::Current::~Current() {

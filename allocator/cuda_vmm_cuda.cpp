@@ -107,7 +107,8 @@ PhysicalHandle CudaDevice::create_physical(std::size_t bytes, const PhysicalOpti
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location = to_cu(where, ordinal_);
-  const bool shareable = options.shareable && posix_fd_;
+  // Plain host chunks cannot carry a shareable handle (the driver rejects any requested type).
+  const bool shareable = options.shareable && posix_fd_ && where.kind != Location::Kind::host;
   if (shareable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   if (options.rdma_capable && rdma_vmm_ && where.kind == Location::Kind::device) prop.allocFlags.gpuDirectRDMACapable = 1;
 
@@ -191,28 +192,39 @@ void CudaDevice::unmap(void* va, std::size_t bytes) {
 void CudaDevice::set_access(void* va, std::size_t bytes) {
   const auto begin = reinterpret_cast<std::uintptr_t>(va);
   std::lock_guard lock(mu_);
-  auto it = mappings_.upper_bound(begin);
-  if (it != mappings_.begin()) --it;
+  auto first = mappings_.upper_bound(begin);
+  if (first != mappings_.begin()) --first;
+  // Check first that mappings cover the whole range, so a bad range changes nothing.
   std::uintptr_t at = begin;
+  auto last = first;
+  while (at < begin + bytes && last != mappings_.end() && last->first <= at && at < last->first + last->second.bytes) {
+    at = last->first + last->second.bytes;
+    ++last;
+  }
+  if (bytes == 0 || at < begin + bytes)
+    throw InvalidArgument(fmt::format("set_access: [{}, +{}) is not entirely mapped", va, bytes));
+
   Current current(ordinal_);
-  while (bytes != 0 && at < begin + bytes && it != mappings_.end() && it->first <= at &&
-         at < it->first + it->second.bytes) {
+  at = begin;
+  for (auto it = first; it != last; ++it) {
     const std::uintptr_t end = std::min<std::uintptr_t>(begin + bytes, it->first + it->second.bytes);
     CUmemAccessDesc desc[2] = {};
     desc[0].location = to_cu(Location::device(), ordinal_);
     desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    std::size_t count = 1;
-    if (it->second.location.kind != Location::Kind::device) {  // host chunks: the host may touch them too
-      desc[1].location = to_cu(it->second.location, ordinal_);
+    const auto ptr = static_cast<CUdeviceptr>(at);
+    if (it->second.location.kind == Location::Kind::device) {
+      check_cu(driver_api().memSetAccess(ptr, end - at, desc, 1), "cuMemSetAccess");
+    } else {
+      // Host chunks: the host may touch them too (HOST_NUMA access; its id is ignored). Where the
+      // driver refuses host access, the device's access alone is still granted.
+      desc[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+      desc[1].location.id = 0;
       desc[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      count = 2;
+      if (driver_api().memSetAccess(ptr, end - at, desc, 2) != CUDA_SUCCESS)
+        check_cu(driver_api().memSetAccess(ptr, end - at, desc, 1), "cuMemSetAccess");
     }
-    check_cu(driver_api().memSetAccess(static_cast<CUdeviceptr>(at), end - at, desc, count), "cuMemSetAccess");
     at = end;
-    ++it;
   }
-  if (bytes == 0 || at != begin + bytes)
-    throw InvalidArgument(fmt::format("set_access: [{}, +{}) is not entirely mapped", va, bytes));
 }
 
 int CudaDevice::export_handle(PhysicalHandle handle) {

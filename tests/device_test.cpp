@@ -2,6 +2,7 @@
 // and CUDA (skipped when no GPU is usable). Host-visible results always travel through copies
 // into pinned host buffers, so the same test body runs on both.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -251,6 +252,58 @@ TEST_P(DeviceTest, MappingsOfOneChunkShareItsBytes) {
   d.unreserve(other, 2 * g);
   d.unreserve(va, 4 * g);
   EXPECT_EQ(d.counters().reserved_address, before.reserved_address);
+}
+
+TEST_P(DeviceTest, HostNumaChunksHoldBytesWithoutChargingTheDevice) {
+  Device& d = *dev_;
+  if (!d.properties().virtual_memory || !d.properties().host_numa_memory)
+    GTEST_SKIP() << "device cannot place physical chunks in host NUMA memory";
+  const std::size_t g = d.properties().granularity;
+  const std::size_t before = d.counters().physical_allocated;
+  PhysicalOptions on_host;
+  on_host.location = Location::host_numa(0);
+  const PhysicalHandle chunk = d.create_physical(g, on_host);
+  EXPECT_EQ(d.counters().physical_allocated, before) << "host memory is not device memory";
+  void* va = d.reserve(g);
+  d.map(va, g, chunk, 0);
+  d.set_access(va, g);
+  PinnedBuffer src(d, g), dst(d, g);
+  src.randomize(8);
+  d.copy_async(va, src.data(), g, CopyKind::host_to_device, kDefaultStream);
+  d.copy_async(dst.data(), va, g, CopyKind::device_to_host, kDefaultStream);
+  d.synchronize(kDefaultStream);
+  EXPECT_EQ(dst.bytes(), src.bytes());
+  d.unmap(va, g);
+  d.unreserve(va, g);
+  d.destroy_physical(chunk);
+}
+
+// Disabled until the emulated backend checks the node (emulated_memory.cpp create_physical
+// accepts any node today and bind_to_node silently ignores it); the CUDA backend rejects it.
+TEST_P(DeviceTest, DISABLED_RejectsANumaNodeThatDoesNotExist) {
+  Device& d = *dev_;
+  if (!d.properties().virtual_memory || !d.properties().host_numa_memory)
+    GTEST_SKIP() << "device cannot place physical chunks in host NUMA memory";
+  PhysicalOptions bad_node;
+  bad_node.location = Location::host_numa(1 << 20);
+  expect_rejected([&] { d.create_physical(d.properties().granularity, bad_node); }, "a NUMA node that does not exist");
+  EXPECT_EQ(d.counters().physical_allocated, 0u);
+}
+
+TEST_P(DeviceTest, ShareableChunksExportAFileDescriptor) {
+  Device& d = *dev_;
+  if (!d.properties().virtual_memory) GTEST_SKIP() << "device has no virtual-memory support";
+  const std::size_t g = d.properties().granularity;
+  PhysicalOptions private_chunk;
+  private_chunk.shareable = false;
+  const PhysicalHandle a = d.create_physical(g, private_chunk), b = d.create_physical(g);
+  EXPECT_EQ(d.export_handle(a), -1);
+  const int fd = d.export_handle(b);
+  if (!GetParam().cuda) EXPECT_GE(fd, 0) << "the emulated device always backs chunks with a memfd";
+  if (fd >= 0) EXPECT_EQ(::close(fd), 0);
+  d.destroy_physical(a);
+  d.destroy_physical(b);
+  expect_rejected([&] { d.export_handle(b); }, "export of a destroyed chunk");
 }
 
 TEST_P(DeviceTest, ExhaustionIsOutOfMemoryAndRecoverable) {
