@@ -43,6 +43,9 @@ nlohmann::json state_of(int device) {
 
 std::string error() { return stowage_last_error(); }
 
+// Emulated device memory is host memory; CUDA device memory is not touched from the host here.
+bool host_accessible() { return stowage_using_cuda() == 0; }
+
 class CApiTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -60,8 +63,10 @@ TEST_F(CApiTest, MallocGivesWritableMemoryCountedInStats) {
   auto* p = static_cast<unsigned char*>(stowage_malloc(1000, 0, nullptr));
   ASSERT_NE(p, nullptr) << error();
   EXPECT_EQ(error(), "");
-  std::memset(p, 0xAB, 1000);  // emulated device memory is host memory
-  EXPECT_EQ(p[999], 0xAB);
+  if (host_accessible()) {
+    std::memset(p, 0xAB, 1000);
+    EXPECT_EQ(p[999], 0xAB);
+  }
   auto s = stats(0);
   EXPECT_EQ(s["allocation.all.current"], 1);
   EXPECT_EQ(s["requested_bytes.all.current"], 1000);
@@ -137,7 +142,7 @@ TEST_F(CApiTest, BadInputChangesNothingAndAllocationContinues) {
   // Allocation and free still work, and the books balance.
   void* c = stowage_malloc(4096, 0, nullptr);
   ASSERT_NE(c, nullptr) << error();
-  std::memset(c, 1, 4096);
+  if (host_accessible()) std::memset(c, 1, 4096);
   stowage_free(c, 4096, 0, nullptr);
   stowage_free(a, 3 * kMiB, 0, nullptr);
   EXPECT_EQ(error(), "");

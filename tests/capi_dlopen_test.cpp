@@ -53,14 +53,16 @@ struct HelperRun {
   std::string output;
 };
 
-// Runs the helper with the environment minus LD_PRELOAD and every STOWAGE_* variable.
-HelperRun run_helper() {
+// Runs the helper with the environment minus LD_PRELOAD and every STOWAGE_* variable, plus
+// `extra` ("NAME=value") when given.
+HelperRun run_helper(const std::string& extra = "") {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string v = *e;
     if (v.rfind("LD_PRELOAD=", 0) == 0 || v.rfind("STOWAGE_", 0) == 0) continue;
     env_strings.push_back(v);
   }
+  if (!extra.empty()) env_strings.push_back(extra);
   std::vector<char*> envp;
   for (auto& v : env_strings) envp.push_back(v.data());
   envp.push_back(nullptr);
@@ -135,6 +137,13 @@ TEST(CApiDlopen, BareProcessLoadsAndDrivesTheCSymbols) {
   EXPECT_EQ(f["continue"], "ok live=0");
   EXPECT_EQ(f["empty_cache"], "reserved=0");
   EXPECT_EQ(f["mapped"], "stowage=1 jemalloc=0") << "libjemalloc came in with libstowage.so";
+}
+
+TEST(CApiDlopen, MalformedConfigurationFailsTheCallNotTheProcess) {
+  const HelperRun run = run_helper("STOWAGE_EMULATED_CAPACITY=lots");
+  EXPECT_EQ(run.exit_code, 4) << run.output;  // the helper's "malloc failed" exit
+  EXPECT_NE(run.output.find("malloc FAIL STOWAGE_EMULATED_CAPACITY: 'lots' is not a byte size"), std::string::npos)
+      << run.output;
 }
 
 }  // namespace

@@ -160,5 +160,26 @@ TEST_F(DLPackTest, ReleasedStorageCannotBeExported) {
   EXPECT_EQ(t.storage().use_count(), 1);
 }
 
+TEST(DLPackCuda, ExportsCudaMemoryAsKDLCUDAAndRoundTrips) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  auto device = make_cuda_device(0);
+  CachingAllocator allocator(*device);
+  TensorView t = TensorView::empty(allocator, DType::i32, {4, 8});
+  std::vector<std::int32_t> host(32), back_host(32, 0);
+  std::iota(host.begin(), host.end(), 7);
+  device->copy_async(t.data(), host.data(), 128, CopyKind::host_to_device, kDefaultStream);
+  DLManagedTensor* m = to_dlpack(t.slice(0, 1, 3));
+  EXPECT_EQ(m->dl_tensor.device.device_type, kDLCUDA);
+  EXPECT_EQ(m->dl_tensor.device.device_id, device->ordinal());
+  TensorView back = from_dlpack(m, *device);
+  EXPECT_EQ(back.data(), static_cast<std::int32_t*>(t.data()) + 8);
+  device->copy_async(back_host.data(), back.data(), back.nbytes(), CopyKind::device_to_host, kDefaultStream);
+  device->synchronize(kDefaultStream);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(back_host[i], 15 + i);
+  EXPECT_EQ(t.storage().use_count(), 2);
+  back = TensorView();
+  EXPECT_EQ(t.storage().use_count(), 1);
+}
+
 }  // namespace
 }  // namespace stowage
