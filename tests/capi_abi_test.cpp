@@ -7,7 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <algorithm>
+#include <atomic>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -209,6 +212,41 @@ TEST_F(CApiTest, SnapshotWritesJsonOfTheLiveBlocks) {
   EXPECT_NE(error().find("/nonexistent-dir/x.json"), std::string::npos);
   EXPECT_EQ(stowage_snapshot(0, nullptr), -1);
   stowage_free(p, 12345, 0, nullptr);
+}
+
+TEST(CApiThreads, ConcurrentFirstUseAndTrafficBalance) {
+  // In its own process (ctest runs each case alone) this is also the first use of the library:
+  // every thread races to create the devices and allocators.
+  const int devices = std::min(stowage_device_count(), 2);
+  ASSERT_GE(devices, 1) << error();
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      void* held[16] = {};
+      for (int i = 0; i < 2000; ++i) {
+        const int slot = (i * 7 + t) % 16;
+        const ssize_t size = 512 * (1 + (slot + t) % 9);
+        const int dev = slot % devices;
+        if (held[slot] != nullptr) {
+          stowage_free(held[slot], 512 * (1 + (slot + t) % 9), dev, nullptr);
+          if (*stowage_last_error() != '\0') ++failures;
+          held[slot] = nullptr;
+        } else if ((held[slot] = stowage_malloc(size, dev, nullptr)) == nullptr) {
+          ++failures;
+        }
+      }
+      for (int slot = 0; slot < 16; ++slot)
+        if (held[slot] != nullptr) stowage_free(held[slot], 512 * (1 + (slot + t) % 9), slot % devices, nullptr);
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (int d = 0; d < devices; ++d) {
+    const auto s = stats(d);
+    EXPECT_EQ(s["allocation.all.current"], 0) << "device " << d;
+    EXPECT_EQ(s["requested_bytes.all.current"], 0) << "device " << d;
+    EXPECT_EQ(s["allocation.all.allocated"], s["allocation.all.freed"]) << "device " << d;
+  }
 }
 
 TEST_F(CApiTest, ErrorsAreKeptPerThread) {
