@@ -41,23 +41,37 @@ class ParameterStore {
 class ActivationHooks {
  public:
   virtual ~ActivationHooks() = default;
-  // Forward: `out` = GeLU(`in`) of `layer`'s MLP was just enqueued, and the second MLP matmul
-  // that reads it too. A technique may release `out` until before_layer_backward.
+  // Forward: computes `out` = GeLU(`in`) for `layer`'s MLP instead of the trainer (which then
+  // enqueues the kernel itself); `out` is resident and may be replaced. True when it did.
+  virtual bool compute_mlp_activation(int layer, const TensorView& in, TensorView& out) { return false; }
+  // Forward: the second MLP matmul that reads `out` is enqueued. A technique may release `out`
+  // until before_layer_backward.
   virtual void mlp_activation_done(int layer, TensorView& out, const TensorView& in) {}
   // Forward: `layer`'s attention is done; `saved` are the tensors its backward needs.
   virtual void attention_done(int layer, const std::vector<TensorView*>& saved) {}
+  // Backward: `layer`'s GeLU backward is enqueued; its input and output are no longer needed.
+  virtual void mlp_activation_backward_done(int layer) {}
   // Backward is about to start on `layer` (MLP first, then attention).
   virtual void before_layer_backward(int layer) {}
   // `layer`'s attention backward is next and needs `saved` resident.
   virtual void before_attention_backward(int layer, const std::vector<TensorView*>& saved) {}
+  // `layer`'s backward is complete (its activations are freed).
+  virtual void after_layer_backward(int layer) {}
   // The step's backward is complete (all activations freed).
   virtual void backward_done() {}
+  // Lines for the report: what the technique did over the run.
+  virtual void describe(std::vector<std::string>& lines) const {}
 };
 
 // Several hook sets, called in order ("all" configuration).
 class HookChain : public ActivationHooks {
  public:
   void add(std::unique_ptr<ActivationHooks> h) { hooks_.push_back(std::move(h)); }
+  bool compute_mlp_activation(int layer, const TensorView& in, TensorView& out) override {
+    for (auto& h : hooks_)
+      if (h->compute_mlp_activation(layer, in, out)) return true;
+    return false;
+  }
   void mlp_activation_done(int layer, TensorView& out, const TensorView& in) override {
     for (auto& h : hooks_) h->mlp_activation_done(layer, out, in);
   }
@@ -67,11 +81,20 @@ class HookChain : public ActivationHooks {
   void before_layer_backward(int layer) override {
     for (auto& h : hooks_) h->before_layer_backward(layer);
   }
+  void mlp_activation_backward_done(int layer) override {
+    for (auto& h : hooks_) h->mlp_activation_backward_done(layer);
+  }
   void before_attention_backward(int layer, const std::vector<TensorView*>& saved) override {
     for (auto& h : hooks_) h->before_attention_backward(layer, saved);
   }
+  void after_layer_backward(int layer) override {
+    for (auto& h : hooks_) h->after_layer_backward(layer);
+  }
   void backward_done() override {
     for (auto& h : hooks_) h->backward_done();
+  }
+  void describe(std::vector<std::string>& lines) const override {
+    for (const auto& h : hooks_) h->describe(lines);
   }
 
  private:

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "stowage/activations.hpp"
 #include "tools/demo/bf16.hpp"
 
 namespace stowage::demo::kernels {
@@ -177,25 +178,14 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
   }
 }
 
-namespace {
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
-}  // namespace
-
+// GeLU comes from the recompute layer's kernels: deterministic, so the forward output and a
+// rematerialised one are the same bits.
 void gelu_forward(const float* x, float* y, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    y[i] = 0.5f * v * (1.0f + std::tanh(kGeluC * (v + kGeluA * v * v * v)));
-  }
+  cpu::activation_forward(Activation::gelu_tanh, DType::f32, static_cast<std::size_t>(n), x, y);
 }
 
 void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float t = std::tanh(kGeluC * (v + kGeluA * v * v * v));
-    const float dt = kGeluC * (1.0f + 3.0f * kGeluA * v * v) * (1.0f - t * t);
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
-  }
+  cpu::activation_backward(Activation::gelu_tanh, DType::f32, static_cast<std::size_t>(n), x, dy, dx);
 }
 
 void add_inplace(float* a, const float* b, std::int64_t n) {

@@ -34,7 +34,7 @@ void attention_forward(const float* qkv, float* probs, float* ctx, int b, int s,
 void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, float* dp,
                         int b, int s, int h, int heads);
 
-// GeLU, tanh approximation, elementwise.
+// GeLU, tanh approximation, elementwise (stowage/activations.hpp; dx may be dy).
 void gelu_forward(const float* x, float* y, std::int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n);
 

@@ -40,6 +40,8 @@ Setup make_setup(const Context& ctx, const Techniques& t, const std::vector<floa
   s.params = t.shared_storage ? make_shared_storage_store(ctx, init, options, o.rounding)
                               : make_separate_copy_store(ctx, init, options);
   s.states = make_device_states(ctx, static_cast<std::int64_t>(init.size()));
+  if (t.swap_attention) s.hooks->add(make_swap_hooks(ctx));
+  if (t.recompute) s.hooks->add(make_recompute_hooks(ctx));
   return s;
 }
 
@@ -73,6 +75,7 @@ ConfigResult run_one(const Configuration& config, const DemoOptions& o, Device& 
     }
     r.mean_step_ms = total_ms / std::max(1, o.steps - 1);
     dev.synchronize(compute);
+    s.hooks->describe(r.details);
   }
   const AllocatorStats stats = allocator.stats();
   r.peak_allocated = stats.allocated_bytes.all.peak;

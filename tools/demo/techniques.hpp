@@ -17,4 +17,16 @@ namespace stowage::demo {
 std::unique_ptr<ParameterStore> make_shared_storage_store(const Context& ctx, const std::vector<float>& init,
                                                           const AdamOptions& options, Rounding rounding);
 
+// Activation-function recompute (stowage/recompute.hpp): the MLP's GeLU output is registered
+// as y = gelu(x), released after the second MLP matmul and rematerialised before the layer's
+// backward.
+std::unique_ptr<ActivationHooks> make_recompute_hooks(const Context& ctx);
+
+// Swap-attention (stowage/swap.hpp): the attention block's saved tensors (norm output, qkv,
+// softmax probabilities, context) go to pinned host memory after forward and are prefetched
+// `prefetch_distance` layers ahead of backward. Every such tensor is swapped, whatever its size
+// (the demo's tensors are small; the library's default minimum is 512 KiB).
+inline constexpr int kSwapPrefetchDistance = 0;
+std::unique_ptr<ActivationHooks> make_swap_hooks(const Context& ctx);
+
 }  // namespace stowage::demo

@@ -88,7 +88,7 @@ void Trainer::forward_layer(int l, LayerActs& a, TensorView& x) {
     }
     a.fc1 = linear(a.ln2, lp.w_fc1, T, h, f);
     a.act = ctx_.f32({T, f});
-    {
+    if (!hooks_.compute_mlp_activation(l, a.fc1, a.act)) {
       const float* in = f32_ptr(a.fc1);
       float* out = f32_ptr(a.act);
       ctx_.launch([=] { k::gelu_forward(in, out, T * f); });
@@ -165,6 +165,7 @@ TensorView Trainer::backward_layer(int l, LayerActs& a, TensorView dy) {
       ctx_.launch([=] { k::gelu_backward(in, d, d, T * f); });  // in place: d_act becomes d_fc1
     }
     a.fc1 = {};
+    hooks_.mlp_activation_backward_done(l);
     TensorView d_ln2 = linear_backward(a.ln2, d_act, lp.w_fc1, T, h, f);
     d_act = {};
     a.ln2 = {};
@@ -210,6 +211,7 @@ TensorView Trainer::backward_layer(int l, LayerActs& a, TensorView dy) {
     k::add_inplace(dxp, dm, T * h);  // residual
   });
   a = {};
+  hooks_.after_layer_backward(l);
   return dx;
 }
 
