@@ -17,7 +17,7 @@ __device__ __forceinline__ float scaled_grad(const void* g, bool bf16, std::size
 }
 
 __global__ void nonfinite_kernel(const void* grad, bool bf16, std::size_t begin, std::size_t end, int* flag) {
-  for (std::size_t i = begin + first_group(); i < end; i += group_step()) {
+  for (std::size_t i = begin + first_index(); i < end; i += grid_step()) {
     const std::uint32_t u = __float_as_uint(load_grad(grad, bf16, i));
     if ((u & 0x7F800000u) == 0x7F800000u) *flag = 1;
   }
@@ -26,14 +26,12 @@ __global__ void nonfinite_kernel(const void* grad, bool bf16, std::size_t begin,
 __global__ void adam_kernel(detail::AdamArgs a, std::size_t begin, std::size_t end) {
   const AdamScalars s = a.s;
   const bool rne = a.w.rounding == Rounding::nearest_even;
-  for (std::size_t g8 = first_group(); begin + g8 * 8 < end; g8 += group_step()) {
-    const std::size_t first = begin + g8 * 8;
-    const std::size_t last = first + 8 < end ? first + 8 : end;
-    const std::uint32_t in_ties = tie_byte(a.w, first);
-    std::uint32_t out_ties = 0;
-    for (std::size_t i = first; i < last; ++i) {
+  for (std::size_t i = begin + first_index(); i - lane_index() < end; i += grid_step()) {
+    const bool active = i < end;
+    std::uint32_t tie = 0;
+    if (active) {
       float g = scaled_grad(a.grad, a.grad_bf16, i, s.inv_loss_scale, s.clip_coef);
-      float p = merge_one(a.w, i, (in_ties >> (i - first)) & 1u);
+      float p = merge_one(a.w, i, tie_in(a.w, i));
       if (s.weight_decay != 0.0f) {
         if (s.decoupled) p = __fmul_rn(p, s.decay);
         else g = __fadd_rn(g, __fmul_rn(p, s.weight_decay));
@@ -44,23 +42,21 @@ __global__ void adam_kernel(detail::AdamArgs a, std::size_t begin, std::size_t e
       p = __fsub_rn(p, __fmul_rn(__fdiv_rn(m, denom), s.step_size));
       a.m[i] = m;
       a.v[i] = v;
-      out_ties |= split_one(a.w, i, p, rne) << (i - first);
+      tie = split_one(a.w, i, p, rne);
     }
-    store_tie_byte(a.w, first, end, out_ties);
+    store_ties_warp(a.w, i, end, active, tie);
   }
 }
 
 __global__ void sgd_kernel(detail::SgdArgs a, std::size_t begin, std::size_t end) {
   const SgdScalars s = a.s;
   const bool rne = a.w.rounding == Rounding::nearest_even;
-  for (std::size_t g8 = first_group(); begin + g8 * 8 < end; g8 += group_step()) {
-    const std::size_t first = begin + g8 * 8;
-    const std::size_t last = first + 8 < end ? first + 8 : end;
-    const std::uint32_t in_ties = tie_byte(a.w, first);
-    std::uint32_t out_ties = 0;
-    for (std::size_t i = first; i < last; ++i) {
+  for (std::size_t i = begin + first_index(); i - lane_index() < end; i += grid_step()) {
+    const bool active = i < end;
+    std::uint32_t tie = 0;
+    if (active) {
       float g = scaled_grad(a.grad, a.grad_bf16, i, s.inv_loss_scale, s.clip_coef);
-      float p = merge_one(a.w, i, (in_ties >> (i - first)) & 1u);
+      float p = merge_one(a.w, i, tie_in(a.w, i));
       if (s.weight_decay != 0.0f) g = __fadd_rn(g, __fmul_rn(p, s.weight_decay));
       if (s.momentum != 0.0f) {
         const float buf =
@@ -69,9 +65,9 @@ __global__ void sgd_kernel(detail::SgdArgs a, std::size_t begin, std::size_t end
         g = s.nesterov ? __fadd_rn(g, __fmul_rn(buf, s.momentum)) : buf;
       }
       p = __fsub_rn(p, __fmul_rn(g, s.lr));
-      out_ties |= split_one(a.w, i, p, rne) << (i - first);
+      tie = split_one(a.w, i, p, rne);
     }
-    store_tie_byte(a.w, first, end, out_ties);
+    store_ties_warp(a.w, i, end, active, tie);
   }
 }
 

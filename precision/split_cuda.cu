@@ -1,4 +1,4 @@
-// CUDA split / merge kernels (grid-stride over groups of 8 elements; see split_math_cuda.cuh).
+// CUDA split / merge kernels: one element per thread, grid-stride (see split_math_cuda.cuh).
 #include "precision/cuda_kernels.hpp"
 #include "precision/split_math_cuda.cuh"
 
@@ -6,27 +6,21 @@ namespace stowage::cuda_precision {
 namespace {
 
 __global__ void fill_u16_kernel(std::uint16_t* dst, std::uint16_t value, std::size_t n) {
-  for (std::size_t i = first_group(); i < n; i += group_step()) dst[i] = value;
+  for (std::size_t i = first_index(); i < n; i += grid_step()) dst[i] = value;
 }
 
+// The loop runs while the warp's first element is in range, so all lanes reach the ballot.
 __global__ void split_kernel(const float* src, SplitPlanes w, std::size_t begin, std::size_t end) {
   const bool rne = w.rounding == Rounding::nearest_even;
-  for (std::size_t g = first_group(); begin + g * 8 < end; g += group_step()) {
-    const std::size_t first = begin + g * 8;
-    const std::size_t last = first + 8 < end ? first + 8 : end;
-    std::uint32_t bits = 0;
-    for (std::size_t i = first; i < last; ++i) bits |= split_one(w, i, src[i], rne) << (i - first);
-    store_tie_byte(w, first, end, bits);
+  for (std::size_t i = begin + first_index(); i - lane_index() < end; i += grid_step()) {
+    const bool active = i < end;
+    const std::uint32_t tie = active ? split_one(w, i, src[i], rne) : 0u;
+    store_ties_warp(w, i, end, active, tie);
   }
 }
 
 __global__ void merge_kernel(SplitPlanes w, float* dst, std::size_t begin, std::size_t end) {
-  for (std::size_t g = first_group(); begin + g * 8 < end; g += group_step()) {
-    const std::size_t first = begin + g * 8;
-    const std::size_t last = first + 8 < end ? first + 8 : end;
-    const std::uint32_t bits = tie_byte(w, first);
-    for (std::size_t i = first; i < last; ++i) dst[i] = merge_one(w, i, (bits >> (i - first)) & 1u);
-  }
+  for (std::size_t i = begin + first_index(); i < end; i += grid_step()) dst[i] = merge_one(w, i, tie_in(w, i));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #pragma once
 // Device-side split / merge of one element and the launch shape shared by the precision
-// layer's CUDA kernels. Each thread owns a group of 8 consecutive elements, so it owns one tie
-// byte outright (ranges start at multiples of 8).
+// layer's CUDA kernels. Thread t of the grid handles element begin + t (grid-stride), so every
+// load and store is coalesced; tie bits are gathered per warp with __ballot_sync and written a
+// byte per 8 lanes (ranges start at multiples of 8, so a warp owns its tie bytes).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -30,32 +31,38 @@ __device__ __forceinline__ std::uint32_t split_one(const SplitPlanes& w, std::si
   return tie;
 }
 
-__device__ __forceinline__ std::uint32_t tie_byte(const SplitPlanes& w, std::size_t first) {
-  return w.rounding == Rounding::nearest_even ? w.ties[first / 8] : 0u;
+// The tie bit of element i (0 in half_up mode).
+__device__ __forceinline__ std::uint32_t tie_in(const SplitPlanes& w, std::size_t i) {
+  return w.rounding == Rounding::nearest_even ? (w.ties[i / 8] >> (i % 8)) & 1u : 0u;
 }
 
-// Stores the tie bits of elements [first, min(first + 8, end)); bits past `end` keep their value.
-__device__ __forceinline__ void store_tie_byte(const SplitPlanes& w, std::size_t first, std::size_t end,
-                                               std::uint32_t bits) {
+// Called by all 32 lanes of a warp (the loop condition is warp-uniform); lane L holds element
+// warp_base + L, and `active` says whether it is < end. Lanes at multiples of 8 write a byte.
+__device__ __forceinline__ void store_ties_warp(const SplitPlanes& w, std::size_t i, std::size_t end, bool active,
+                                                std::uint32_t tie) {
   if (w.rounding != Rounding::nearest_even) return;
-  if (first + 8 <= end) {
-    w.ties[first / 8] = static_cast<std::uint8_t>(bits);
-  } else {
-    const std::uint32_t mask = (1u << (end - first)) - 1u;
-    w.ties[first / 8] = static_cast<std::uint8_t>((w.ties[first / 8] & ~mask) | (bits & mask));
+  const unsigned bits = __ballot_sync(0xFFFFFFFFu, active && tie != 0u);
+  const unsigned lane = threadIdx.x & 31u;
+  if (!active || (lane & 7u) != 0u) return;
+  const std::uint32_t byte = (bits >> lane) & 0xFFu;
+  if (i + 8 <= end) {
+    w.ties[i / 8] = static_cast<std::uint8_t>(byte);
+  } else {  // the range ends inside this byte: keep the bits past it
+    const std::uint32_t mask = (1u << (end - i)) - 1u;
+    w.ties[i / 8] = static_cast<std::uint8_t>((w.ties[i / 8] & ~mask) | byte);
   }
 }
 
-__device__ __forceinline__ std::size_t first_group() {
+__device__ __forceinline__ std::size_t lane_index() { return threadIdx.x & 31u; }
+__device__ __forceinline__ std::size_t first_index() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ __forceinline__ std::size_t group_step() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
+__device__ __forceinline__ std::size_t grid_step() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
 
 inline constexpr unsigned kThreads = 256;
 
 inline unsigned blocks_for(std::size_t begin, std::size_t end) {
-  const std::size_t groups = (end - begin + 7) / 8;
-  const std::size_t blocks = (groups + kThreads - 1) / kThreads;
+  const std::size_t blocks = (end - begin + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 65535 ? (blocks == 0 ? 1 : blocks) : 65535);
 }
 
