@@ -35,6 +35,10 @@ void check_tensor(const ParameterBucket& w, const TensorView& t, const char* fn,
                                       grad ? "" : fmt::format(" and the range {}", r.end - r.begin)));
   }
   if (!t.is_contiguous()) throw InvalidArgument(fmt::format("{}: {} is not contiguous", fn, what));
+  const std::size_t align = t.dtype() == DType::bf16 ? 2 : 4;
+  if (reinterpret_cast<std::uintptr_t>(t.data()) % align != 0) {
+    throw InvalidArgument(fmt::format("{}: {} at {} is not {}-byte aligned", fn, what, t.data(), align));
+  }
   if (&t.storage().device() != &w.device()) {
     throw InvalidArgument(fmt::format("{}: {} is on another device than the weights", fn, what));
   }
@@ -75,6 +79,7 @@ StepResult adam_step(ParameterBucket& w, const TensorView& grad, const TensorVie
   check_tensor(w, grad, fn, "grad", true, r);
   check_tensor(w, m, fn, "m", false, r);
   check_tensor(w, v, fn, "v", false, r);
+  if (m.data() == v.data()) throw InvalidArgument(fmt::format("{}: m and v are the same memory", fn));
   if (!(scaling.loss_scale > 0.0f) || !(scaling.clip_coef >= 0.0f)) {
     throw InvalidArgument(fmt::format("{}: loss_scale {} / clip_coef {} out of range", fn, scaling.loss_scale, scaling.clip_coef));
   }

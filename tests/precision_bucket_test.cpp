@@ -238,13 +238,18 @@ TEST_P(Bucket, BadInputThrowsAndChangesNoByte) {
   const std::size_t n = bucket.numel();
   TensorView g = upload(std::vector<float>(n, 1.0f), DType::f32);
   TensorView m = upload(std::vector<float>(n, 0.0f), DType::f32);
+  TensorView m2 = upload(std::vector<float>(n, 0.0f), DType::f32);
+  OptimizerState st;
+  EXPECT_THROW(adam_step(bucket, g, m, m, {}, {}, st), InvalidArgument);  // m and v alias
+  // shard-local state of the wrong length
+  TensorView short_m = upload(std::vector<float>(n - 16, 0.0f), DType::f32);
+  EXPECT_THROW(sgd_step(bucket, g, short_m, {.momentum = 0.9f}, {}, st, {0, n - 8}), InvalidArgument);
   TensorView short_g = upload(std::vector<float>(n - 8, 1.0f), DType::f32);
   TensorView int_m = upload(std::vector<std::int32_t>(n, 0), DType::i32);
-  OptimizerState st;
-  EXPECT_THROW(adam_step(bucket, short_g, m, m, {}, {}, st), InvalidArgument);
-  EXPECT_THROW(adam_step(bucket, g, int_m, m, {}, {}, st), InvalidArgument);
-  EXPECT_THROW(adam_step(bucket, g, m, m, {}, {}, st, {4, 64}), InvalidArgument);    // begin not a multiple of 8
-  EXPECT_THROW(adam_step(bucket, g, m, m, {}, {}, st, {0, n + 8}), InvalidArgument);  // past the end
+  EXPECT_THROW(adam_step(bucket, short_g, m, m2, {}, {}, st), InvalidArgument);
+  EXPECT_THROW(adam_step(bucket, g, int_m, m2, {}, {}, st), InvalidArgument);
+  EXPECT_THROW(adam_step(bucket, g, m, m2, {}, {}, st, {4, 64}), InvalidArgument);    // begin not a multiple of 8
+  EXPECT_THROW(adam_step(bucket, g, m, m2, {}, {}, st, {0, n + 8}), InvalidArgument);  // past the end
   EXPECT_THROW(sgd_step(bucket, g, TensorView{}, {.momentum = 0.9f}, {}, st), InvalidArgument);
   EXPECT_EQ(st.step, 0);
   device_->synchronize();

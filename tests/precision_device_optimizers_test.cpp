@@ -137,8 +137,9 @@ TEST_P(DeviceOptimizers, InfGradientSkipsTheStepOnTheDevice) {
   std::vector<float> g(n, 0.01f);
   g[n - 1] = INFINITY;
   TensorView dg = upload(g, DType::f32), m = upload(std::vector<float>(n, 0.0f), DType::f32);
+  TensorView v = upload(std::vector<float>(n, 0.0f), DType::f32);
   OptimizerState st{4};
-  const StepResult r = adam_step(bucket, dg, m, m, {}, {.loss_scale = 1024.0f}, st);
+  const StepResult r = adam_step(bucket, dg, m, v, {}, {.loss_scale = 1024.0f}, st);
   EXPECT_FALSE(r.applied);
   EXPECT_TRUE(r.found_nonfinite);
   EXPECT_EQ(st.step, 4);
