@@ -127,9 +127,12 @@ struct SwapScheduler::Impl {
 
   void prefetch_from(int lowest_layer) {
     std::vector<SwapEntry*> due;
-    for (auto& [id, e] : entries)
-      if (e.phase == SwapEntry::Phase::out && e.layer >= lowest_layer) due.push_back(&e);
-    // Nearest first: the layer backward reaches next, then in the order the tensors were made.
+    for (auto& [id, e] : entries) {
+      const bool wanted = e.storage.use_count() > 1;  // else no one can acquire it
+      if (e.phase == SwapEntry::Phase::out && e.layer >= lowest_layer && wanted) due.push_back(&e);
+    }
+    // Nearest first: the layer backward reaches next, and in it the tensor made last (backward
+    // uses a layer's tensors in reverse).
     std::sort(due.begin(), due.end(), [](const SwapEntry* a, const SwapEntry* b) {
       return a->layer != b->layer ? a->layer > b->layer : a->sequence > b->sequence;
     });
