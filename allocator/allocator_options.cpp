@@ -65,7 +65,11 @@ AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptio
     if (key == "expandable_segments") {
       o.segments = parse_bool(key, value) ? SegmentMode::expandable : SegmentMode::classic;
     } else if (key == "max_split_size_mb") {
-      o.max_split_size = mib_to_bytes(key, parse_count(key, value));
+      const std::uint64_t mib = parse_count(key, value);
+      if (mib != 0 && mib <= 20) {  // 20 MiB segments must stay splittable (0: no limit)
+        throw ParseError(fmt::format("allocator options: {}: must be 0 (no limit) or above 20, got {}", key, mib));
+      }
+      o.max_split_size = mib_to_bytes(key, mib);
     } else if (key == "garbage_collection_threshold") {
       o.gc_threshold = parse_fraction(key, value);
     } else if (key == "memory_cap_mb") {

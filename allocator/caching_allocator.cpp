@@ -12,6 +12,14 @@ using detail::BlockUse;
 
 CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
     : device(d), opts(std::move(o)), trace(opts.trace_entries) {
+  if (opts.max_split_size > 0 && opts.max_split_size <= detail::kLargeBuffer) {
+    throw InvalidArgument(fmt::format("stowage: max_split_size must be 0 or above {} bytes (20 MiB), got {}",
+                                      detail::kLargeBuffer, opts.max_split_size));
+  }
+  if (!(opts.memory_cap_fraction >= 0.0 && opts.memory_cap_fraction <= 1.0) ||
+      !(opts.gc_threshold >= 0.0 && opts.gc_threshold <= 1.0)) {
+    throw InvalidArgument("stowage: memory_cap_fraction and gc_threshold must lie in [0, 1]");
+  }
   const DeviceProperties& props = device.properties();
   const bool vmm = props.virtual_memory && props.granularity > 0;
   mode = opts.segments == SegmentMode::expandable && vmm ? SegmentMode::expandable : SegmentMode::classic;

@@ -127,7 +127,9 @@ TEST(AllocatorErrors, BadInputLeavesStateUnchanged) {
 
 TEST(AllocatorErrors, LargerThanCapacityFailsAtOnce) {
   auto dev = small_device();
-  CachingAllocator a(*dev);
+  AllocatorOptions o;
+  o.trace_entries = 8;
+  CachingAllocator a(*dev, o);
   void* x = a.allocate(MiB);
   a.deallocate(x);
   EXPECT_THROW(a.allocate(300 * MiB), OutOfMemory);
@@ -135,6 +137,10 @@ TEST(AllocatorErrors, LargerThanCapacityFailsAtOnce) {
   EXPECT_EQ(st.num_ooms, 1);
   EXPECT_EQ(st.num_alloc_retries, 0);
   EXPECT_EQ(st.reserved_bytes.all.current, static_cast<std::int64_t>(2 * MiB));  // cache kept
+  Snapshot s = a.snapshot();
+  ASSERT_FALSE(s.trace.empty());
+  EXPECT_EQ(s.trace.back().action, TraceAction::oom);
+  EXPECT_EQ(s.trace.back().size, 300 * MiB);
 }
 
 }  // namespace

@@ -172,6 +172,43 @@ TEST(AllocatorSegments, RefusedSecondGranuleLeavesNothingMapped) {
   a.deallocate(p);
 }
 
+TEST(AllocatorSegments, MaxSplitSizeKeepsBigBlocksWhole) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.max_split_size = 24 * MiB;
+  CachingAllocator a(*dev, o);
+  void* big = a.allocate(30 * MiB);
+  a.deallocate(big);
+  void* small = a.allocate(2 * MiB);  // must not carve the 30 MiB block: a new 20 MiB segment
+  EXPECT_NE(small, big);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(50 * MiB));
+  void* mid = a.allocate(25 * MiB);  // takes the 30 MiB block whole (waste under 20 MiB)
+  EXPECT_EQ(mid, big);
+  EXPECT_EQ(a.block_size(mid), 30 * MiB);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(50 * MiB));
+  a.deallocate(mid);
+  a.deallocate(small);
+  o.max_split_size = 20 * MiB;  // must exceed the 20 MiB segments it would otherwise lock up
+  EXPECT_THROW(CachingAllocator(*dev, o), InvalidArgument);
+  EXPECT_THROW(parse_allocator_options("max_split_size_mb:20"), ParseError);
+}
+
+TEST(AllocatorSegments, EmptyCacheWaitsForPendingBlocks) {
+  auto dev = small_device();
+  CachingAllocator a(*dev, classic_options());
+  Stream s2 = dev->create_stream();
+  void* x = a.allocate(12 * MiB);
+  a.record_stream(x, s2);
+  a.deallocate(x);
+  EXPECT_EQ(a.stats().active_bytes.all.current, i64(12 * MiB));
+  a.empty_cache();  // synchronises, completes the pending free, gives the segment back
+  AllocatorStats st = a.stats();
+  EXPECT_EQ(st.active_bytes.all.current, 0);
+  EXPECT_EQ(st.reserved_bytes.all.current, 0);
+  EXPECT_EQ(st.num_device_free, 1);
+  dev->destroy_stream(s2);
+}
+
 TEST(AllocatorSegments, GarbageCollectionFreesOldestCachedSegments) {
   auto dev = small_device();
   AllocatorOptions o = classic_options();
