@@ -73,6 +73,18 @@ TEST_F(SwapTest, RoundTripKeepsContentsAndFreesDeviceMemory) {
   EXPECT_EQ(swap->stats().tensors_swapped, 0u);
 }
 
+TEST_F(SwapTest, TheDeviceBlockIsReusableOnceTheCopyIsDone) {
+  auto swap = scheduler();
+  auto v = tensor(8 * MiB, 2);
+  const auto reserved = allocator_->stats().reserved_bytes.all.current;
+  ASSERT_EQ(swap->offload(v, 0, "attn"), SwapDecision::swapped);
+  device_->synchronize(swap->d2h_stream());
+  auto next = tensor(8 * MiB, 3);  // takes the swapped tensor's block: the device did not grow
+  EXPECT_EQ(allocator_->stats().reserved_bytes.all.current, reserved);
+  EXPECT_EQ(hash_now(swap->acquire(v)), expected_hash(8 * MiB, 2));
+  EXPECT_EQ(hash_now(next), expected_hash(8 * MiB, 3));
+}
+
 TEST_F(SwapTest, ReloadRightAfterOffloadWaitsForTheDownload) {
   auto swap = scheduler();
   for (int i = 0; i < 20; ++i) {
