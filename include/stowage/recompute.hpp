@@ -19,7 +19,11 @@
 //     the one view per output that forward() returned (or forward_into() was given). Any other
 //     live view of that storage (a slice, a reshape, a copy of the view kept elsewhere) is an
 //     alias someone may read before backward, so the release is refused instead of deferred.
-// Functions must therefore not hold output views in queued work: capture pointers, as kernels do.
+// Functions must therefore not hold output views in queued work: capture pointers, as kernels do;
+// and they must not call back into the registry (it runs them under its lock).
+// The bytes go back stream-ordered on the output's stream (the compute stream): a consumer on
+// another stream that may still be reading them needs CachingAllocator::record_stream first,
+// as with any free.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
