@@ -1,6 +1,6 @@
 #pragma once
-// Elementwise activation math, written once for three element types: float (CUDA device code
-// and host reference use), and the CPU kernels' 8-lane GCC vector (recompute/simd8.hpp).
+// Elementwise activation math, written once for two element types: float (the CUDA kernels,
+// one element per thread) and the CPU kernels' 8-lane GCC vector (recompute/simd8.hpp).
 // Only +, -, *, / and bit manipulation: no libm calls, so the CPU compiler vectorises it and
 // every element of a tensor runs the same instruction sequence (a rematerialised output is
 // bit-identical to the forward output). Accuracy is documented in docs/recompute.md.
