@@ -5,7 +5,7 @@
 #include <string>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "allocator/log.hpp"
 
 #include "precision/kernel_table.hpp"
 #include "stowage/error.hpp"
@@ -32,9 +32,9 @@ SimdLevel initial_level() {
   if (s == "scalar") want = SimdLevel::scalar;
   else if (s == "avx2") want = SimdLevel::avx2;
   else if (s == "avx512") want = SimdLevel::avx512;
-  else spdlog::warn("STOWAGE_SIMD={} is not scalar, avx2 or avx512; using {}", s, to_string(best));
+  else log().warn("STOWAGE_SIMD={} is not scalar, avx2 or avx512; using {}", s, to_string(best));
   if (static_cast<int>(want) > static_cast<int>(best)) {
-    spdlog::warn("STOWAGE_SIMD={}: this CPU supports up to {}", s, to_string(best));
+    log().warn("STOWAGE_SIMD={}: this CPU supports up to {}", s, to_string(best));
     want = best;
   }
   return want;

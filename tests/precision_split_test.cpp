@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -278,6 +279,21 @@ TEST(PrecisionSplit, EveryDispatchLevelGivesIdenticalPlanes) {
       }
     }
   }
+}
+
+// STOWAGE_SIMD lowers the level at start-up (checked in a fresh process each time); asking for
+// more than the CPU has, or for nonsense, leaves the detected level.
+TEST(PrecisionSplitDeathTest, StowageSimdEnvironmentChoosesTheLevel) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto level_under = [](const char* value) {
+    setenv("STOWAGE_SIMD", value, 1);
+    std::exit(static_cast<int>(simd_level()));
+  };
+  EXPECT_EXIT(level_under("scalar"), ::testing::ExitedWithCode(0), "");
+  if (detected_simd_level() >= SimdLevel::avx2) EXPECT_EXIT(level_under("avx2"), ::testing::ExitedWithCode(1), "");
+  const int best = static_cast<int>(detected_simd_level());
+  EXPECT_EXIT(level_under("avx512"), ::testing::ExitedWithCode(best), "");
+  EXPECT_EXIT(level_under("bogus"), ::testing::ExitedWithCode(best), "");
 }
 
 TEST(PrecisionSplit, SplitBitsAndMergeBitsAreInverse) {
