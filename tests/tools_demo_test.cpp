@@ -90,7 +90,7 @@ TEST_F(DemoRun, EveryConfigurationIsBitIdenticalToTheBaseline) {
   }
 }
 
-// Tolerance: the allocator rounds each block up to its size class (512 B in the small pool), so
+// Tolerance (allocated bytes only): the allocator rounds each block up to its size class (512 B in the small pool), so
 // a saving measured through it may fall short of the exact byte count by up to one rounding
 // step per block the technique adds or removes, bounded here by kTolerancePerBlock × blocks.
 constexpr std::int64_t kTolerancePerBlock = 512;
@@ -105,6 +105,8 @@ TEST_F(DemoRun, EachTechniqueLowersThePeakByAtLeastThePrediction) {
     EXPECT_GT(predicted.bytes, 0);
     EXPECT_GE(measured, predicted.bytes - kTolerancePerBlock * predicted.blocks)
         << "measured " << measured << " B, predicted " << predicted.bytes << " B (" << predicted.formula << ")";
+    // Bytes as asked (before rounding to block sizes): no tolerance at all.
+    EXPECT_GE(base.peak_requested - r.peak_requested, predicted.bytes) << predicted.formula;
   }
 }
 

@@ -95,6 +95,7 @@ std::string to_json(const std::vector<ConfigResult>& results, const DemoOptions&
     c["loss_min"] = min_loss(r);
     c["peak_allocated_bytes"] = r.peak_allocated;
     c["peak_reserved_bytes"] = r.peak_reserved;
+    c["peak_requested_bytes"] = r.peak_requested;
     c["mean_step_ms"] = r.mean_step_ms;
     c["predicted_saving_bytes"] = predicted_saving(r.techniques, o, r.params).bytes;
     if (r.compared) c["bit_identical_to_baseline"] = r.bit_identical;

@@ -80,6 +80,7 @@ ConfigResult run_one(const Configuration& config, const DemoOptions& o, Device& 
   const AllocatorStats stats = allocator.stats();
   r.peak_allocated = stats.allocated_bytes.all.peak;
   r.peak_reserved = stats.reserved_bytes.all.peak;
+  r.peak_requested = stats.requested_bytes.all.peak;
   dev.destroy_stream(compute);
   return r;
 }

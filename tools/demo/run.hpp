@@ -29,6 +29,7 @@ struct ConfigResult {
   std::vector<float> losses;         // one per step
   std::int64_t peak_allocated = 0;   // allocator stats, bytes, over the whole run
   std::int64_t peak_reserved = 0;
+  std::int64_t peak_requested = 0;   // bytes as asked, before the allocator rounds block sizes
   std::int64_t params = 0;           // parameter elements (with alignment padding)
   int vocab = 0;
   bool must_match = true;            // false where the rounding differs by design (half_up)
