@@ -89,9 +89,9 @@ std::string to_table(const EstimateResult& r) {
   out += fmt::format("per device, pipeline stage {} ({} layers, {:.2f} micro-batches in flight, {} parameters):\n",
                      m.stage, m.layers, m.microbatches_in_flight, m.parameters);
   auto row = [&](const std::string& name, std::int64_t a, std::int64_t b) {
-    out += fmt::format("  {:<28}{:>14}{:>14}\n", name, format_bytes(a), format_bytes(b));
+    out += fmt::format("  {:<36}{:>14}{:>14}\n", name, format_bytes(a), format_bytes(b));
   };
-  out += fmt::format("  {:<28}{:>14}{:>14}\n", "", "configured", "no stowage");
+  out += fmt::format("  {:<36}{:>14}{:>14}\n", "", "configured", "no stowage");
   row("weights", m.weights, r.baseline.weights);
   row("gradients", m.gradients, r.baseline.gradients);
   row("optimizer states", m.optimizer_states, r.baseline.optimizer_states);
@@ -104,8 +104,8 @@ std::string to_table(const EstimateResult& r) {
   row("peak reserved", m.peak_reserved, r.baseline.peak_reserved);
   row("host memory", m.host_bytes, r.baseline.host_bytes);
   out += "saving against no stowage technique (peak reserved):\n";
-  for (const auto& v : r.alone) out += fmt::format("  {:<28}{:>14}\n", v.name, format_bytes(v.saving));
-  out += fmt::format("  {:<28}{:>14}\n", "all together", format_bytes(r.all.saving));
+  for (const auto& v : r.alone) out += fmt::format("  {:<36}{:>14}\n", v.name, format_bytes(v.saving));
+  out += fmt::format("  {:<36}{:>14}\n", "all together", format_bytes(r.all.saving));
   for (const auto& n : c.notes) out += "note: " + n + "\n";
   return out;
 }

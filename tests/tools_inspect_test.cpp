@@ -1,0 +1,189 @@
+// `stowage inspect`: snapshot and event-log analysis on small files in tests/data, the
+// comparison of two snapshots, the timeline SVG, and bad input (exit code 2, position named).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "stowage/error.hpp"
+#include "tools/common/json_input.hpp"
+#include "tools/inspect/inspect_report.hpp"
+
+using namespace stowage;
+using namespace stowage::inspect;
+
+namespace {
+
+constexpr std::int64_t MiB = 1 << 20;
+
+std::string data(const std::string& name) { return std::string(STOWAGE_SOURCE_DIR) + "/tests/data/" + name; }
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const std::string path = std::string(STOWAGE_BINARY_DIR) + "/tools_inspect_test_" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+
+CommandResult run_cli(const std::string& args) {
+  const std::string cmd = std::string(STOWAGE_CLI) + " " + args + " 2>&1";
+  CommandResult r{-1, {}};
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe)) r.output += buf.data();
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace
+
+TEST(InspectSnapshot, PeaksBlocksAndTags) {
+  const SnapshotAnalysis a = analyze(load_snapshot(data("inspect_snapshot_a.json")));
+  EXPECT_EQ(a.allocated, 13 * MiB);
+  EXPECT_EQ(a.reserved, 22 * MiB);
+  EXPECT_EQ(a.peak_allocated, 21 * MiB);
+  EXPECT_EQ(a.peak_reserved, 22 * MiB);
+  EXPECT_DOUBLE_EQ(a.fragmentation, 1.0 - 13.0 / 22.0);
+  EXPECT_EQ(a.largest_free, 8 * MiB);
+  ASSERT_EQ(a.largest_blocks.size(), 3u);
+  EXPECT_EQ(a.largest_blocks[0].tag, "layer0.attn");
+  EXPECT_EQ(a.largest_blocks[0].size, 8 * MiB);
+  EXPECT_EQ(a.largest_blocks[1].tag, "layer0.mlp");
+  EXPECT_EQ(a.largest_blocks[2].tag, "optimizer");
+  // At the traced peak (21 MiB), the released activation still owned 8 MiB.
+  ASSERT_EQ(a.tags_at_peak.size(), 4u);
+  EXPECT_EQ(a.trace_peak_allocated, 21 * MiB);
+  EXPECT_EQ(a.tags_at_peak[0].tag, "layer0.act");  // ties keep name order
+  EXPECT_EQ(a.tags_at_peak[0].bytes, 8 * MiB);
+  EXPECT_EQ(a.tags_at_peak[1].tag, "layer0.attn");
+  EXPECT_EQ(a.tags_at_peak[2].bytes, 4 * MiB);
+  EXPECT_EQ(a.tags_at_peak[3].bytes, 1 * MiB);
+  ASSERT_EQ(a.tags_now.size(), 3u);
+  EXPECT_EQ(a.tags_now[0].bytes, 8 * MiB);
+  // Timeline: allocated and reserved after every traced event.
+  ASSERT_EQ(a.timeline.size(), 8u);
+  const std::int64_t alloc[] = {0, 8, 12, 20, 20, 21, 21, 13};
+  const std::int64_t res[] = {20, 20, 20, 20, 22, 22, 22, 22};
+  for (std::size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(a.timeline[i].allocated, alloc[i] * MiB) << i;
+    EXPECT_EQ(a.timeline[i].reserved, res[i] * MiB) << i;
+  }
+  EXPECT_DOUBLE_EQ(a.fragmentation_at_peak, 1.0 - 21.0 / 22.0);
+  EXPECT_EQ(a.largest_gap, 20 * MiB);  // the fresh segment before its first block
+}
+
+// The trace is a ring: when it starts mid-run, the timeline is anchored on the snapshot's
+// current bytes and what was allocated before the window shows as "(before trace)".
+TEST(InspectSnapshot, TraceThatStartsMidRun) {
+  Snapshot s;
+  s.stats.allocated_bytes.all.current = 10 * MiB;
+  s.stats.reserved_bytes.all.current = 16 * MiB;
+  s.trace.push_back({TraceAction::alloc, 0x1000, std::size_t(4 * MiB), Stream{}, 10, "grad"});
+  s.trace.push_back({TraceAction::free_completed, 0x1000, std::size_t(4 * MiB), Stream{}, 20, "grad"});
+  const SnapshotAnalysis a = analyze(s);
+  ASSERT_EQ(a.timeline.size(), 2u);
+  EXPECT_EQ(a.timeline[0].allocated, 14 * MiB);
+  EXPECT_EQ(a.timeline[1].allocated, 10 * MiB);
+  EXPECT_EQ(a.timeline[0].reserved, 16 * MiB);
+  ASSERT_EQ(a.tags_at_peak.size(), 2u);
+  EXPECT_EQ(a.tags_at_peak[0].tag, "(before trace)");
+  EXPECT_EQ(a.tags_at_peak[0].bytes, 10 * MiB);
+  EXPECT_EQ(a.tags_at_peak[1].tag, "grad");
+}
+
+TEST(InspectSnapshot, CompareTwoSnapshots) {
+  const SnapshotAnalysis a = analyze(load_snapshot(data("inspect_snapshot_a.json")));
+  const SnapshotAnalysis b = analyze(load_snapshot(data("inspect_snapshot_b.json")));
+  const auto j = compare_json(a, b);
+  EXPECT_EQ(j["peak_allocated"]["change"].get<std::int64_t>(), -10 * MiB);
+  EXPECT_EQ(j["reserved"]["change"].get<std::int64_t>(), -10 * MiB);
+  ASSERT_EQ(j["tags"].size(), 3u);
+  EXPECT_EQ(j["tags"][0]["tag"], "layer0.mlp");
+  EXPECT_EQ(j["tags"][0]["change"].get<std::int64_t>(), -2 * MiB);
+  EXPECT_TRUE(b.timeline.empty());
+  auto cli = run_cli("inspect --compare " + data("inspect_snapshot_a.json") + " " + data("inspect_snapshot_b.json"));
+  EXPECT_EQ(cli.exit_code, 0) << cli.output;
+  EXPECT_NE(cli.output.find("layer0.mlp"), std::string::npos);
+}
+
+TEST(InspectEventLog, LiveBytesPeakAndLeaks) {
+  const EventLogAnalysis a = analyze(load_event_log(data("inspect_events.csv")));
+  EXPECT_EQ(a.events, 6);
+  EXPECT_EQ(a.allocations, 3);
+  EXPECT_EQ(a.frees, 3);
+  EXPECT_EQ(a.unmatched_frees, 1);
+  EXPECT_EQ(a.peak_live, 6 * MiB);
+  EXPECT_DOUBLE_EQ(a.peak_time, 0.0004);
+  EXPECT_EQ(a.live_at_end, 2 * MiB);
+  EXPECT_EQ(a.live_blocks_at_end, 1);
+  ASSERT_EQ(a.largest.size(), 3u);
+  EXPECT_EQ(a.largest[0].size, std::size_t(4 * MiB));
+  EXPECT_TRUE(looks_like_event_log(data("inspect_events.csv")));
+  EXPECT_FALSE(looks_like_event_log(data("inspect_snapshot_a.json")));
+}
+
+TEST(InspectOutput, SvgTimelinesAreWellFormedXml) {
+  const std::string snap_svg = temp_file("snapshot.svg", "");
+  const std::string log_svg = temp_file("events.svg", "");
+  EXPECT_EQ(run_cli("inspect " + data("inspect_snapshot_a.json") + " --svg " + snap_svg).exit_code, 0);
+  EXPECT_EQ(run_cli("inspect " + data("inspect_events.csv") + " --svg " + log_svg).exit_code, 0);
+  const std::string svg = slurp(snap_svg);
+  EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
+  EXPECT_NE(svg.find("<polyline"), std::string::npos);
+  EXPECT_NE(svg.find("reserved"), std::string::npos);
+  if (std::system("command -v xmllint >/dev/null 2>&1") != 0) GTEST_SKIP() << "xmllint not installed";
+  EXPECT_EQ(std::system(("xmllint --noout " + snap_svg + " " + log_svg).c_str()), 0);
+}
+
+TEST(InspectOutput, JsonCarriesPeaksAndTimeline) {
+  auto r = run_cli("inspect --json " + data("inspect_snapshot_a.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["schema"], "stowage.inspect/1");
+  EXPECT_EQ(j["peak_allocated"].get<std::int64_t>(), 21 * MiB);
+  EXPECT_EQ(j["timeline"].size(), 8u);
+  EXPECT_EQ(j["tags_at_peak"][0]["tag"], "layer0.act");
+}
+
+TEST(InspectBadInput, ExitCodeTwoWithThePosition) {
+  const std::string good = slurp(data("inspect_snapshot_a.json"));
+  auto expect_error = [](const std::string& path, const std::string& needle) {
+    auto r = run_cli("inspect " + path);
+    EXPECT_EQ(r.exit_code, 2) << path << ": " << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << path << ": " << r.output;
+  };
+  expect_error(temp_file("truncated.json", good.substr(0, good.size() / 2)), "byte");
+  std::string wrong_type = good;
+  wrong_type.replace(wrong_type.find("\"size\": 8388608"), 15, "\"size\": \"big\"");
+  expect_error(temp_file("wrong_type.json", wrong_type), "blocks[0].size");
+  expect_error(temp_file("deep.json", std::string(10000, '[') + std::string(10000, ']')), "nesting");
+  expect_error(temp_file("not_object.json", "42"), "snapshot");
+  expect_error(temp_file("binary.json", std::string("\x00\xff\xfe{", 4)), "byte");
+  expect_error(temp_file("bad_action.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,64,0\n1,0.2,steal,0x10,64,0\n"),
+               "line 3");
+  expect_error(temp_file("short_line.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10\n"), "line 2");
+  expect_error(temp_file("huge_size.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,99999999999999999999999,0\n"),
+               "line 2");
+  expect_error(std::string(STOWAGE_BINARY_DIR) + "/no_such_file.json", "no_such_file");
+  auto none = run_cli("inspect");
+  EXPECT_EQ(none.exit_code, 2);
+  // Oversized input is refused before parsing.
+  const std::string path = temp_file("big.json", std::string(64, ' '));
+  EXPECT_THROW(tools::read_file(path, 16), ParseError);
+}

@@ -1,0 +1,64 @@
+// `stowage inspect`: where did my memory go? Reads allocator snapshots (JSON) and event logs (CSV).
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "stowage/error.hpp"
+#include "tools/command.hpp"
+#include "tools/inspect/inspect_report.hpp"
+
+namespace stowage::inspect {
+namespace {
+
+struct Options {
+  std::string file;
+  std::vector<std::string> compare;
+  bool json = false;
+  std::string svg;
+  std::size_t top = 10;
+};
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out || !(out << text)) throw InvalidArgument(fmt::format("--svg: cannot write '{}'", path));
+}
+
+int run(const Options& o) {
+  if (!o.compare.empty()) {
+    const SnapshotAnalysis a = analyze(load_snapshot(o.compare[0]), o.top);
+    const SnapshotAnalysis b = analyze(load_snapshot(o.compare[1]), o.top);
+    if (o.json) std::cout << compare_json(a, b).dump(2) << "\n";
+    else std::cout << fmt::format("A = {}\nB = {}\n", o.compare[0], o.compare[1]) << compare_table(a, b);
+    return 0;
+  }
+  if (o.file.empty()) throw InvalidArgument("inspect: give a snapshot (.json) or event log (.csv), or --compare A B");
+  if (looks_like_event_log(o.file)) {
+    const EventLogAnalysis a = analyze(load_event_log(o.file), o.top);
+    if (!o.svg.empty()) write_file(o.svg, timeline_svg(a, o.file));
+    if (o.json) std::cout << to_json(a).dump(2) << "\n";
+    else std::cout << to_table(a);
+    return 0;
+  }
+  const SnapshotAnalysis a = analyze(load_snapshot(o.file), o.top);
+  if (!o.svg.empty()) write_file(o.svg, timeline_svg(a, o.file));
+  if (o.json) std::cout << to_json(a).dump(2) << "\n";
+  else std::cout << to_table(a);
+  return 0;
+}
+
+void setup(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("inspect", "read an allocator snapshot or event log: peaks, fragmentation, owners");
+  cmd->add_option("file", o->file, "snapshot JSON (docs/snapshot.md) or event-log CSV (docs/event_log.md)");
+  cmd->add_option("--compare", o->compare, "two snapshots: what changed from A to B")->expected(2);
+  cmd->add_flag("--json", o->json, "JSON output (schema in docs/estimate.md)");
+  cmd->add_option("--svg", o->svg, "write a timeline of allocated and reserved bytes");
+  cmd->add_option("--top", o->top, "how many blocks and tags to list")->check(CLI::Range(1, 100000));
+  cmd->callback([o, &exit_code] { exit_code = run(*o); });
+}
+
+STOWAGE_COMMAND(30, setup);
+
+}  // namespace
+}  // namespace stowage::inspect

@@ -1,0 +1,115 @@
+#include "tools/inspect/snapshot_analysis.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "stowage/error.hpp"
+#include "tools/common/json_input.hpp"
+
+namespace stowage::inspect {
+
+namespace {
+
+std::vector<TagBytes> top_tags(const std::map<std::string, std::int64_t>& bytes, std::size_t top) {
+  std::vector<TagBytes> out;
+  for (const auto& [tag, b] : bytes)
+    if (b > 0) out.push_back({tag.empty() ? "(untagged)" : tag, b});
+  std::stable_sort(out.begin(), out.end(), [](const TagBytes& a, const TagBytes& b) { return a.bytes > b.bytes; });
+  if (out.size() > top) out.resize(top);
+  return out;
+}
+
+std::int64_t as_bytes(std::size_t v) { return static_cast<std::int64_t>(std::min<std::size_t>(v, INT64_MAX)); }
+
+}  // namespace
+
+SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
+  SnapshotAnalysis a;
+  a.device_name = s.device_name;
+  a.capacity = as_bytes(s.capacity);
+  a.allocated = s.stats.allocated_bytes.all.current;
+  a.reserved = s.stats.reserved_bytes.all.current;
+  a.peak_allocated = s.stats.allocated_bytes.all.peak;
+  a.peak_reserved = s.stats.reserved_bytes.all.peak;
+  a.segments = static_cast<std::int64_t>(s.segments.size());
+  a.num_ooms = s.stats.num_ooms;
+  a.fragmentation = a.reserved > 0 ? 1.0 - double(a.allocated) / double(a.reserved) : 0.0;
+
+  std::map<std::string, std::int64_t> now;
+  for (const auto& seg : s.segments)
+    for (const auto& b : seg.blocks) {
+      if (b.state == BlockState::inactive) {
+        a.largest_free = std::max(a.largest_free, as_bytes(b.size));
+        continue;
+      }
+      a.largest_blocks.push_back({b.address, as_bytes(b.size), as_bytes(b.requested_size), to_string(b.state), b.tag});
+      now[b.tag] += as_bytes(b.size);
+    }
+  std::stable_sort(a.largest_blocks.begin(), a.largest_blocks.end(),
+                   [](const BlockSummary& x, const BlockSummary& y) { return x.size > y.size; });
+  if (a.largest_blocks.size() > top) a.largest_blocks.resize(top);
+  a.tags_now = top_tags(now, top);
+
+  // The trace is a ring: it may begin mid-run. Deltas are replayed forward, then shifted so the
+  // last point equals the snapshot's current allocated/reserved bytes.
+  std::int64_t alloc = 0, reserved = 0;
+  std::unordered_map<std::uintptr_t, std::pair<std::int64_t, std::string>> live;
+  std::map<std::string, std::int64_t> by_tag, at_peak;
+  std::int64_t best = INT64_MIN;
+  std::size_t peak_index = 0;
+  for (const auto& t : s.trace) {
+    const std::int64_t size = as_bytes(t.size);
+    switch (t.action) {
+      case TraceAction::alloc:
+        alloc += size;
+        live[t.address] = {size, t.tag};
+        by_tag[t.tag] += size;
+        break;
+      case TraceAction::free_completed:
+        alloc -= size;
+        if (auto it = live.find(t.address); it != live.end()) {
+          by_tag[it->second.second] -= it->second.first;
+          live.erase(it);
+        }
+        break;
+      case TraceAction::segment_map: reserved += size; break;
+      case TraceAction::segment_unmap: reserved -= size; break;
+      default: break;
+    }
+    a.timeline.push_back({t.time_ns, alloc, reserved});
+    if (alloc > best) {
+      best = alloc;
+      peak_index = a.timeline.size() - 1;
+      at_peak = by_tag;
+    }
+  }
+  if (!a.timeline.empty()) {
+    const std::int64_t da = a.allocated - a.timeline.back().allocated, dr = a.reserved - a.timeline.back().reserved;
+    for (auto& p : a.timeline) {
+      p.allocated += da;
+      p.reserved += dr;
+    }
+    a.trace_peak_allocated = a.timeline[peak_index].allocated;
+    a.fragmentation_at_peak = a.timeline[peak_index].fragmentation();
+    for (const auto& p : a.timeline) a.largest_gap = std::max(a.largest_gap, p.reserved - p.allocated);
+    std::int64_t traced = 0;
+    for (const auto& [tag, b] : at_peak) traced += b;
+    if (a.trace_peak_allocated > traced) at_peak["(before trace)"] += a.trace_peak_allocated - traced;
+    a.tags_at_peak = top_tags(at_peak, top);
+  }
+  return a;
+}
+
+Snapshot load_snapshot(const std::string& path) {
+  const std::string text = tools::read_file(path);
+  tools::parse_json(text, path);  // bounded size and depth, position of malformed input
+  try {
+    return snapshot_from_json(text);
+  } catch (const ParseError& e) {
+    throw ParseError(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+}  // namespace stowage::inspect

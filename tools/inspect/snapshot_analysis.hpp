@@ -1,0 +1,57 @@
+#pragma once
+// What a snapshot says about where memory went: peaks, fragmentation over the trace, the
+// largest blocks, and the tags that owned the most bytes at the peak.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "stowage/allocator.hpp"
+
+namespace stowage::inspect {
+
+struct TimelinePoint {
+  std::int64_t time_ns = 0;
+  std::int64_t allocated = 0;  // bytes in allocated blocks
+  std::int64_t reserved = 0;   // bytes mapped from the device
+  double fragmentation() const { return reserved > 0 ? 1.0 - double(allocated) / double(reserved) : 0.0; }
+};
+
+struct BlockSummary {
+  std::uintptr_t address = 0;
+  std::int64_t size = 0;
+  std::int64_t requested = 0;
+  std::string state;
+  std::string tag;
+};
+
+struct TagBytes {
+  std::string tag;  // "(untagged)" for "", "(before trace)" for blocks allocated before the window
+  std::int64_t bytes = 0;
+};
+
+struct SnapshotAnalysis {
+  std::string device_name;
+  std::int64_t capacity = 0;
+  std::int64_t allocated = 0, reserved = 0;            // now (stats)
+  std::int64_t peak_allocated = 0, peak_reserved = 0;  // since the last reset (stats)
+  std::int64_t segments = 0, num_ooms = 0;
+  double fragmentation = 0;        // 1 − allocated / reserved now
+  std::int64_t largest_free = 0;   // largest inactive block
+  std::vector<BlockSummary> largest_blocks;  // allocated blocks, largest first
+  std::vector<TagBytes> tags_now;            // allocated bytes per tag now, most first
+  std::vector<TagBytes> tags_at_peak;        // per tag at the trace's allocated peak
+  std::vector<TimelinePoint> timeline;       // from the trace (empty without one)
+  std::int64_t trace_peak_allocated = 0;     // the highest point of the timeline
+  double fragmentation_at_peak = 0;          // 1 − allocated / reserved there
+  std::int64_t largest_gap = 0;              // most reserved − allocated bytes along the trace
+};
+
+// `top` bounds largest_blocks and the tag lists.
+SnapshotAnalysis analyze(const Snapshot& snapshot, std::size_t top = 10);
+
+// Reads a snapshot file: size and nesting are checked before the allocator's reader sees it.
+// ParseError naming the file and the position or field.
+Snapshot load_snapshot(const std::string& path);
+
+}  // namespace stowage::inspect
