@@ -13,9 +13,9 @@ struct SwapEntry {
   enum class Phase {
     out,       // D2H issued (maybe still running); the bytes live in `host`
     coming,    // H2D issued into `incoming`, not yet handed to the compute stream
-    resident,  // acquired: the storage holds `incoming`; `host` waits for the H2D to finish
+    resident,  // acquired: the storage has its bytes again; `host` waits for the H2D to finish
   };
-  Storage storage;  // keeps the handle: views may come and go while the bytes are away
+  Storage storage;  // keeps the handle while the bytes are away (empty once resident)
   int layer = 0;
   std::uint64_t sequence = 0;  // offload order
   std::size_t nbytes = 0;

@@ -99,10 +99,9 @@ struct SwapScheduler::Impl {
     return device.query(e);
   }
 
-  // Gives back what entry `it` holds once the copies touching it are done (`wait`: wait for
-  // them); false when they are still running.
-  bool retire(std::unordered_map<const void*, SwapEntry>::iterator it, bool wait) {
-    SwapEntry& e = it->second;
+  // Gives back the host buffer (and an unused incoming block) once the copies touching them are
+  // done (`wait`: wait for them); false when they are still running.
+  bool give_back(SwapEntry& e, bool wait) {
     if (!done(e.d2h_done, wait) || !done(e.h2d_done, wait)) return false;
     if (e.incoming) allocator.deallocate(e.incoming);
     pool.deallocate(e.host);
@@ -110,16 +109,25 @@ struct SwapScheduler::Impl {
     if (e.h2d_done != Event{}) events.give(e.h2d_done);
     st.host_bytes -= e.nbytes;
     --st.tensors_swapped;
-    entries.erase(it);
     return true;
   }
 
-  // Returns the host buffers (and unused blocks) of entries no one needs any more.
+  // The storage holds its bytes again: the scheduler lets go of it at once (so the device block
+  // goes when the user drops it) and keeps only the host buffer until the H2D is done.
+  void came_back(std::unordered_map<const void*, SwapEntry>::iterator it) {
+    SwapEntry e = std::move(it->second);
+    entries.erase(it);
+    e.storage = Storage();
+    e.phase = SwapEntry::Phase::resident;
+    if (!give_back(e, false)) returning.push_back(std::move(e));
+  }
+
+  // Returns the host buffers (and unused blocks) no one needs any more.
   void sweep(bool wait) {
+    std::erase_if(returning, [&](SwapEntry& e) { return give_back(e, wait); });
     for (auto it = entries.begin(); it != entries.end();) {
       auto next = std::next(it);
-      const bool unreferenced = it->second.storage.use_count() == 1;
-      if (it->second.phase == SwapEntry::Phase::resident || unreferenced) retire(it, wait);
+      if (it->second.storage.use_count() == 1 && give_back(it->second, wait)) entries.erase(it);
       it = next;
     }
     timer.settle(wait);
@@ -161,7 +169,8 @@ struct SwapScheduler::Impl {
   Stream d2h{}, h2d{};
   offload::EventPool events;
   offload::SpanTimer timer;
-  std::unordered_map<const void*, SwapEntry> entries;  // by storage identity
+  std::unordered_map<const void*, SwapEntry> entries;  // swapped storages, by identity
+  std::vector<SwapEntry> returning;  // back on the device; host buffers wait for their H2D
   std::uint64_t next_sequence = 0;
   SwapStats st;
   mutable std::mutex mutex;
@@ -187,7 +196,11 @@ SwapScheduler::~SwapScheduler() {
       m.device.synchronize(e.h2d_done);
       e.storage.adopt(e.incoming, m.options.compute_stream);
       e.incoming = nullptr;
-      e.phase = SwapEntry::Phase::resident;
+    }
+    for (auto it = m.entries.begin(); it != m.entries.end();) {
+      auto next = std::next(it);
+      if (it->second.storage.resident()) m.came_back(it);
+      it = next;
     }
     m.sweep(true);
   } catch (const std::exception& ex) {
@@ -212,10 +225,7 @@ SwapDecision SwapScheduler::offload(const TensorView& view, int layer, std::stri
     return d;
   };
   if (s.allocator() != &m.allocator) return keep(SwapDecision::kept_not_ours, m.st.kept_not_ours);
-  if (auto it = m.entries.find(s.id()); it != m.entries.end()) {
-    if (it->second.phase != SwapEntry::Phase::resident) return SwapDecision::swapped;  // another view
-    m.retire(it, true);  // back from an earlier swap: its H2D is done or nearly
-  }
+  if (m.entries.contains(s.id())) return SwapDecision::swapped;  // another view of a swapped storage
   if (!s.resident()) return keep(SwapDecision::kept_not_resident, m.st.kept_not_resident);
   if (!m.tag_selected(tag)) return keep(SwapDecision::kept_tag, m.st.kept_tag);
   const std::size_t n = s.nbytes();
@@ -293,7 +303,6 @@ TensorView SwapScheduler::acquire(const TensorView& view) {
     return view;
   }
   SwapEntry& e = it->second;
-  if (e.phase == SwapEntry::Phase::resident) return view;
   if (e.phase == SwapEntry::Phase::out) {
     ++m.st.prefetch_on_demand;
     if (!m.prefetch(e))
@@ -307,7 +316,7 @@ TensorView SwapScheduler::acquire(const TensorView& view) {
   m.timer.end(m.options.compute_stream, SpanKind::compute_wait);
   e.storage.adopt(e.incoming, m.options.compute_stream);
   e.incoming = nullptr;
-  e.phase = SwapEntry::Phase::resident;
+  m.came_back(it);
   return view;
 }
 
