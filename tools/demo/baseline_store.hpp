@@ -4,13 +4,11 @@
 #include <memory>
 #include <vector>
 
-#include "stowage/optimizers.hpp"
 #include "tools/demo/hooks.hpp"
 
 namespace stowage::demo {
 
-std::unique_ptr<ParameterStore> make_separate_copy_store(const Context& ctx, const std::vector<float>& init,
-                                                         const AdamOptions& options);
+std::unique_ptr<ParameterStore> make_separate_copy_store(const Context& ctx, const std::vector<float>& init);
 std::unique_ptr<OptimizerStates> make_device_states(const Context& ctx, std::int64_t n);
 
 }  // namespace stowage::demo

@@ -6,32 +6,36 @@
 #include <string>
 #include <vector>
 
+#include "stowage/optimizers.hpp"
+#include "stowage/parameter_bucket.hpp"
 #include "stowage/tensor.hpp"
 #include "tools/demo/context.hpp"
 
 namespace stowage::demo {
 
-// Optimizer states m and v (fp32, one per parameter element): on the device, or wherever an
-// offload technique puts them. The views must stay host-addressable for the CPU optimizer.
+// AdamW's states m and v (fp32, one per parameter element) and the step that uses them: on
+// the device, or wherever an offload technique puts them. Steps are queued on the compute stream.
 class OptimizerStates {
  public:
   virtual ~OptimizerStates() = default;
-  virtual float* m() = 0;
-  virtual float* v() = 0;
-  // Called on the host before each optimizer step is enqueued (e.g. to stage states in).
-  virtual void before_step() {}
-  virtual void after_step() {}
+  // On a flat fp32 master (host-addressable) with flat fp32 gradients.
+  virtual void step_fp32(const TensorView& master, const TensorView& grads, const AdamOptions& options,
+                         std::int64_t step) = 0;
+  // On split storage (the fused kernels of stowage/bucket_optimizers.hpp).
+  virtual void step_bucket(ParameterBucket& weights, const TensorView& grads, const AdamOptions& options,
+                           std::int64_t step) = 0;
   virtual std::string describe() const = 0;
 };
 
-// How weights are held: the bf16 values forward and backward read, and the AdamW update of the
-// fp32 master behind them (enqueued on the compute stream).
+// How weights are held: the bf16 values forward and backward read, and the fp32 master behind
+// them that the optimizer updates.
 class ParameterStore {
  public:
   virtual ~ParameterStore() = default;
   // bf16 weights, flat, indexed like ParameterLayout (element offsets).
   virtual const std::uint16_t* bf16() = 0;
-  virtual void step(const float* grads, OptimizerStates& states, std::int64_t step) = 0;
+  // One AdamW step (step is 1-based), queued on the compute stream.
+  virtual void step(const TensorView& grads, OptimizerStates& states, std::int64_t step) = 0;
   // The fp32 master (after synchronising), for checks.
   virtual std::vector<float> master() = 0;
   virtual std::string describe() const = 0;

@@ -41,8 +41,9 @@ struct ParameterLayout {
   std::int64_t total = 0;  // elements, including alignment padding
 };
 
-// Each parameter starts at a multiple of kParamAlign elements (64 B of bf16, 128 B of fp32).
-inline constexpr std::int64_t kParamAlign = 32;
+// Each parameter starts at a multiple of kParamAlign elements (128 B of bf16), the
+// ParameterBucket default, so the flat layout fills a bucket exactly.
+inline constexpr std::int64_t kParamAlign = 64;
 
 ParameterLayout make_layout(const ModelShape& shape);
 

@@ -36,9 +36,7 @@ struct Setup {
 
 Setup make_setup(const Context& ctx, const Techniques& t, const std::vector<float>& init, const DemoOptions& o) {
   Setup s;
-  const auto options = demo_adam_options();
-  s.params = t.shared_storage ? make_shared_storage_store(ctx, init, options, o.rounding)
-                              : make_separate_copy_store(ctx, init, options);
+  s.params = t.shared_storage ? make_shared_storage_store(ctx, init, o.rounding) : make_separate_copy_store(ctx, init);
   s.states = make_device_states(ctx, static_cast<std::int64_t>(init.size()));
   if (t.swap_attention) s.hooks->add(make_swap_hooks(ctx));
   if (t.recompute) s.hooks->add(make_recompute_hooks(ctx));

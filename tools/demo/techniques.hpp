@@ -11,11 +11,11 @@
 
 namespace stowage::demo {
 
-// Shared storage (stowage/precision.hpp): the fp32 master split in place into a bf16 plane
-// that forward/backward read and a residual plane (+ a tie bitmap in nearest_even mode);
-// AdamW runs fused on the planes (stowage/optimizers.hpp).
+// Shared storage (stowage/parameter_bucket.hpp): the fp32 master kept as a bf16 plane that
+// forward/backward read and a residual plane (+ a tie bitmap in nearest_even mode); AdamW runs
+// fused on the planes (stowage/bucket_optimizers.hpp).
 std::unique_ptr<ParameterStore> make_shared_storage_store(const Context& ctx, const std::vector<float>& init,
-                                                          const AdamOptions& options, Rounding rounding);
+                                                          Rounding rounding);
 
 // Activation-function recompute (stowage/recompute.hpp): the MLP's GeLU output is registered
 // as y = gelu(x), released after the second MLP matmul and rematerialised before the layer's

@@ -245,9 +245,7 @@ float Trainer::train_step(const Batch& batch, std::int64_t step) {
   hooks_.backward_done();
 
   ScopedTag tag("optimizer");
-  states_.before_step();
-  params_.step(f32_ptr(grads_), states_, step);
-  states_.after_step();
+  params_.step(grads_, states_, step);
   ctx_.sync();  // the loss is read on the host
   return loss;
 }
