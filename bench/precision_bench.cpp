@@ -8,9 +8,16 @@
 #include <random>
 #include <vector>
 
+#include "stowage/device.hpp"
 #include "stowage/optimizers.hpp"
 #include "stowage/precision.hpp"
 #include "stowage/simd_level.hpp"
+
+#if defined(STOWAGE_HAVE_CUDA)
+#include <memory>
+
+#include "precision/cuda_kernels.hpp"
+#endif
 
 namespace {
 using namespace stowage;
@@ -136,6 +143,102 @@ void BM_AdamWUnfused(benchmark::State& state) {
   state.SetLabel(std::string(to_string(r)) + (bf16 ? " bf16 grad" : " f32 grad"));
 }
 BENCHMARK(BM_AdamWUnfused)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMillisecond);
+
+#if defined(STOWAGE_HAVE_CUDA)
+// --- GPU: split / merge / fused AdamW against a device-to-device copy of the same bytes, timed
+// with CUDA events (skipped without a GPU) ---
+constexpr std::size_t kGpuN = std::size_t{64} << 20;  // 256 MiB per fp32 array, beyond L2
+
+struct Gpu {
+  std::unique_ptr<Device> dev;
+  float *src = nullptr, *dst = nullptr, *m = nullptr, *v = nullptr, *g = nullptr;
+  std::uint16_t *hi = nullptr, *lo = nullptr;
+  std::uint8_t* ties = nullptr;
+  Event start{}, stop{};
+};
+Gpu* gpu() {
+  static Gpu* g = []() -> Gpu* {
+    if (cuda_device_count() == 0) return nullptr;
+    auto* x = new Gpu;
+    x->dev = make_cuda_device(0);
+    auto alloc = [&](std::size_t bytes) {
+      void* p = x->dev->allocate(bytes);
+      x->dev->fill_async(p, 0, bytes, kDefaultStream);
+      return p;
+    };
+    x->src = static_cast<float*>(alloc(kGpuN * 4));
+    x->dst = static_cast<float*>(alloc(kGpuN * 4));
+    x->m = static_cast<float*>(alloc(kGpuN * 4));
+    x->v = static_cast<float*>(alloc(kGpuN * 4));
+    x->g = static_cast<float*>(alloc(kGpuN * 4));
+    x->hi = static_cast<std::uint16_t*>(alloc(kGpuN * 2));
+    x->lo = static_cast<std::uint16_t*>(alloc(kGpuN * 2));
+    x->ties = static_cast<std::uint8_t*>(alloc(kGpuN / 8));
+    x->start = x->dev->create_event(true);
+    x->stop = x->dev->create_event(true);
+    x->dev->synchronize();
+    return x;
+  }();
+  return g;
+}
+
+template <class Fn>
+void time_gpu(benchmark::State& state, std::size_t bytes, Fn&& fn) {
+  Gpu* g = gpu();
+  if (g == nullptr) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  for (auto _ : state) {
+    g->dev->record(g->start, kDefaultStream);
+    fn(*g);
+    g->dev->record(g->stop, kDefaultStream);
+    g->dev->synchronize(g->stop);
+    state.SetIterationTime(g->dev->elapsed_ms(g->start, g->stop) / 1e3);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+
+SplitPlanes gpu_planes(Gpu& g, Rounding r) {
+  return {g.hi, g.lo, r == Rounding::nearest_even ? g.ties : nullptr, kGpuN, r};
+}
+
+void BM_CudaCopyD2D(benchmark::State& state) {
+  time_gpu(state, kGpuN * 8, [](Gpu& g) {
+    g.dev->copy_async(g.dst, g.src, kGpuN * 4, CopyKind::device_to_device, kDefaultStream);
+  });
+}
+BENCHMARK(BM_CudaCopyD2D)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_CudaSplit(benchmark::State& state) {
+  const auto r = static_cast<Rounding>(state.range(0));
+  time_gpu(state, kGpuN * 8 + tie_bitmap_bytes(kGpuN, r), [r](Gpu& g) {
+    cuda_precision::split(g.src, gpu_planes(g, r), 0, kGpuN, native(kDefaultStream));
+  });
+  state.SetLabel(to_string(r));
+}
+BENCHMARK(BM_CudaSplit)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_CudaMerge(benchmark::State& state) {
+  const auto r = static_cast<Rounding>(state.range(0));
+  time_gpu(state, kGpuN * 8 + tie_bitmap_bytes(kGpuN, r), [r](Gpu& g) {
+    cuda_precision::merge(gpu_planes(g, r), g.dst, 0, kGpuN, native(kDefaultStream));
+  });
+  state.SetLabel(to_string(r));
+}
+BENCHMARK(BM_CudaMerge)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_CudaAdamWFused(benchmark::State& state) {
+  const auto r = static_cast<Rounding>(state.range(0));
+  std::int64_t step = 0;
+  time_gpu(state, kGpuN * 28 + 2 * tie_bitmap_bytes(kGpuN, r), [&](Gpu& g) {
+    const detail::AdamArgs a{gpu_planes(g, r), g.g, false, g.m, g.v, adam_scalars(kAdam, ++step)};
+    cuda_precision::adam(a, 0, kGpuN, native(kDefaultStream));
+  });
+  state.SetLabel(to_string(r));
+}
+BENCHMARK(BM_CudaAdamWFused)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+#endif
 
 }  // namespace
 
