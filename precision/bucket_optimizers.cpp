@@ -2,6 +2,8 @@
 // device's stream thread or CUDA kernels on the stream.
 #include "stowage/bucket_optimizers.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -44,6 +46,13 @@ void check_tensor(const ParameterBucket& w, const TensorView& t, const char* fn,
   }
 }
 
+void check_scaling(const GradScaling& s, const char* fn) {
+  if (!(std::isfinite(s.loss_scale) && s.loss_scale > 0.0f) || !(std::isfinite(s.clip_coef) && s.clip_coef >= 0.0f)) {
+    throw InvalidArgument(fmt::format("{}: loss_scale must be finite and > 0, clip_coef finite and >= 0 (got {}, {})",
+                                      fn, s.loss_scale, s.clip_coef));
+  }
+}
+
 // A state tensor indexed like the bucket: shard-local state is shifted back by begin.
 float* indexed(const TensorView& t, const ParameterBucket& w, ElementRange r) {
   float* p = t.data_as<float>();
@@ -80,9 +89,7 @@ StepResult adam_step(ParameterBucket& w, const TensorView& grad, const TensorVie
   check_tensor(w, m, fn, "m", false, r);
   check_tensor(w, v, fn, "v", false, r);
   if (m.data() == v.data()) throw InvalidArgument(fmt::format("{}: m and v are the same memory", fn));
-  if (!(scaling.loss_scale > 0.0f) || !(scaling.clip_coef >= 0.0f)) {
-    throw InvalidArgument(fmt::format("{}: loss_scale {} / clip_coef {} out of range", fn, scaling.loss_scale, scaling.clip_coef));
-  }
+  check_scaling(scaling, fn);
   const detail::AdamArgs args{w.planes(), grad.data(), grad.dtype() == DType::bf16, indexed(m, w, r), indexed(v, w, r),
                               adam_scalars(options, state.step + 1, scaling)};
   StepResult result;
@@ -108,9 +115,7 @@ StepResult sgd_step(ParameterBucket& w, const TensorView& grad, const TensorView
   const ElementRange r = resolve(w, range, fn);
   check_tensor(w, grad, fn, "grad", true, r);
   if (options.momentum != 0.0f) check_tensor(w, momentum, fn, "momentum", false, r);
-  if (!(scaling.loss_scale > 0.0f) || !(scaling.clip_coef >= 0.0f)) {
-    throw InvalidArgument(fmt::format("{}: loss_scale {} / clip_coef {} out of range", fn, scaling.loss_scale, scaling.clip_coef));
-  }
+  check_scaling(scaling, fn);
   const detail::SgdArgs args{w.planes(), grad.data(), grad.dtype() == DType::bf16,
                              options.momentum != 0.0f ? indexed(momentum, w, r) : nullptr,
                              sgd_scalars(options, state.step + 1, scaling)};
