@@ -239,6 +239,12 @@ TEST(EstimateTechniques, EachTechniqueSavesWhatItsDefinitionSays) {
   // QKV input and LN2 input 6h, Q/K/V 6h, output-projection input 2h = 14h, plus the fp32
   // log-sum-exp 4a.
   EXPECT_EQ(attention, std::int64_t{4096} * 32 * (14 * 4096 + 4 * 32));
+  // MindSpeed docs/features/reuse-fp32-param.md, "使用效果": saves sizeof(bf16) × params, or
+  // sizeof(bf16) × params / DP with the distributed optimizer. Exact in the model.
+  c = config_for("llama2-7b");
+  c.parallel.dp = 4;
+  c.parallel.zero_stage = 1;
+  EXPECT_EQ(run_estimate(c).alone[0].saving, 2 * P / 4);
   // All together saves more than any one alone.
   for (const auto& v : e.alone) EXPECT_GT(e.all.saving, v.saving) << v.name;
 }
@@ -331,6 +337,13 @@ TEST(EstimateInput, BadModelsNameTheField) {
   c = config_for("llama2-7b");
   c.parallel.pp = 5;
   EXPECT_NE(message([&] { estimate_memory(c); }).find("num_layers"), std::string::npos);
+  c = config_for("llama2-7b");  // within every bound, but beyond any device: refused, no overflow
+  c.model.hidden_size = c.model.ffn_hidden_size = 1 << 22;
+  c.model.num_layers = 1 << 14;
+  c.training.seq_length = 1 << 24;
+  c.training.micro_batch = 1 << 20;
+  c.training.flash_attention = false;
+  EXPECT_NE(message([&] { estimate_memory(c); }).find("2^62"), std::string::npos);
   EXPECT_THROW(tools::parse_byte_size("-80GiB"), InvalidArgument);
   EXPECT_THROW(tools::parse_byte_size("80 parsecs"), InvalidArgument);
   EXPECT_EQ(tools::parse_byte_size("80GiB"), std::int64_t{80} << 30);

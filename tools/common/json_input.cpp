@@ -25,6 +25,8 @@ nlohmann::json parse_json(const std::string& text, const std::string& what, std:
     return nlohmann::json::parse(text, depth_guard);
   } catch (const nlohmann::json::parse_error& e) {
     throw ParseError(fmt::format("{}: malformed JSON at byte {}: {}", what, e.byte, e.what()));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number beyond double's range
+    throw ParseError(fmt::format("{}: unreadable JSON: {}", what, e.what()));
   }
 }
 

@@ -14,7 +14,12 @@ std::int64_t search(RunConfig c, std::int64_t budget, FitDim dim, std::int64_t s
                     StageMemory& at) {
   auto fits = [&](std::int64_t k) {
     (dim == FitDim::micro_batch ? c.training.micro_batch : c.training.seq_length) = k * step;
-    StageMemory m = estimate_memory(c);
+    StageMemory m;
+    try {
+      m = estimate_memory(c);
+    } catch (const InvalidArgument&) {
+      return false;  // beyond what the model represents (2^62 bytes): does not fit
+    }
     if (m.peak_reserved > budget) return false;
     at = m;
     return true;

@@ -4,6 +4,10 @@
 #include <cmath>
 #include <map>
 
+#include <fmt/format.h>
+
+#include "stowage/error.hpp"
+
 namespace stowage::estimate {
 
 std::int64_t StageMemory::activation_total() const {
@@ -34,6 +38,14 @@ double deepspeed_zero3_gpu_bytes(double params, double largest, double gpus, boo
 }
 
 namespace {
+
+// Every byte count leaves the model through here: sizes that no device has (beyond 2^62 B)
+// are a configuration error, not an integer overflow.
+std::int64_t to_bytes(double v, const char* what) {
+  if (!(v >= -0x1p62 && v <= 0x1p62))
+    throw InvalidArgument(fmt::format("configuration too large: {} would exceed 2^62 bytes", what));
+  return std::llround(v);
+}
 
 // Bytes per token of one transformer layer for one micro-batch on this device, by kind.
 // Generalises Korthikanti et al. 2022 (Section 4.1) to GQA, gated MLPs, flash attention and MoE;
@@ -220,7 +232,7 @@ StageMemory evaluate_stage(const RunConfig& c, bool first, bool last, std::int64
   if (tech.swap_attention && stored_units > 0) {
     const double resident = std::min<double>(stored_units, double(tech.prefetch_window));
     const double per_unit = attention / stored_units;
-    out.host_bytes += std::llround(per_unit * (stored_units - resident));
+    out.host_bytes += to_bytes(per_unit * (stored_units - resident), "swapped activations");
     attention = per_unit * resident;
   }
   // Embedding input (8 B per token) and its dropout mask, for every micro-batch in flight
@@ -230,21 +242,21 @@ StageMemory evaluate_stage(const RunConfig& c, bool first, bool last, std::int64
   // inputs (2h + 2h) and fp32 logits (4V), one micro-batch.
   double logits = last ? T * (4.0 * h / rep + 4.0 * double(vocab) / t) : 0.0;
 
-  out.activations = {{"attention", std::llround(attention)},   {"core_attention", std::llround(core)},
-                     {"mlp", std::llround(mlp)},               {"mlp_activation_output", std::llround(act_out)},
-                     {"moe_router", std::llround(router)},     {"embedding", std::llround(embedding)},
-                     {"output_logits", std::llround(logits)},  {"recompute_working_set", std::llround(working)}};
+  out.activations = {{"attention", to_bytes(attention, "attention")},   {"core_attention", to_bytes(core, "core_attention")},
+                     {"mlp", to_bytes(mlp, "mlp")},               {"mlp_activation_output", to_bytes(act_out, "mlp_activation_output")},
+                     {"moe_router", to_bytes(router, "moe_router")},     {"embedding", to_bytes(embedding, "embedding")},
+                     {"output_logits", to_bytes(logits, "output_logits")},  {"recompute_working_set", to_bytes(working, "recompute_working_set")}};
 
   // Model states: dense parameters shard over DP·CP, experts over the expert-data-parallel group.
   const StageParams sp = stage_params(c, out.layers, first, last, vocab);
-  out.parameters = std::llround(sp.dense + sp.expert);
+  out.parameters = to_bytes(sp.dense + sp.expert, "parameters");
   const double n_dense = double(p.dp * p.cp), n_expert = double(p.dp * p.cp / p.ep);
   const States dense = model_states(c, sp.dense, n_dense, sp.largest_layer);
   const States expert = model_states(c, sp.expert, n_expert, 0.0);
-  out.weights = std::llround(dense.weights + expert.weights);
-  out.gradients = std::llround(dense.gradients + expert.gradients);
-  out.optimizer_states = std::llround(dense.optimizer + expert.optimizer);
-  out.host_bytes += std::llround(dense.host + expert.host);
+  out.weights = to_bytes(dense.weights + expert.weights, "weights");
+  out.gradients = to_bytes(dense.gradients + expert.gradients, "gradients");
+  out.optimizer_states = to_bytes(dense.optimizer + expert.optimizer, "optimizer states");
+  out.host_bytes += to_bytes(dense.host + expert.host, "host bytes");
 
   // Communication buffers: the sequence-parallel all-gather of a layer input (2·s·b·h), the
   // pipeline send/receive pair in both directions, the MoE all-to-all send/receive of the routed
@@ -255,13 +267,15 @@ StageMemory evaluate_stage(const RunConfig& c, bool first, bool last, std::int64
   if (m.moe() && p.ep > 1) comm += 2.0 * T * double(m.experts_per_token) * 2.0 * h / rep;
   const double W = tr.precision == Precision::fp32 ? 4.0 : 2.0;
   comm += W * double(p.reduce_bucket_elements + p.allgather_bucket_elements);
-  out.communication = std::llround(comm);
+  out.communication = to_bytes(comm, "communication buffers");
 
-  out.peak_allocated = out.model_states() + out.activation_total() + out.communication;
+  double total = double(out.model_states()) + double(out.communication);
+  for (const auto& a : out.activations) total += double(a.bytes);
+  out.peak_allocated = to_bytes(total, "peak allocated");
   // Caching-allocator overhead (reserved − allocated): a fraction of the peak, 5 % by default
   // as in Megatron-LM's report (overhead_factor = 1.05 for temporaries).
-  out.allocator_overhead = std::llround(double(out.peak_allocated) * c.allocator_overhead);
-  out.peak_reserved = out.peak_allocated + out.allocator_overhead;
+  out.allocator_overhead = to_bytes(double(out.peak_allocated) * c.allocator_overhead, "allocator overhead");
+  out.peak_reserved = to_bytes(double(out.peak_allocated) + double(out.allocator_overhead), "peak reserved");
   return out;
 }
 
