@@ -32,6 +32,7 @@ std::string identical_text(const ConfigResult& r) {
   if (!r.compared) return "n/a (no baseline run)";
   if (r.name == "baseline") return "reference";
   if (r.bit_identical) return "yes (every step)";
+  if (!r.must_match) return fmt::format("no, from step {}: half_up rounding differs by design", r.first_difference + 1);
   return fmt::format("NO (from step {})", r.first_difference + 1);
 }
 
@@ -98,6 +99,7 @@ std::string to_json(const std::vector<ConfigResult>& results, const DemoOptions&
     c["peak_requested_bytes"] = r.peak_requested;
     c["mean_step_ms"] = r.mean_step_ms;
     c["predicted_saving_bytes"] = predicted_saving(r.techniques, o, r.params).bytes;
+    c["must_match_baseline"] = r.must_match;  // false: half_up rounding, differs by design
     if (r.compared) c["bit_identical_to_baseline"] = r.bit_identical;
     else c["bit_identical_to_baseline"] = nullptr;
     j["configs"].push_back(std::move(c));
