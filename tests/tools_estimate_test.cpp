@@ -104,6 +104,24 @@ TEST(EstimateModelStates, ZeroStagesFollowTheZeroPaper) {
   EXPECT_EQ(m.optimizer_states, std::llround(12 * P / 8));
 }
 
+// ZeRO paper, Figure 1: Ψ = 7.5B, N_d = 64, K = 12 → 120 GB, 31.4 GB (P_os), 16.6 GB (P_os+g),
+// 1.9 GB (P_os+g+p) per device (GB = 1e9). The model's states, scaled to Ψ = 7.5B, agree at the
+// figure's one decimal; stage 3 also holds one gathered layer (weights + grads), which the
+// figure leaves out and which is subtracted here.
+TEST(EstimatePublished, ZeroPaperFigureOne) {
+  RunConfig c = config_for("llama2-13b");
+  c.parallel.dp = 64;
+  const double P = double(total_params(c.model)), scale = 7.5e9 / P;
+  const double expected[] = {120.0, 31.4, 16.6, 1.9};
+  for (int stage = 0; stage <= 3; ++stage) {
+    c.parallel.zero_stage = stage;
+    const StageMemory m = estimate_memory(c);
+    double states = double(m.model_states());
+    if (stage == 3) states -= 4.0 * 32000 * 5120;  // gathered embedding: 2 B weight + 2 B grad
+    EXPECT_NEAR(states * scale / 1e9, expected[stage], 0.05) << "stage " << stage;
+  }
+}
+
 // Megatron-LM theoretical_memory_usage.py: 18 B/param, or 6 + 12/d with the distributed optimizer.
 TEST(EstimateModelStates, MegatronAccountingUsesFp32MainGrads) {
   RunConfig c = config_for("llama2-7b");
