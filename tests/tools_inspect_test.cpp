@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include "stowage/allocator.hpp"
+#include "stowage/device.hpp"
 #include "stowage/error.hpp"
 #include "tools/common/json_input.hpp"
 #include "tools/inspect/inspect_report.hpp"
@@ -186,4 +188,40 @@ TEST(InspectBadInput, ExitCodeTwoWithThePosition) {
   // Oversized input is refused before parsing.
   const std::string path = temp_file("big.json", std::string(64, ' '));
   EXPECT_THROW(tools::read_file(path, 16), ParseError);
+}
+
+// End to end with the real allocator: a traced run on an emulated device, its snapshot written
+// by stowage::to_json, read back by inspect.
+TEST(InspectSnapshot, RealAllocatorSnapshot) {
+  EmulatedOptions dev_options;
+  dev_options.capacity = 64 * MiB;
+  auto device = make_emulated_device(0, dev_options);
+  AllocatorOptions options;
+  options.trace_entries = 1000;
+  CachingAllocator alloc(*device, options);
+  void* weights = nullptr;
+  void* act = nullptr;
+  {
+    ScopedTag tag("weights");
+    weights = alloc.allocate(6 * MiB);
+  }
+  {
+    ScopedTag tag("activations");
+    act = alloc.allocate(10 * MiB);
+  }
+  alloc.deallocate(act);
+  const std::string path = temp_file("real_snapshot.json", to_json(alloc.snapshot()));
+  const SnapshotAnalysis a = analyze(load_snapshot(path));
+  EXPECT_EQ(a.allocated, 6 * MiB);
+  EXPECT_EQ(a.peak_allocated, 16 * MiB);
+  EXPECT_GE(a.reserved, 16 * MiB);
+  EXPECT_EQ(a.trace_peak_allocated, 16 * MiB);
+  ASSERT_GE(a.tags_at_peak.size(), 2u);
+  EXPECT_EQ(a.tags_at_peak[0].tag, "activations");
+  EXPECT_EQ(a.tags_at_peak[0].bytes, 10 * MiB);
+  EXPECT_EQ(a.tags_at_peak[1].tag, "weights");
+  ASSERT_FALSE(a.largest_blocks.empty());
+  EXPECT_EQ(a.largest_blocks[0].tag, "weights");
+  EXPECT_EQ(a.timeline.back().allocated, 6 * MiB);
+  alloc.deallocate(weights);
 }
