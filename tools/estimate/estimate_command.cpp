@@ -115,7 +115,7 @@ int run(const Options& o) {
 
 void setup(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("estimate", "predict per-device memory and what each technique saves");
+  auto* cmd = app.add_subcommand("estimate", "Predict per-device memory for a training configuration and what each technique saves");
   cmd->add_option("--model", o->model, "preset (default llama2-7b): " + fmt::format("{}", fmt::join(preset_names(), ", ")));
   cmd->add_option("--model-json", o->model_json, "a Hugging Face config.json");
   cmd->add_option("--megatron-args", o->megatron_args, "Megatron-LM launch arguments, as pasted");

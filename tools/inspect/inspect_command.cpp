@@ -49,7 +49,7 @@ int run(const Options& o) {
 
 void setup(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("inspect", "read an allocator snapshot or event log: peaks, fragmentation, owners");
+  auto* cmd = app.add_subcommand("inspect", "Read an allocator snapshot or event log: peaks, fragmentation, largest blocks, owning tags");
   cmd->add_option("file", o->file, "snapshot JSON (docs/snapshot.md) or event-log CSV (docs/event_log.md)");
   cmd->add_option("--compare", o->compare, "two snapshots: what changed from A to B")->expected(2);
   cmd->add_flag("--json", o->json, "JSON output (schema in docs/estimate.md)");
