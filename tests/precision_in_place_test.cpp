@@ -19,13 +19,13 @@ TEST(PrecisionInPlace, SplitEqualsOutOfPlaceAndMergeRestoresEveryBit) {
       for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{1000},
                             std::size_t{64 * 5 + 3}, std::size_t{64 * 6}, std::size_t{100003}}) {
         SCOPED_TRACE(std::string(to_string(r)) + " chunk " + std::to_string(chunk) + " n " + std::to_string(n));
-        std::vector<std::uint32_t> bits(n);
+        std::vector<std::uint32_t> bits(n + 1);  // + 1: data() is never null, even for n = 0
         for (auto& b : bits) b = rng();
         for (std::size_t i = 0; i < n; i += 5) bits[i] = (bits[i] & 0xFFFF0000u) | 0x8000u;  // ties
-        std::vector<float> buf(n);
+        std::vector<float> buf(n + 1);
         std::memcpy(buf.data(), bits.data(), n * 4);
         // out-of-place reference
-        std::vector<std::uint16_t> hi(n), lo(n);
+        std::vector<std::uint16_t> hi(n + 1), lo(n + 1);
         std::vector<std::uint8_t> ref_ties(n / 8 + 1, 0), ties(n / 8 + 1, 0);
         split(buf.data(), SplitPlanes{hi.data(), lo.data(), ref_ties.data(), n, r});
 
