@@ -77,6 +77,10 @@ TEST_F(DemoRun, BaselineLearns) {
   EXPECT_GE(base.peak_reserved, base.peak_allocated);
 }
 
+TEST_F(DemoRun, EveryConfigurationGivesBackAllItsDeviceMemory) {
+  for (const auto& r : *results_) EXPECT_EQ(r.left_allocated, 0) << r.name;
+}
+
 TEST_F(DemoRun, EveryConfigurationIsBitIdenticalToTheBaseline) {
   const auto& base = result("baseline");
   for (const auto& r : *results_) {

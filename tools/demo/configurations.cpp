@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "stowage/error.hpp"
+#include "tools/demo/techniques.hpp"
 
 namespace stowage::demo {
 
@@ -13,6 +14,8 @@ const std::vector<Configuration>& all_configurations() {
     c.push_back({"shared", {.shared_storage = true}, "bf16/fp32 shared storage"});
     c.push_back({"recompute", {.recompute = true}, "activation-function recompute (GeLU output released)"});
     c.push_back({"swap", {.swap_attention = true}, "swap-attention (attention activations to host)"});
+    if (kHaveOffload)
+      c.push_back({"offload", {.offload_optimizer = true}, "optimizer offload (AdamW m, v in mapped host memory)"});
     Techniques all;
     for (const auto& each : c) {
       all.shared_storage |= each.techniques.shared_storage;
@@ -51,7 +54,8 @@ std::vector<Configuration> select_configurations(const std::string& text) {
 }
 
 std::vector<std::string> missing_techniques() {
-  return {"offload: optimizer offload (stowage/offload.hpp) has not landed in this build"};
+  if (!kHaveOffload) return {"offload: optimizer offload (stowage/offload.hpp) is not in this build"};
+  return {};
 }
 
 }  // namespace stowage::demo

@@ -37,7 +37,8 @@ struct Setup {
 Setup make_setup(const Context& ctx, const Techniques& t, const std::vector<float>& init, const DemoOptions& o) {
   Setup s;
   s.params = t.shared_storage ? make_shared_storage_store(ctx, init, o.rounding) : make_separate_copy_store(ctx, init);
-  s.states = make_device_states(ctx, static_cast<std::int64_t>(init.size()));
+  const auto n = static_cast<std::int64_t>(init.size());
+  s.states = t.offload_optimizer ? make_offloaded_states(ctx, n) : make_device_states(ctx, n);
   if (t.swap_attention) s.hooks->add(make_swap_hooks(ctx));
   if (t.recompute) s.hooks->add(make_recompute_hooks(ctx));
   return s;
@@ -60,7 +61,6 @@ ConfigResult run_one(const Configuration& config, const DemoOptions& o, Device& 
     Context ctx{&dev, &allocator, compute};
     Setup s = make_setup(ctx, config.techniques, init, o);
     r.details.push_back(s.params->describe());
-    r.details.push_back(s.states->describe());
     Trainer trainer(ctx, o.shape, layout, *s.params, *s.states, *s.hooks);
     double total_ms = 0;
     for (int step = 1; step <= o.steps; ++step) {
@@ -73,12 +73,15 @@ ConfigResult run_one(const Configuration& config, const DemoOptions& o, Device& 
     }
     r.mean_step_ms = total_ms / std::max(1, o.steps - 1);
     dev.synchronize(compute);
+    r.details.push_back(s.states->describe());  // after the run: what the states hold now
     s.hooks->describe(r.details);
   }
+  dev.synchronize(compute);
   const AllocatorStats stats = allocator.stats();
   r.peak_allocated = stats.allocated_bytes.all.peak;
   r.peak_reserved = stats.reserved_bytes.all.peak;
   r.peak_requested = stats.requested_bytes.all.peak;
+  r.left_allocated = stats.allocated_bytes.all.current;
   dev.destroy_stream(compute);
   return r;
 }

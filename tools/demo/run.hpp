@@ -30,6 +30,7 @@ struct ConfigResult {
   std::int64_t peak_allocated = 0;   // allocator stats, bytes, over the whole run
   std::int64_t peak_reserved = 0;
   std::int64_t peak_requested = 0;   // bytes as asked, before the allocator rounds block sizes
+  std::int64_t left_allocated = 0;   // still allocated once the run's objects are gone (0 = no leak)
   std::int64_t params = 0;           // parameter elements (with alignment padding)
   int vocab = 0;
   bool must_match = true;            // false where the rounding differs by design (half_up)

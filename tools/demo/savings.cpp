@@ -37,6 +37,10 @@ Saving predicted_saving(const Techniques& t, const DemoOptions& o, std::int64_t 
     add(on_host * attn, 4 * 2 * on_host,
         fmt::format("({} - 1 - {}) layers x {} B attention activations", L, kSwapPrefetchDistance, attn));
   }
+  if (t.offload_optimizer) {
+    // m and v, 4 B each per parameter, all in host memory (a device budget of 0).
+    add(8 * n, 2, fmt::format("8 B x {} params of AdamW m, v", n));
+  }
   return s;
 }
 

@@ -29,4 +29,14 @@ std::unique_ptr<ActivationHooks> make_recompute_hooks(const Context& ctx);
 inline constexpr int kSwapPrefetchDistance = 0;
 std::unique_ptr<ActivationHooks> make_swap_hooks(const Context& ctx);
 
+// Optimizer offload (stowage/offload.hpp): AdamW's m and v in mapped host memory, none on the
+// device; the step runs through stowage::OffloadedAdam. Built when the header is present (it
+// arrived last); without it the configuration is left out and Unsupported is thrown here.
+#if __has_include("stowage/offload.hpp")
+inline constexpr bool kHaveOffload = true;
+#else
+inline constexpr bool kHaveOffload = false;
+#endif
+std::unique_ptr<OptimizerStates> make_offloaded_states(const Context& ctx, std::int64_t n);
+
 }  // namespace stowage::demo
