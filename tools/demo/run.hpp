@@ -15,7 +15,7 @@ namespace stowage::demo {
 
 struct DemoOptions {
   ModelShape shape;
-  int steps = 40;
+  int steps = 60;
   std::vector<Configuration> configs;
   Rounding rounding = Rounding::nearest_even;
   std::size_t corpus_bytes = 32 * 1024;
