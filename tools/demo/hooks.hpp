@@ -45,8 +45,8 @@ class ParameterStore {
 class ActivationHooks {
  public:
   virtual ~ActivationHooks() = default;
-  // Forward: computes `out` = GeLU(`in`) for `layer`'s MLP instead of the trainer (which then
-  // enqueues the kernel itself); `out` is resident and may be replaced. True when it did.
+  // Forward: computes `out` = GeLU(`in`) for `layer`'s MLP (`out` is allocated and resident);
+  // true when it did. When no hook does, the trainer enqueues the kernel itself.
   virtual bool compute_mlp_activation(int layer, const TensorView& in, TensorView& out) { return false; }
   // Forward: the second MLP matmul that reads `out` is enqueued. A technique may release `out`
   // until before_layer_backward.

@@ -105,6 +105,7 @@ std::string to_json(const std::vector<ConfigResult>& results, const DemoOptions&
     c["mean_step_ms"] = r.mean_step_ms;
     c["predicted_saving_bytes"] = predicted_saving(r.techniques, o, r.params).bytes;
     c["estimated_saving_bytes"] = estimated_saving(r.techniques, o.shape, o.rounding);
+    c["final_master_fnv1a"] = fmt::format("{:016x}", r.master_hash);
     c["must_match_baseline"] = r.must_match;  // false: half_up rounding, differs by design
     if (r.compared) c["bit_identical_to_baseline"] = r.bit_identical;
     else c["bit_identical_to_baseline"] = nullptr;

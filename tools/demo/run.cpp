@@ -28,6 +28,15 @@ Device& demo_device(std::string* note) {
 
 namespace {
 
+std::uint64_t hash_bits(const std::vector<float>& values) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (float v : values) {
+    h ^= std::bit_cast<std::uint32_t>(v);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 struct Setup {
   std::unique_ptr<ParameterStore> params;
   std::unique_ptr<OptimizerStates> states;
@@ -73,6 +82,7 @@ ConfigResult run_one(const Configuration& config, const DemoOptions& o, Device& 
     }
     r.mean_step_ms = total_ms / std::max(1, o.steps - 1);
     dev.synchronize(compute);
+    r.master_hash = hash_bits(s.params->master());
     r.details.push_back(s.states->describe());  // after the run: what the states hold now
     s.hooks->describe(r.details);
   }

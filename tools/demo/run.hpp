@@ -30,6 +30,7 @@ struct ConfigResult {
   std::int64_t peak_allocated = 0;   // allocator stats, bytes, over the whole run
   std::int64_t peak_reserved = 0;
   std::int64_t peak_requested = 0;   // bytes as asked, before the allocator rounds block sizes
+  std::uint64_t master_hash = 0;     // FNV-1a of the final fp32 master's bit patterns
   std::int64_t left_allocated = 0;   // still allocated once the run's objects are gone (0 = no leak)
   std::int64_t params = 0;           // parameter elements (with alignment padding)
   int vocab = 0;
