@@ -1,7 +1,9 @@
 // CPU activation kernels: activation_math.hpp on 8-lane vectors. Every element, the ragged
 // tail included, runs the same vector code, so results do not depend on a buffer's address or
 // length (a rematerialised tensor lands at another address and must come out bit-identical).
-// On x86-64 the entry points are cloned for AVX2 and chosen once at load time by the CPU.
+// On x86-64 each entry point is compiled twice, for AVX2 and for the baseline, and the CPU
+// picks one at run time (a plain flag, not an ifunc: ifunc resolvers run before sanitizer
+// runtimes start). Neither uses FMA, so both give the same bits.
 #pragma GCC diagnostic ignored "-Wpsabi"  // 8-lane vectors pass only between inlined functions
 
 #include <vector>
@@ -11,10 +13,10 @@
 #include "stowage/activations.hpp"
 #include "stowage/error.hpp"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define STOWAGE_CLONES __attribute__((target_clones("avx2", "default")))
+#if defined(__x86_64__) && defined(__GNUC__)
+#define STOWAGE_X86_AVX2 1
 #else
-#define STOWAGE_CLONES
+#define STOWAGE_X86_AVX2 0
 #endif
 #define STOWAGE_INLINE inline __attribute__((always_inline))
 
@@ -126,8 +128,8 @@ STOWAGE_INLINE void gated_bwd(std::size_t rows, std::size_t cols, const T* g, st
   }
 }
 
-// The activation is a switch inside each cloned entry point, so each clone holds all four
-// instantiations compiled for its instruction set.
+// The activation is a switch inside each entry point, so each instruction-set variant holds
+// all four instantiations compiled for it.
 #define STOWAGE_BY_ACTIVATION(a, kernel, ...)                                   \
   switch (a) {                                                                  \
     case Activation::relu: return kernel<Activation::relu>(__VA_ARGS__);        \
@@ -136,32 +138,48 @@ STOWAGE_INLINE void gated_bwd(std::size_t rows, std::size_t cols, const T* g, st
     case Activation::gelu_tanh: return kernel<Activation::gelu_tanh>(__VA_ARGS__); \
   }
 
-#define STOWAGE_DEFINE_KERNELS(T, sfx)                                                          \
-  STOWAGE_CLONES void unary_fwd_##sfx(Activation a, std::size_t n, const T* x, T* y) {         \
-    STOWAGE_BY_ACTIVATION(a, unary_fwd, n, x, y)                                                \
-  }                                                                                             \
-  STOWAGE_CLONES void unary_bwd_##sfx(Activation a, std::size_t n, const T* x, const T* dy,    \
-                                      T* dx) {                                                  \
-    STOWAGE_BY_ACTIVATION(a, unary_bwd, n, x, dy, dx)                                           \
-  }                                                                                             \
-  STOWAGE_CLONES void bias_fwd_##sfx(Activation a, std::size_t rows, std::size_t cols,         \
-                                     const T* x, const T* b, T* y) {                            \
-    STOWAGE_BY_ACTIVATION(a, bias_fwd, rows, cols, x, b, y)                                     \
-  }                                                                                             \
-  STOWAGE_CLONES void bias_bwd_##sfx(Activation a, std::size_t rows, std::size_t cols,         \
-                                     const T* x, const T* b, const T* dy, T* dx, T* db) {       \
-    STOWAGE_BY_ACTIVATION(a, bias_bwd, rows, cols, x, b, dy, dx, db)                            \
-  }                                                                                             \
-  STOWAGE_CLONES void gated_fwd_##sfx(Activation a, std::size_t rows, std::size_t cols,        \
-                                      const T* g, std::size_t gld, const T* u,                  \
-                                      std::size_t uld, T* y) {                                  \
-    STOWAGE_BY_ACTIVATION(a, gated_fwd, rows, cols, g, gld, u, uld, y)                          \
-  }                                                                                             \
-  STOWAGE_CLONES void gated_bwd_##sfx(Activation a, std::size_t rows, std::size_t cols,        \
-                                      const T* g, std::size_t gld, const T* u,                  \
-                                      std::size_t uld, const T* dy, T* dg, T* du) {             \
-    STOWAGE_BY_ACTIVATION(a, gated_bwd, rows, cols, g, gld, u, uld, dy, dg, du)                 \
+#define STOWAGE_UNPAREN(...) __VA_ARGS__
+#if STOWAGE_X86_AVX2
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+// name_avx2 and name_base hold the same code for two instruction sets; name picks one.
+// (params: the entry's parameters, `Activation a` first; args: the kernel's arguments.)
+#define STOWAGE_ENTRY(name, params, args, kernel)                                              \
+  __attribute__((target("avx2"))) void name##_avx2 params {                                    \
+    STOWAGE_BY_ACTIVATION(a, kernel, STOWAGE_UNPAREN args)                                     \
+  }                                                                                            \
+  void name##_base params { STOWAGE_BY_ACTIVATION(a, kernel, STOWAGE_UNPAREN args) }           \
+  void name params {                                                                           \
+    if (have_avx2()) name##_avx2(a, STOWAGE_UNPAREN args);                                     \
+    else name##_base(a, STOWAGE_UNPAREN args);                                                 \
   }
+#else
+#define STOWAGE_ENTRY(name, params, args, kernel) \
+  void name params { STOWAGE_BY_ACTIVATION(a, kernel, STOWAGE_UNPAREN args) }
+#endif
+
+#define STOWAGE_DEFINE_KERNELS(T, sfx)                                                           \
+  STOWAGE_ENTRY(unary_fwd_##sfx, (Activation a, std::size_t n, const T* x, T* y), (n, x, y),    \
+                unary_fwd)                                                                       \
+  STOWAGE_ENTRY(unary_bwd_##sfx, (Activation a, std::size_t n, const T* x, const T* dy, T* dx), \
+                (n, x, dy, dx), unary_bwd)                                                    \
+  STOWAGE_ENTRY(bias_fwd_##sfx,                                                                 \
+                (Activation a, std::size_t rows, std::size_t cols, const T* x, const T* b, T* y), \
+                (rows, cols, x, b, y), bias_fwd)                                              \
+  STOWAGE_ENTRY(bias_bwd_##sfx,                                                                 \
+                (Activation a, std::size_t rows, std::size_t cols, const T* x, const T* b,       \
+                 const T* dy, T* dx, T* db),                                                     \
+                (rows, cols, x, b, dy, dx, db), bias_bwd)                                     \
+  STOWAGE_ENTRY(gated_fwd_##sfx,                                                                \
+                (Activation a, std::size_t rows, std::size_t cols, const T* g, std::size_t gld,  \
+                 const T* u, std::size_t uld, T* y),                                             \
+                (rows, cols, g, gld, u, uld, y), gated_fwd)                                   \
+  STOWAGE_ENTRY(gated_bwd_##sfx,                                                                \
+                (Activation a, std::size_t rows, std::size_t cols, const T* g, std::size_t gld,  \
+                 const T* u, std::size_t uld, const T* dy, T* dg, T* du),                        \
+                (rows, cols, g, gld, u, uld, dy, dg, du), gated_bwd)
 
 STOWAGE_DEFINE_KERNELS(float, f32)
 STOWAGE_DEFINE_KERNELS(bf16, bf16)
