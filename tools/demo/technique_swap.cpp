@@ -14,7 +14,7 @@ namespace {
 class SwapHooks final : public ActivationHooks {
  public:
   explicit SwapHooks(const Context& ctx)
-      : device_(ctx.device), compute_(ctx.compute), pool_(*ctx.device), swap_(*ctx.allocator, pool_, options(ctx)) {}
+      : pool_(*ctx.device), swap_(*ctx.allocator, pool_, options(ctx)) {}
 
   void attention_done(int layer, const std::vector<TensorView*>& saved) override {
     const std::string tag = fmt::format("layer{}.attn", layer);
@@ -25,15 +25,7 @@ class SwapHooks final : public ActivationHooks {
   void before_attention_backward(int layer, const std::vector<TensorView*>& saved) override {
     for (TensorView* v : saved) *v = swap_.acquire(*v);
   }
-  void after_layer_backward(int layer) override {
-    // The scheduler gives a returned tensor's device block back only once it sees the H2D event
-    // complete on the host; the host runs ahead of the compute stream, so without this wait the
-    // blocks of finished layers stay allocated until a later sweep and the peak moves to the end
-    // of backward (one attention's worth per layer). Waiting here costs no compute time: the
-    // host has nothing else to do.
-    device_->synchronize(compute_);
-    swap_.after_backward(layer);
-  }
+  void after_layer_backward(int layer) override { swap_.after_backward(layer); }
   void backward_done() override { swap_.finish_step(); }
 
   void describe(std::vector<std::string>& lines) const override {
@@ -54,8 +46,6 @@ class SwapHooks final : public ActivationHooks {
     o.compute_stream = ctx.compute;
     return o;
   }
-  Device* device_;
-  Stream compute_;
   HostPool pool_;  // outlives the scheduler, which gives its buffers back on destruction
   SwapScheduler swap_;
   std::uint64_t kept_ = 0;
