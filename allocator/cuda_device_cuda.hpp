@@ -74,6 +74,7 @@ class CudaDevice final : public Device {
  private:
   struct Chunk {
     std::size_t bytes = 0;
+    std::size_t granularity = 0;  // of its location; host granules may exceed the device's
     Location location;
     bool shareable = false;
     int mappings = 0;        // live mappings of this chunk

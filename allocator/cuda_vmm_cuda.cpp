@@ -2,6 +2,7 @@
 // node), mappings and access, through the driver entry points found at run time.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iterator>
 
 #include "allocator/cuda_check_cuda.hpp"
@@ -116,7 +117,7 @@ PhysicalHandle CudaDevice::create_physical(std::size_t bytes, const PhysicalOpti
   CUmemGenericAllocationHandle handle = 0;
   check_cu(driver_api().memCreate(&handle, bytes, &prop, 0), "cuMemCreate");
   std::lock_guard lock(mu_);
-  chunks_.emplace(handle, Chunk{bytes, where, shareable});
+  chunks_.emplace(handle, Chunk{bytes, granularity, where, shareable});
   if (where.kind == Location::Kind::device) counters_.physical_allocated += bytes;
   return PhysicalHandle{static_cast<std::uintptr_t>(handle)};
 }
@@ -149,9 +150,10 @@ void CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle, std::si
   auto chunk = chunks_.find(h);
   if (chunk == chunks_.end() || chunk->second.destroyed) throw InvalidArgument("map: not a live physical chunk of this device");
   if (bytes == 0) throw InvalidArgument("map: zero bytes");
-  require_granular(bytes, props_.granularity, "map", "size");
-  require_granular(offset, props_.granularity, "map", "offset");
-  require_granular(begin, props_.granularity, "map", "address");
+  const std::size_t granularity = std::max(props_.granularity, chunk->second.granularity);
+  require_granular(bytes, granularity, "map", "size");
+  require_granular(offset, granularity, "map", "offset");
+  require_granular(begin, granularity, "map", "address");
   if (offset > chunk->second.bytes || bytes > chunk->second.bytes - offset)
     throw InvalidArgument(fmt::format("map: [{}, +{}) runs past the chunk's {} bytes", offset, bytes, chunk->second.bytes));
   if (!range_in_reservation(begin, bytes))
