@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -24,10 +25,25 @@ using namespace stowage;
 
 constexpr std::size_t kN = std::size_t{16} << 20;  // 16 Mi elements: 64 MiB per fp32 array
 
+// 64-byte aligned like the allocator's blocks (malloc's large blocks are only 16-byte aligned,
+// which splits every 64-byte vector store across two cache lines).
+template <class T>
+struct Aligned {
+  using value_type = T;
+  Aligned() = default;
+  template <class U>
+  Aligned(const Aligned<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{64}); }
+  bool operator==(const Aligned&) const { return true; }
+};
+template <class T>
+using Vec = std::vector<T, Aligned<T>>;
+
 struct Data {
-  std::vector<float> master, scratch, m, v, gf;
-  std::vector<std::uint16_t> hi, lo, gb;
-  std::vector<std::uint8_t> ties;
+  Vec<float> master, scratch, m, v, gf;
+  Vec<std::uint16_t> hi, lo, gb;
+  Vec<std::uint8_t> ties;
   Data() : master(kN), scratch(kN), m(kN, 0.0f), v(kN, 0.0f), gf(kN), hi(kN), lo(kN), gb(kN), ties(kN / 8) {
     std::mt19937 rng(1);
     std::normal_distribution<float> d(0.0f, 0.02f);

@@ -28,7 +28,7 @@ inline typename P::F load_master(const SplitPlanes& w, std::size_t i) {
 
 // t = bits + 0x8000; bf16 = t >> 16, residual = t & 0xFFFF; in nearest_even mode an exact tie
 // whose half_up result is odd (residual 0, bf16 odd) is stored one lower with its tie bit set.
-template <class P, bool RNE>
+template <class P, bool RNE, bool Stream = false>
 inline void store_master(const SplitPlanes& w, std::size_t i, typename P::F x) {
   const typename P::U t = P::add(P::as_u(x), P::set1(0x8000));
   typename P::U hi = P::shr16(t);
@@ -38,8 +38,13 @@ inline void store_master(const SplitPlanes& w, std::size_t i, typename P::F x) {
     hi = P::sub(hi, tie);
     P::store_ties(w.ties, i, tie);
   }
-  P::store_u16(w.bf16 + i, hi);
-  P::store_u16(w.residual + i, lo);
+  if constexpr (Stream) {
+    P::stream_u16(w.bf16 + i, hi);
+    P::stream_u16(w.residual + i, lo);
+  } else {
+    P::store_u16(w.bf16 + i, hi);
+    P::store_u16(w.residual + i, lo);
+  }
 }
 
 template <class P, bool BF16>
@@ -51,13 +56,34 @@ inline typename P::F load_grad(const void* g, std::size_t i) {
   }
 }
 
+// Large splits and merges bypass the cache with non-temporal stores (no read-for-ownership of
+// the destination) when every vector store is aligned; a fence makes them visible on return.
+inline constexpr std::size_t kStreamingElements = std::size_t{1} << 20;
+
 template <class O, bool RNE>
 void split_range(const float* src, const SplitPlanes& w, std::size_t b, std::size_t e) {
-  for_each_group<O>(b, e, [&]<class P>(std::size_t i) { store_master<P, RNE>(w, i, P::load_f32(src + i)); });
+  const std::size_t first_group = (b + 7) & ~std::size_t{7};
+  const bool stream = O::W > 1 && e - b >= kStreamingElements &&
+                      reinterpret_cast<std::uintptr_t>(w.bf16 + first_group) % (O::W * 2) == 0 &&
+                      reinterpret_cast<std::uintptr_t>(w.residual + first_group) % (O::W * 2) == 0;
+  if (stream) {
+    for_each_group<O>(b, e, [&]<class P>(std::size_t i) { store_master<P, RNE, true>(w, i, P::load_f32(src + i)); });
+    O::fence();
+  } else {
+    for_each_group<O>(b, e, [&]<class P>(std::size_t i) { store_master<P, RNE>(w, i, P::load_f32(src + i)); });
+  }
 }
 template <class O, bool RNE>
 void merge_range(const SplitPlanes& w, float* dst, std::size_t b, std::size_t e) {
-  for_each_group<O>(b, e, [&]<class P>(std::size_t i) { P::store_f32(dst + i, load_master<P, RNE>(w, i)); });
+  const std::size_t first_group = (b + 7) & ~std::size_t{7};
+  const bool stream = O::W > 1 && e - b >= kStreamingElements &&
+                      reinterpret_cast<std::uintptr_t>(dst + first_group) % (O::W * 4) == 0;
+  if (stream) {
+    for_each_group<O>(b, e, [&]<class P>(std::size_t i) { P::stream_f32(dst + i, load_master<P, RNE>(w, i)); });
+    O::fence();
+  } else {
+    for_each_group<O>(b, e, [&]<class P>(std::size_t i) { P::store_f32(dst + i, load_master<P, RNE>(w, i)); });
+  }
 }
 template <class O>
 void split_kernel(const float* src, const SplitPlanes& w, std::size_t b, std::size_t e) {

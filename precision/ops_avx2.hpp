@@ -20,6 +20,13 @@ struct Avx2Ops {
   }
   static F load_f32(const float* p) { return _mm256_loadu_ps(p); }
   static void store_f32(float* p, F v) { _mm256_storeu_ps(p, v); }
+  // Non-temporal: p is 32-byte aligned; fence() before the data is used elsewhere.
+  static void stream_f32(float* p, F v) { _mm256_stream_ps(p, v); }
+  static void stream_u16(std::uint16_t* p, U v) {  // p is 16-byte aligned
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  static void fence() { _mm_sfence(); }
   // i is a multiple of 8: the eight tie bits are one byte.
   static U load_ties(const std::uint8_t* t, std::size_t i) {
     const U bits = _mm256_and_si256(_mm256_set1_epi32(t[i >> 3]), _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128));

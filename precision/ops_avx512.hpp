@@ -20,6 +20,12 @@ struct Avx512Ops {
   }
   static F load_f32(const float* p) { return _mm512_loadu_ps(p); }
   static void store_f32(float* p, F v) { _mm512_storeu_ps(p, v); }
+  // Non-temporal: p is 64-byte aligned; fence() before the data is used elsewhere.
+  static void stream_f32(float* p, F v) { _mm512_stream_ps(p, v); }
+  static void stream_u16(std::uint16_t* p, U v) {  // p is 32-byte aligned
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+  }
+  static void fence() { _mm_sfence(); }
   // i is a multiple of 8: the sixteen tie bits are two whole bytes.
   static U load_ties(const std::uint8_t* t, std::size_t i) {
     std::uint16_t k;

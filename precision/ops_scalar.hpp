@@ -17,6 +17,9 @@ struct ScalarOps {
   static void store_u16(std::uint16_t* p, U v) { *p = static_cast<std::uint16_t>(v); }
   static F load_f32(const float* p) { return *p; }
   static void store_f32(float* p, F v) { *p = v; }
+  static void stream_f32(float* p, F v) { *p = v; }
+  static void stream_u16(std::uint16_t* p, U v) { *p = static_cast<std::uint16_t>(v); }
+  static void fence() {}
   static U load_ties(const std::uint8_t* t, std::size_t i) { return (t[i >> 3] >> (i & 7)) & 1u; }
   static void store_ties(std::uint8_t* t, std::size_t i, U v) {
     const auto bit = static_cast<std::uint8_t>(1u << (i & 7));
