@@ -80,6 +80,15 @@ TEST(ToolsInfo, JsonCarriesTheSameFacts) {
     EXPECT_FALSE(j["build"]["dependencies"][dep].get<std::string>().empty()) << dep;
 }
 
+TEST(ToolsInfo, UnusableDeviceChoiceIsReportedWithTheBuildFacts) {
+  if (stowage::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is usable here: STOWAGE_DEVICE=cuda works";
+  const CliResult r = run_cli("STOWAGE_DEVICE=cuda STOWAGE_LOG_LEVEL=off", "info");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("none opened: STOWAGE_DEVICE=cuda"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(stowage::cuda_unavailable_reason()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dependencies: hwloc "), std::string::npos) << r.output;
+}
+
 TEST(ToolsInfo, MalformedConfigurationIsAClearError) {
   const CliResult r = run_cli("STOWAGE_DEVICE=quantum", "info");
   EXPECT_EQ(r.exit_code, 2) << r.output;

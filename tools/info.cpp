@@ -73,14 +73,23 @@ nlohmann::ordered_json device_facts(Device& d) {
 nlohmann::ordered_json collect() {
   nlohmann::ordered_json cuda = {{"devices", cuda_device_count()}};
   if (cuda_device_count() == 0) cuda["reason"] = cuda_unavailable_reason();
+  nlohmann::ordered_json j = {{"build", build_facts()},
+                              {"cuda", cuda},
+                              {"host", {{"numa_nodes", numa_node_count()}}},
+                              {"device_selection", to_string(config().device)}};
+  // A device that cannot be opened (STOWAGE_DEVICE=cuda without a GPU, a failing driver) is
+  // reported with everything else rather than hiding the build facts.
   nlohmann::ordered_json devices = nlohmann::ordered_json::array();
-  for (int i = 0; i < device_count(); ++i) devices.push_back(device_facts(device(i)));
-  return {{"build", build_facts()},
-          {"cuda", cuda},
-          {"host", {{"numa_nodes", numa_node_count()}}},
-          {"device_selection", to_string(config().device)},
-          {"using_cuda", using_cuda()},
-          {"devices", devices}};
+  try {
+    for (int i = 0; i < device_count(); ++i) devices.push_back(device_facts(device(i)));
+    j["using_cuda"] = using_cuda();
+  } catch (const ParseError&) {
+    throw;
+  } catch (const Error& e) {
+    j["devices_error"] = e.what();
+  }
+  j["devices"] = devices;
+  return j;
 }
 
 std::string yes_no(bool b) { return b ? "yes" : "no"; }
@@ -107,6 +116,11 @@ void print_text(const nlohmann::ordered_json& j) {
   else
     fmt::print("CUDA: no GPU: {}\n", cuda["reason"].get<std::string>());
   fmt::print("host: {} NUMA node(s)\n", j["host"]["numa_nodes"].get<int>());
+  if (j.contains("devices_error")) {
+    fmt::print("devices (selection {}): none opened: {}\n", j["device_selection"].get<std::string>(),
+               j["devices_error"].get<std::string>());
+    return;
+  }
   fmt::print("devices ({}, selection {}):\n", j["using_cuda"].get<bool>() ? "cuda" : "emulated",
              j["device_selection"].get<std::string>());
   for (const auto& d : j["devices"]) {
@@ -135,7 +149,7 @@ STOWAGE_COMMAND(10, [](CLI::App& app, int& exit_code) {
       fmt::print("{}\n", facts.dump(2));
     else
       print_text(facts);
-    exit_code = 0;
+    exit_code = facts.contains("devices_error") ? 1 : 0;
   });
 });
 
