@@ -257,7 +257,7 @@ TEST(PrecisionSplit, EveryDispatchLevelGivesIdenticalPlanes) {
   for (auto& b : bits) b = rng();
   for (std::size_t i = 0; i < n; i += 97) bits[i] = (bits[i] & 0xFFFF0000u) | 0x8000u;  // ties
   const float* src = reinterpret_cast<const float*>(bits.data());
-  std::unique_ptr<float[], decltype(&std::free)> back(static_cast<float*>(std::aligned_alloc(64, n * 4 + 64)), &std::free);
+  std::unique_ptr<float[], decltype(&std::free)> back(static_cast<float*>(std::aligned_alloc(64, (n * 4 + 127) / 64 * 64)), &std::free);
   for (Rounding r : {Rounding::half_up, Rounding::nearest_even}) {
     Planes ref(n, r);
     {
