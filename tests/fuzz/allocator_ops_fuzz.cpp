@@ -1,6 +1,7 @@
 // Random sequences of allocator operations across several streams (alloc, free, record_stream,
 // empty_cache, cap changes, streams held back so frees stay pending), checking after every
 // operation: live blocks never overlap, statistics add up, and live contents (canaries) survive.
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,9 @@
 namespace {
 
 using namespace stowage;
+
+// Longest a held stream stays blocked; frees recorded on it stay pending meanwhile.
+constexpr int kHoldMs = 5;
 
 struct Live {
   std::size_t requested;
@@ -80,6 +84,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::size_t i = 1;
     auto next = [&]() -> std::uint8_t { return i < size ? data[i++] : 0; };
     std::uint8_t seed = 1;
+    auto release_all = [&] {
+      for (auto& g : held) g->set_value();
+      held.clear();
+    };
     while (i < size) {
       const std::uint8_t op = next() % 8;
       const Stream s = streams[next() % 3];
@@ -103,6 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         std::advance(it, next() % live.size());
         a.record_stream(reinterpret_cast<void*>(it->first), s);
       } else if (op == 6) {
+        release_all();  // empty_cache and a lower cap synchronize the device
         if (next() & 1) {
           a.empty_cache();
         } else {
@@ -112,7 +121,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (held.size() < 4 && (next() & 1)) {
           auto gate = std::make_shared<std::promise<void>>();
           auto f = gate->get_future().share();
-          dev->launch_host(s, [f] { f.wait(); });
+          // Timed, because the allocator may synchronize the device from inside allocate (the
+          // retry after a refused growth) while this thread is the only one that opens gates.
+          dev->launch_host(s, [f] { f.wait_for(std::chrono::milliseconds(kHoldMs)); });
           held.push_back(gate);
         } else if (!held.empty()) {
           held.back()->set_value();
@@ -121,7 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       check(a, live);
     }
-    for (auto& g : held) g->set_value();
+    release_all();
     for (auto& [addr, l] : live) a.deallocate(reinterpret_cast<void*>(addr));
     dev->synchronize();
     a.empty_cache();
