@@ -1,0 +1,342 @@
+// Adam states placed by a device budget (docs/offload.md): chunks in order stay on the device
+// while they fit; the rest are mapped host memory, or pinned host memory streamed through two
+// device windows (H2D of chunk k+1 on one copy stream while chunk k is updated, D2H of chunk k-1
+// on another).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "offload/state_home.hpp"
+#include "stowage/offload.hpp"
+
+namespace stowage {
+
+using offload::StateHome;
+
+const char* to_string(StatePlacement p) {
+  switch (p) {
+    case StatePlacement::device: return "device";
+    case StatePlacement::mapped: return "mapped";
+    case StatePlacement::streamed: return "streamed";
+  }
+  return "?";
+}
+
+struct OffloadedAdam::Impl {
+  CachingAllocator& allocator;
+  HostPool& pool;
+  Device& dev;
+  std::size_t numel;
+  OffloadOptions options;
+  std::vector<StateHome> chunks;
+  TensorView windows[2];  // streamed: [m | v] of chunk_elements each
+  Stream h2d{}, d2h{};
+  Event h2d_done[2]{}, compute_done[2]{}, slot_free[2]{};
+  Event step_begin{}, step_end{};  // timing events around the latest step
+  std::int64_t steps = 0;
+
+  Impl(CachingAllocator& a, HostPool& p, std::size_t n, OffloadOptions o)
+      : allocator(a), pool(p), dev(a.device()), numel(n), options(o) {}
+
+  std::size_t chunk_len(std::size_t i) const {
+    return std::min(options.chunk_elements, numel - i * options.chunk_elements);
+  }
+  std::size_t chunk_count() const { return (numel + options.chunk_elements - 1) / options.chunk_elements; }
+  std::size_t window_bytes() const { return 2 * offload::device_chunk_bytes(std::min(options.chunk_elements, numel)); }
+
+  // The placement of every chunk under `o` (the policy in docs/offload.md).
+  std::vector<StatePlacement> plan(const OffloadOptions& o) const {
+    const std::size_t count = (numel + o.chunk_elements - 1) / o.chunk_elements;
+    std::vector<StatePlacement> where(count, StatePlacement::device);
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < count; ++i)
+      total += offload::device_chunk_bytes(std::min(o.chunk_elements, numel - i * o.chunk_elements));
+    if (o.host_mode == StatePlacement::device || total <= o.device_budget_bytes) return where;
+    std::size_t avail = o.device_budget_bytes;
+    if (o.host_mode == StatePlacement::streamed) {
+      const std::size_t window = 2 * offload::device_chunk_bytes(std::min(o.chunk_elements, numel));
+      if (window > avail)
+        throw InvalidArgument(fmt::format("device budget {} B is below the streamed window's {} B; raise the budget "
+                                          "or lower chunk_elements", o.device_budget_bytes, window));
+      avail -= window;
+    }
+    std::size_t used = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::size_t b = offload::device_chunk_bytes(std::min(o.chunk_elements, numel - i * o.chunk_elements));
+      if (used + b <= avail) {
+        used += b;
+      } else {
+        where[i] = o.host_mode;
+      }
+    }
+    return where;
+  }
+
+  bool any_streamed() const {
+    return std::any_of(chunks.begin(), chunks.end(), [](const StateHome& h) { return h.where == StatePlacement::streamed; });
+  }
+
+  // Windows exist exactly while some chunk is streamed.
+  void ensure_windows() {
+    if (!any_streamed()) {
+      windows[0] = windows[1] = TensorView();
+      return;
+    }
+    if (!windows[0].defined())
+      for (auto& w : windows)
+        w = TensorView::empty(allocator, DType::f32, {2 * static_cast<std::int64_t>(std::min(options.chunk_elements, numel))});
+  }
+
+  void zero(StateHome& h, Stream s) {
+    if (h.where == StatePlacement::streamed) {
+      std::memset(h.mv.data(), 0, h.len * 8);
+    } else {
+      dev.fill_async(h.mv.data(), 0, h.len * 8, s);
+    }
+  }
+
+  // Runs `update(m, v)` for chunk i on the compute stream, with m and v in device address space.
+  template <class Update>
+  void run_chunk(std::size_t i, std::size_t k_streamed, Stream compute, Update&& update) {
+    StateHome& h = chunks[i];
+    if (h.where != StatePlacement::streamed) {
+      update(h.m(), h.v());
+      return;
+    }
+    const int slot = static_cast<int>(k_streamed % 2);
+    const std::size_t len = h.len;
+    TensorView w = windows[slot].slice(0, 0, 2 * static_cast<std::int64_t>(len));
+    TensorView wm = windows[slot].slice(0, 0, static_cast<std::int64_t>(len));
+    TensorView wv = windows[slot].slice(0, static_cast<std::int64_t>(len), 2 * static_cast<std::int64_t>(len));
+    dev.wait(h2d, slot_free[slot]);  // the window's previous chunk has gone back to the host
+    dev.copy_async(w.data(), h.mv.data(), len * 8, CopyKind::host_to_device, h2d);
+    dev.record(h2d_done[slot], h2d);
+    dev.wait(compute, h2d_done[slot]);
+    update(wm, wv);
+    dev.record(compute_done[slot], compute);
+    dev.wait(d2h, compute_done[slot]);
+    dev.copy_async(h.mv.data(), w.data(), len * 8, CopyKind::device_to_host, d2h);
+    dev.record(slot_free[slot], d2h);
+  }
+
+  // Brackets one step with timing events. The step ends on the compute stream after the last
+  // D2H, so streamed steps count the write-back too.
+  void begin_step(Stream compute) { dev.record(step_begin, compute); }
+  void end_step(Stream compute) {
+    if (any_streamed()) {
+      for (Event e : slot_free) dev.wait(compute, e);
+    }
+    dev.record(step_end, compute);
+    ++steps;
+  }
+
+  // Gradient check on the host (before anything is written), when asked for.
+  bool nonfinite(const TensorView& grad, Stream compute, const GradScaling& scaling) {
+    if (!scaling.skip_nonfinite) return false;
+    if (!dev.properties().host_accessible)
+      throw Unsupported("offloaded Adam checks gradients on the host; on this device pass skip_nonfinite = false "
+                        "and check them before the step");
+    dev.synchronize(compute);
+    return any_nonfinite(HostGrad{grad.data(), grad.dtype()}, 0, numel);
+  }
+
+  void check_grad(const TensorView& grad) const {
+    if (!grad.is_contiguous() || static_cast<std::size_t>(grad.numel()) != numel ||
+        (grad.dtype() != DType::f32 && grad.dtype() != DType::bf16))
+      throw InvalidArgument(fmt::format("offloaded Adam: gradient must be contiguous f32 or bf16 of {} elements", numel));
+  }
+};
+
+OffloadedAdam::OffloadedAdam(CachingAllocator& allocator, HostPool& pool, std::size_t numel, OffloadOptions options)
+    : impl_(std::make_unique<Impl>(allocator, pool, numel, options)) {
+  if (numel == 0) throw InvalidArgument("offloaded Adam: numel must be positive");
+  if (options.chunk_elements == 0 || options.chunk_elements % 64 != 0)
+    throw InvalidArgument(fmt::format("offloaded Adam: chunk_elements {} must be a positive multiple of 64",
+                                      options.chunk_elements));
+  Impl& s = *impl_;
+  const auto where = s.plan(options);
+  s.h2d = s.dev.create_stream();
+  s.d2h = s.dev.create_stream();
+  for (int k = 0; k < 2; ++k) {
+    s.h2d_done[k] = s.dev.create_event();
+    s.compute_done[k] = s.dev.create_event();
+    s.slot_free[k] = s.dev.create_event();
+  }
+  s.step_begin = s.dev.create_event(true);
+  s.step_end = s.dev.create_event(true);
+  try {
+    for (std::size_t i = 0; i < where.size(); ++i) {
+      s.chunks.push_back(offload::make_home(allocator, pool, where[i], s.chunk_len(i), kDefaultStream));
+      s.zero(s.chunks.back(), kDefaultStream);
+    }
+    s.ensure_windows();
+    s.dev.synchronize(kDefaultStream);
+  } catch (...) {
+    s.chunks.clear();
+    s.dev.synchronize();
+    throw;
+  }
+}
+
+OffloadedAdam::~OffloadedAdam() {
+  Impl& s = *impl_;
+  try {
+    s.dev.synchronize();
+  } catch (...) {
+  }
+  s.chunks.clear();
+  s.windows[0] = s.windows[1] = TensorView();
+  for (int k = 0; k < 2; ++k)
+    for (Event e : {s.h2d_done[k], s.compute_done[k], s.slot_free[k]}) s.dev.destroy_event(e);
+  s.dev.destroy_event(s.step_begin);
+  s.dev.destroy_event(s.step_end);
+  s.dev.destroy_stream(s.h2d);
+  s.dev.destroy_stream(s.d2h);
+}
+
+void OffloadedAdam::replace(OffloadOptions options) {
+  Impl& s = *impl_;
+  if (options.chunk_elements != s.options.chunk_elements)
+    throw InvalidArgument("offloaded Adam: replace keeps chunk_elements");
+  const auto where = s.plan(options);
+  s.dev.synchronize();
+  s.options = options;
+  // Windows first, so a chunk moved to streamed always has them even if a later move fails.
+  if (std::find(where.begin(), where.end(), StatePlacement::streamed) != where.end() && !s.windows[0].defined())
+    for (auto& w : s.windows)
+      w = TensorView::empty(s.allocator, DType::f32,
+                            {2 * static_cast<std::int64_t>(std::min(s.options.chunk_elements, s.numel))});
+  try {
+    for (std::size_t i = 0; i < where.size(); ++i) {
+      if (where[i] == s.chunks[i].where) continue;
+      StateHome next = offload::make_home(s.allocator, s.pool, where[i], s.chunks[i].len, kDefaultStream);
+      s.dev.copy_async(next.mv.data(), s.chunks[i].mv.data(), s.chunks[i].len * 8,
+                       offload::copy_kind(s.chunks[i].where, where[i]), kDefaultStream);
+      s.dev.synchronize(kDefaultStream);  // the old home goes only once its bytes have arrived
+      s.chunks[i] = std::move(next);
+    }
+  } catch (...) {
+    s.ensure_windows();
+    throw;
+  }
+  s.ensure_windows();
+}
+
+StepResult OffloadedAdam::step(ParameterBucket& weights, const TensorView& grad, const AdamOptions& options,
+                               const GradScaling& scaling, OptimizerState& state) {
+  Impl& s = *impl_;
+  if (weights.numel() != s.numel)
+    throw InvalidArgument(fmt::format("offloaded Adam: bucket has {} elements, states {}", weights.numel(), s.numel));
+  s.check_grad(grad);
+  const Stream compute = weights.stream();
+  if (s.nonfinite(grad, compute, scaling)) return {false, true, state.step};
+  GradScaling checked = scaling;
+  checked.skip_nonfinite = false;
+  s.begin_step(compute);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < s.chunks.size(); ++i) {
+    const std::size_t begin = i * s.options.chunk_elements;
+    const ElementRange range{begin, begin + s.chunks[i].len};
+    s.run_chunk(i, s.chunks[i].where == StatePlacement::streamed ? k++ : 0, compute,
+                [&](const TensorView& m, const TensorView& v) {
+                  OptimizerState st = state;  // every chunk applies the same step number
+                  adam_step(weights, grad, m, v, options, checked, st, range);
+                });
+  }
+  s.end_step(compute);
+  ++state.step;
+  return {true, false, state.step};
+}
+
+StepResult OffloadedAdam::step(const TensorView& fp32_weights, const TensorView& grad, const AdamOptions& options,
+                               const GradScaling& scaling, OptimizerState& state) {
+  Impl& s = *impl_;
+  if (!s.dev.properties().host_accessible)
+    throw Unsupported("offloaded Adam on plain fp32 weights runs where the device is host-accessible; "
+                      "use split-storage weights (ParameterBucket) on this device");
+  if (fp32_weights.dtype() != DType::f32 || !fp32_weights.is_contiguous() ||
+      static_cast<std::size_t>(fp32_weights.numel()) != s.numel)
+    throw InvalidArgument(fmt::format("offloaded Adam: weights must be contiguous f32 of {} elements", s.numel));
+  s.check_grad(grad);
+  const Stream compute = fp32_weights.storage().stream();
+  if (s.nonfinite(grad, compute, scaling)) return {false, true, state.step};
+  const AdamScalars sc = adam_scalars(options, state.step + 1, scaling);
+  float* w = fp32_weights.data_as<float>();
+  const auto* g = static_cast<const char*>(grad.data());
+  const std::size_t isz = itemsize(grad.dtype());
+  const DType gt = grad.dtype();
+  s.begin_step(compute);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < s.chunks.size(); ++i) {
+    const std::size_t begin = i * s.options.chunk_elements, len = s.chunks[i].len;
+    s.run_chunk(i, s.chunks[i].where == StatePlacement::streamed ? k++ : 0, compute,
+                [&](const TensorView& m, const TensorView& v) {
+                  float* mp = m.data_as<float>();
+                  float* vp = v.data_as<float>();
+                  s.dev.launch_host(compute, [=] {
+                    adam_step_range_fp32(w + begin, HostGrad{g + begin * isz, gt}, mp, vp, 0, len, sc);
+                  });
+                });
+  }
+  s.end_step(compute);
+  ++state.step;
+  return {true, false, state.step};
+}
+
+std::size_t OffloadedAdam::numel() const { return impl_->numel; }
+std::size_t OffloadedAdam::chunk_count() const { return impl_->chunks.size(); }
+StatePlacement OffloadedAdam::placement(std::size_t i) const { return impl_->chunks.at(i).where; }
+
+const void* OffloadedAdam::host_address(std::size_t i) const {
+  const StateHome& h = impl_->chunks.at(i);
+  if (h.where == StatePlacement::device) return nullptr;
+  if (h.mapping == "mapped-pinned") return nullptr;  // the device address differs from the host one
+  return h.mv.data();
+}
+
+OffloadReport OffloadedAdam::report() const {
+  const Impl& s = *impl_;
+  OffloadReport r;
+  r.state_bytes = s.numel * 8;
+  for (const StateHome& h : s.chunks) {
+    switch (h.where) {
+      case StatePlacement::device:
+        ++r.chunks_on_device;
+        r.device_bytes += offload::device_chunk_bytes(h.len);
+        break;
+      case StatePlacement::mapped:
+        ++r.chunks_mapped;
+        r.host_bytes += h.host_bytes;
+        if (r.mapping.empty()) r.mapping = h.mapping;
+        else if (r.mapping != h.mapping) r.mapping = "mixed";
+        break;
+      case StatePlacement::streamed:
+        ++r.chunks_streamed;
+        r.host_bytes += h.host_bytes;
+        break;
+    }
+  }
+  if (s.windows[0].defined()) r.device_bytes += s.window_bytes();
+  r.device_bytes_saved = r.state_bytes > r.device_bytes ? r.state_bytes - r.device_bytes : 0;
+  const auto& nodes = s.dev.properties().numa_nodes;
+  r.steps = s.steps;
+  if (s.steps > 0 && s.dev.query(s.step_end)) r.last_step_ms = s.dev.elapsed_ms(s.step_begin, s.step_end);
+  r.numa_node = (r.chunks_mapped + r.chunks_streamed) > 0 && !nodes.empty() ? nodes.front() : -1;
+  return r;
+}
+
+void OffloadedAdam::read_states(float* m, float* v) {
+  Impl& s = *impl_;
+  s.dev.synchronize();
+  for (std::size_t i = 0; i < s.chunks.size(); ++i) {
+    const StateHome& h = s.chunks[i];
+    const std::size_t begin = i * s.options.chunk_elements;
+    const CopyKind kind = h.where == StatePlacement::streamed ? CopyKind::host_to_host : CopyKind::device_to_host;
+    s.dev.copy_async(m + begin, h.mv.data(), h.len * 4, kind, kDefaultStream);
+    s.dev.copy_async(v + begin, static_cast<const char*>(h.mv.data()) + h.len * 4, h.len * 4, kind, kDefaultStream);
+  }
+  s.dev.synchronize(kDefaultStream);
+}
+
+}  // namespace stowage
