@@ -1,7 +1,7 @@
-// Adam states placed by a device budget (docs/offload.md): chunks in order stay on the device
-// while they fit; the rest are mapped host memory, or pinned host memory streamed through two
-// device windows (H2D of chunk k+1 on one copy stream while chunk k is updated, D2H of chunk k-1
-// on another).
+// Adam states placed by a device budget (docs/offload.md): each chunk, in order, stays on the
+// device if it fits in what is left of the budget; the rest are mapped host memory, or pinned
+// host memory streamed through three device windows (H2D of chunk k+1 on one copy stream while
+// chunk k is updated, D2H of chunk k-1 on another).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -30,9 +30,12 @@ struct OffloadedAdam::Impl {
   std::size_t numel;
   OffloadOptions options;
   std::vector<StateHome> chunks;
-  TensorView windows[2];  // streamed: [m | v] of chunk_elements each
+  // Streamed: [m | v] of chunk_elements each; three, so that the H2D of chunk k+1, the update
+  // of chunk k and the D2H of chunk k-1 all proceed at once.
+  static constexpr int kWindows = 3;
+  TensorView windows[kWindows];
   Stream h2d{}, d2h{};
-  Event h2d_done[2]{}, compute_done[2]{}, slot_free[2]{};
+  Event h2d_done[kWindows]{}, compute_done[kWindows]{}, slot_free[kWindows]{};
   Event step_begin{}, step_end{};  // timing events around the latest step
   std::int64_t steps = 0;
 
@@ -43,7 +46,7 @@ struct OffloadedAdam::Impl {
     return std::min(options.chunk_elements, numel - i * options.chunk_elements);
   }
   std::size_t chunk_count() const { return (numel + options.chunk_elements - 1) / options.chunk_elements; }
-  std::size_t window_bytes() const { return 2 * offload::device_chunk_bytes(std::min(options.chunk_elements, numel)); }
+  std::size_t window_bytes() const { return kWindows * offload::device_chunk_bytes(std::min(options.chunk_elements, numel)); }
 
   // The placement of every chunk under `o` (the policy in docs/offload.md).
   std::vector<StatePlacement> plan(const OffloadOptions& o) const {
@@ -55,7 +58,7 @@ struct OffloadedAdam::Impl {
     if (o.host_mode == StatePlacement::device || total <= o.device_budget_bytes) return where;
     std::size_t avail = o.device_budget_bytes;
     if (o.host_mode == StatePlacement::streamed) {
-      const std::size_t window = 2 * offload::device_chunk_bytes(std::min(o.chunk_elements, numel));
+      const std::size_t window = kWindows * offload::device_chunk_bytes(std::min(o.chunk_elements, numel));
       if (window > avail)
         throw InvalidArgument(fmt::format("device budget {} B is below the streamed window's {} B; raise the budget "
                                           "or lower chunk_elements", o.device_budget_bytes, window));
@@ -80,7 +83,7 @@ struct OffloadedAdam::Impl {
   // Windows exist exactly while some chunk is streamed.
   void ensure_windows() {
     if (!any_streamed()) {
-      windows[0] = windows[1] = TensorView();
+      for (auto& w : windows) w = TensorView();
       return;
     }
     if (!windows[0].defined())
@@ -104,7 +107,7 @@ struct OffloadedAdam::Impl {
       update(h.m(), h.v());
       return;
     }
-    const int slot = static_cast<int>(k_streamed % 2);
+    const int slot = static_cast<int>(k_streamed % kWindows);
     const std::size_t len = h.len;
     TensorView w = windows[slot].slice(0, 0, 2 * static_cast<std::int64_t>(len));
     TensorView wm = windows[slot].slice(0, 0, static_cast<std::int64_t>(len));
@@ -158,7 +161,7 @@ OffloadedAdam::OffloadedAdam(CachingAllocator& allocator, HostPool& pool, std::s
   const auto where = s.plan(options);
   s.h2d = s.dev.create_stream();
   s.d2h = s.dev.create_stream();
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < Impl::kWindows; ++k) {
     s.h2d_done[k] = s.dev.create_event();
     s.compute_done[k] = s.dev.create_event();
     s.slot_free[k] = s.dev.create_event();
@@ -186,8 +189,8 @@ OffloadedAdam::~OffloadedAdam() {
   } catch (...) {
   }
   s.chunks.clear();
-  s.windows[0] = s.windows[1] = TensorView();
-  for (int k = 0; k < 2; ++k)
+  for (auto& w : s.windows) w = TensorView();
+  for (int k = 0; k < Impl::kWindows; ++k)
     for (Event e : {s.h2d_done[k], s.compute_done[k], s.slot_free[k]}) s.dev.destroy_event(e);
   s.dev.destroy_event(s.step_begin);
   s.dev.destroy_event(s.step_end);

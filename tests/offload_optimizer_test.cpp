@@ -151,7 +151,7 @@ OffloadOptions opts(StatePlacement mode, std::size_t budget) {
 
 // Budgets that put everything on the host (0 / just the streamed window) or half of it.
 std::vector<std::pair<std::string, OffloadOptions>> placements() {
-  const std::size_t chunk_bytes = kChunk * 8, window = 2 * chunk_bytes;
+  const std::size_t chunk_bytes = kChunk * 8, window = 3 * chunk_bytes;
   return {{"device", opts(StatePlacement::device, 0)},
           {"mapped", opts(StatePlacement::mapped, 0)},
           {"mapped+device", opts(StatePlacement::mapped, 2 * chunk_bytes)},
@@ -214,7 +214,7 @@ TEST_P(OffloadOptimizer, FiftyAdamWStepsBitIdenticalOnPlainFp32Weights) {
 TEST_P(OffloadOptimizer, DeviceBudgetIsExactInAllocatorBytes) {
   const std::size_t n = 10 * kChunk + 100;  // 10 full chunks and a short one (chunk 10)
   const std::size_t chunk_bytes = kChunk * 8, tail_bytes = (100 * 8 + 511) / 512 * 512;
-  const std::size_t window = 2 * chunk_bytes;
+  const std::size_t window = 3 * chunk_bytes;
   struct Case {
     StatePlacement mode;
     std::size_t budget;
@@ -257,7 +257,7 @@ TEST_P(OffloadOptimizer, DeviceBudgetIsExactInAllocatorBytes) {
     }
   }
   // The streamed window must fit the budget.
-  EXPECT_THROW(OffloadedAdam(*alloc_, *pool_, n, opts(StatePlacement::streamed, 2 * chunk_bytes - 1)), InvalidArgument);
+  EXPECT_THROW(OffloadedAdam(*alloc_, *pool_, n, opts(StatePlacement::streamed, 3 * chunk_bytes - 1)), InvalidArgument);
   EXPECT_EQ(alloc_->stats().allocated_bytes.all.current, 0);
 }
 
@@ -267,7 +267,7 @@ TEST_P(OffloadOptimizer, HostStatesSitOnTheDevicesNumaNode) {
     SCOPED_TRACE(to_string(mode));
     const std::size_t n = 4 * kChunk;
     const auto pool_before = pool_->stats();
-    OffloadedAdam adam(*alloc_, *pool_, n, opts(mode, mode == StatePlacement::streamed ? 2 * kChunk * 8 : 0));
+    OffloadedAdam adam(*alloc_, *pool_, n, opts(mode, mode == StatePlacement::streamed ? 3 * kChunk * 8 : 0));
     const OffloadReport r = adam.report();
     EXPECT_EQ(r.numa_node, nodes.empty() ? -1 : nodes.front());
     if (mode == StatePlacement::mapped) EXPECT_FALSE(r.mapping.empty());
@@ -356,8 +356,8 @@ TEST_P(OffloadOptimizer, FailureToMapPinOrCopyLeavesStatesWhereTheyWere) {
   const std::vector<Fault> faults = {
       {"map and pin refused", {.map_every = 1, .pin_every = 1}, opts(StatePlacement::mapped, 0)},
       {"host allocation refused", {.allocation_every = 1, .map_every = 1, .pin_every = 1}, opts(StatePlacement::mapped, 0)},
-      {"pin refused (streamed)", {.pin_every = 1}, opts(StatePlacement::streamed, 2 * kChunk * 8)},
-      {"copy refused", {.copy_every = 1}, opts(StatePlacement::streamed, 2 * kChunk * 8)},
+      {"pin refused (streamed)", {.pin_every = 1}, opts(StatePlacement::streamed, 3 * kChunk * 8)},
+      {"copy refused", {.copy_every = 1}, opts(StatePlacement::streamed, 3 * kChunk * 8)},
   };
   for (const Fault& f : faults) {
     SCOPED_TRACE(f.name);
@@ -384,7 +384,7 @@ TEST_P(OffloadOptimizer, FailureToMapPinOrCopyLeavesStatesWhereTheyWere) {
   // And the optimizer still steps from there, then moves cleanly.
   TensorView g = to_device(random_floats(n, 99, 1.0f));
   EXPECT_TRUE(adam.step(*bucket, g, {}, scaling(), state).applied);
-  adam.replace(opts(StatePlacement::streamed, 2 * kChunk * 8));
+  adam.replace(opts(StatePlacement::streamed, 3 * kChunk * 8));
   EXPECT_EQ(adam.report().chunks_streamed, adam.chunk_count());
 }
 
@@ -411,7 +411,7 @@ TEST_P(OffloadOptimizer, ReplaceMovesStatesAndKeepsStepping) {
   const auto w0 = random_floats(n, 5, 0.5f);
   b->write_fp32(0, w0.data(), n);
   OffloadedAdam adam(*alloc_, *pool_, n, opts(StatePlacement::device, 0));
-  const OffloadOptions sequence[] = {opts(StatePlacement::mapped, 0), opts(StatePlacement::streamed, 2 * kChunk * 8),
+  const OffloadOptions sequence[] = {opts(StatePlacement::mapped, 0), opts(StatePlacement::streamed, 3 * kChunk * 8),
                                      opts(StatePlacement::mapped, 3 * kChunk * 8), opts(StatePlacement::device, 0)};
   OptimizerState state;
   for (int s = 0; s < 9; ++s) {
@@ -434,7 +434,7 @@ TEST_P(OffloadOptimizer, NonFiniteGradientSkipsTheStepAndWritesNothing) {
   if (!host_accessible()) GTEST_SKIP() << "the host-side finite check needs a host-accessible device";
   const std::size_t n = 3 * kChunk;
   auto b = std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
-  OffloadedAdam adam(*alloc_, *pool_, n, opts(StatePlacement::streamed, 2 * kChunk * 8));
+  OffloadedAdam adam(*alloc_, *pool_, n, opts(StatePlacement::streamed, 3 * kChunk * 8));
   OptimizerState state;
   auto grad = random_floats(n, 1, 1.0f);
   TensorView g = to_device(grad);

@@ -1,8 +1,9 @@
 #pragma once
 // Virtual-memory optimizer offload: Adam's m and v live in host memory that device kernels
-// address directly (mapped), or in pinned host memory streamed through a small double-buffered
-// device window (streamed), within a device budget. The fused optimizers run unchanged on the
-// same TensorView type, so parameters are bit-identical to device-resident states.
+// address directly (mapped), or in pinned host memory streamed through small device windows
+// (streamed: the H2D of the next chunk, the update of this one and the D2H of the last overlap),
+// within a device budget. The fused optimizers run unchanged on the same TensorView type, so
+// parameters are bit-identical to device-resident states.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,7 +28,8 @@ struct OffloadOptions {
   StatePlacement host_mode = StatePlacement::mapped;
   // Device bytes the states may take, streamed windows included (docs/offload.md: policy).
   std::size_t device_budget_bytes = 0;
-  // Placement unit and streamed window, in elements (a positive multiple of 64).
+  // Placement unit and streamed window, in elements (a positive multiple of 64). Streaming
+  // takes three windows of chunk_elements × 8 B from the budget.
   std::size_t chunk_elements = std::size_t{1} << 20;
 };
 
