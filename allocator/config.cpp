@@ -141,6 +141,7 @@ Config load_config(const EnvLookup& lookup) {
     }
   }
   if (auto v = get("STOWAGE_EVENT_LOG")) c.event_log = std::string(trim(*v));
+  if (auto v = get("STOWAGE_FAULTS")) c.faults = parse_fault_plan(std::string(*v));  // names the variable
   return c;
 }
 

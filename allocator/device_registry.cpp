@@ -9,6 +9,7 @@
 #include "allocator/log.hpp"
 #include "stowage/config.hpp"
 #include "stowage/device.hpp"
+#include "stowage/fault_injection.hpp"
 
 namespace stowage {
 
@@ -18,6 +19,7 @@ struct Registry {
   bool cuda = false;
   int count = 0;
   EmulatedOptions emulated;
+  FaultPlan faults;
   std::unique_ptr<std::atomic<Device*>[]> devices;
   std::mutex mutex;
 
@@ -29,8 +31,13 @@ struct Registry {
     cuda = gpus > 0;
     count = cuda ? gpus : c.emulated_devices;
     emulated = c.emulated;
+    faults = c.faults;
     devices = std::make_unique<std::atomic<Device*>[]>(static_cast<std::size_t>(count));
     log().info("process devices: {} {} device(s)", count, cuda ? "cuda" : "emulated");
+    if (faults.any())
+      log().warn("STOWAGE_FAULTS: injecting faults on every device (alloc every {}, map every {}, pin every {}, "
+                 "copy every {}; 0 = never)",
+                 faults.allocation_every, faults.map_every, faults.pin_every, faults.copy_every);
   }
 };
 
@@ -55,6 +62,7 @@ Device& device(int ordinal) {
   std::lock_guard lock(r.mutex);
   if (Device* d = slot.load(std::memory_order_relaxed)) return *d;
   std::unique_ptr<Device> made = r.cuda ? make_cuda_device(ordinal) : make_emulated_device(ordinal, r.emulated);
+  if (r.faults.any()) made = std::make_unique<FaultInjectingDevice>(std::move(made), r.faults);
   slot.store(made.get(), std::memory_order_release);
   return *made.release();
 }

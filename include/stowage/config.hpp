@@ -8,6 +8,7 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/device.hpp"
+#include "stowage/fault_injection.hpp"
 
 namespace stowage {
 
@@ -25,6 +26,9 @@ struct Config {
   EmulatedOptions emulated;                       // STOWAGE_EMULATED_CAPACITY, _LINK_GBPS
   AllocatorOptions allocator;                     // STOWAGE_ALLOC_CONF
   std::string event_log;                          // STOWAGE_EVENT_LOG: CSV path, empty = off
+  // STOWAGE_FAULTS: "alloc=N,map=N,pin=N,copy=N"; any non-zero wraps every registry device in
+  // a FaultInjectingDevice (testing error paths of a whole program; off by default).
+  FaultPlan faults;
 };
 
 // Looks a variable up; nullptr when unset. The default reads the process environment.

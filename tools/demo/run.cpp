@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "stowage/allocator.hpp"
+#include "stowage/config.hpp"
+#include "stowage/fault_injection.hpp"
 #include "tools/demo/adamw.hpp"
 #include "tools/demo/baseline_store.hpp"
 #include "tools/demo/corpus.hpp"
@@ -21,7 +23,12 @@ Device& demo_device(std::string* note) {
     return device(0);
   }
   // No GPU kernels in the demo yet: train on an emulated device beside the GPU.
-  static std::unique_ptr<Device> own = make_emulated_device(0);
+  // STOWAGE_FAULTS applies to it as to the registry's devices.
+  static std::unique_ptr<Device> own = [] {
+    std::unique_ptr<Device> d = make_emulated_device(0);
+    if (config().faults.any()) d = std::make_unique<FaultInjectingDevice>(std::move(d), config().faults);
+    return d;
+  }();
   if (note) *note = "emulated device (a GPU is present, but the demo has CPU kernels only)";
   return *own;
 }
