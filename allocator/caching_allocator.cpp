@@ -147,10 +147,13 @@ Block* CachingAllocator::Impl::slow_find(std::size_t bytes, std::size_t rounded,
     throw_oom(bytes, rounded, "the request is larger than the device capacity or the memory cap");
   }
   maybe_collect_garbage(p, rounded);
+  // A refused reservation or mapping (DeviceError) counts as a refusal too: growth rolls back
+  // whatever it mapped, so the retry starts from the same state.
   try {
     grow(p, rounded, stream);
     if (Block* b = pool(p).find(rounded, stream, max_split())) return b;
   } catch (const OutOfMemory&) {
+  } catch (const DeviceError&) {
   }
   // Refused: give back everything cached (after the streams finish with it) and retry once.
   ++st.num_alloc_retries;
@@ -160,6 +163,8 @@ Block* CachingAllocator::Impl::slow_find(std::size_t bytes, std::size_t rounded,
     grow(p, rounded, stream);
     if (Block* b = pool(p).find(rounded, stream, max_split())) return b;
   } catch (const OutOfMemory& e) {
+    throw_oom(bytes, rounded, e.what());
+  } catch (const DeviceError& e) {
     throw_oom(bytes, rounded, e.what());
   }
   throw_oom(bytes, rounded, "no block fits after growing");
