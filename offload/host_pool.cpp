@@ -107,14 +107,27 @@ void* HostPool::allocate(std::size_t bytes) {
     ++m.num_ooms;
     throw OutOfMemory(m.oom_message(bytes, rounded));
   }
-  void* p = m.backend->allocate(bytes);
+  // A backend refuses with nullptr, or with OutOfMemory when it cannot even set itself up (the
+  // jemalloc arena's first pages are pinned too): both are the same refusal here.
+  std::string cause;
+  auto attempt = [&]() -> void* {
+    try {
+      return m.backend->allocate(bytes);
+    } catch (const OutOfMemory& e) {
+      cause = e.what();
+      return nullptr;
+    }
+  };
+  void* p = attempt();
   if (!p) {  // the cap or the system refused pages: give back what is cached, try once more
     m.backend->release_unused(m.live.empty());
-    p = m.backend->allocate(bytes);
+    p = attempt();
   }
   if (!p) {
     ++m.num_ooms;
-    throw OutOfMemory(m.oom_message(bytes, rounded));
+    std::string message = m.oom_message(bytes, rounded);
+    if (!cause.empty()) message += fmt::format(" Cause: {}", cause);
+    throw OutOfMemory(message);
   }
   const int node = m.source.node_of(p);
   m.live[p] = Impl::Live{bytes, rounded, node};

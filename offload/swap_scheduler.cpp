@@ -83,6 +83,7 @@ struct SwapScheduler::Impl {
       e.h2d_done = events.take();
       device.record(e.h2d_done, h2d);
     } catch (...) {
+      timer.cancel(h2d);
       allocator.deallocate(block);
       throw;
     }
@@ -186,16 +187,23 @@ SwapScheduler::~SwapScheduler() {
     m.device.synchronize(m.d2h);
     m.device.synchronize(m.h2d);
     m.sweep(true);
-    // Tensors someone still holds come back to the device before the host copies go.
+    // Tensors someone still holds come back to the device before the host copies go, each on
+    // its own (one failure does not strand the others); a failed copy is tried once more.
     for (auto& [id, e] : m.entries) {
-      if (!m.prefetch(e)) {
-        log().error("swap: no device memory to bring back {} bytes of layer {} at shutdown; they are lost",
-                    e.nbytes, e.layer);
-        continue;
+      for (int attempt = 0; attempt < 2 && !e.storage.resident(); ++attempt) {
+        try {
+          if (!m.prefetch(e)) break;
+          m.device.synchronize(e.h2d_done);
+          e.storage.adopt(e.incoming, m.options.compute_stream);
+          e.incoming = nullptr;
+        } catch (const std::exception& ex) {
+          log().error("swap: bringing back {} bytes of layer {} at shutdown failed: {}", e.nbytes, e.layer, ex.what());
+        }
       }
-      m.device.synchronize(e.h2d_done);
-      e.storage.adopt(e.incoming, m.options.compute_stream);
-      e.incoming = nullptr;
+      if (!e.storage.resident())
+        log().error("swap: could not bring back {} bytes of layer {} at shutdown; they are lost (the storage stays "
+                    "swapped out)",
+                    e.nbytes, e.layer);
     }
     for (auto it = m.entries.begin(); it != m.entries.end();) {
       auto next = std::next(it);
@@ -203,6 +211,9 @@ SwapScheduler::~SwapScheduler() {
       it = next;
     }
     m.sweep(true);
+    // What could not come back still holds host buffers: they go back to the pool too.
+    for (auto it = m.entries.begin(); it != m.entries.end();)
+      it = m.give_back(it->second, true) ? m.entries.erase(it) : std::next(it);
   } catch (const std::exception& ex) {
     log().error("swap: shutting down failed: {}", ex.what());
   }
@@ -253,6 +264,7 @@ SwapDecision SwapScheduler::offload(const TensorView& view, int layer, std::stri
     m.device.record(e.d2h_done, m.d2h);
     m.allocator.record_stream(data, m.d2h);  // the block is reused only after the copy
   } catch (...) {
+    m.timer.cancel(m.d2h);
     m.device.synchronize(m.d2h);  // the copy may be queued: let it finish before the buffer goes
     m.pool.deallocate(host);
     throw;

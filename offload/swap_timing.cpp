@@ -43,6 +43,13 @@ void SpanTimer::end(Stream stream, SpanKind kind) {
   device_.record(it->stop, stream);
 }
 
+void SpanTimer::cancel(Stream stream) {
+  auto it = std::find_if(spans_.rbegin(), spans_.rend(), [&](const Span& s) { return s.stream == stream && !s.closed; });
+  if (it == spans_.rend()) return;
+  events_.give(it->start);  // recording it again later is fine: a record replaces the point
+  spans_.erase(std::next(it).base());
+}
+
 void SpanTimer::settle(bool wait) {
   std::erase_if(spans_, [&](const Span& s) {
     if (!s.closed) return false;

@@ -32,6 +32,8 @@ class SpanTimer {
   // Records the start on `stream`; end() closes the span opened last on that stream.
   void begin(Stream stream);
   void end(Stream stream, SpanKind kind);
+  // Drops the span opened last on `stream` and not closed (the work it timed was never issued).
+  void cancel(Stream stream);
   // Adds finished spans to the totals; `wait`: block until every open span has finished.
   void settle(bool wait);
   double total_ms(SpanKind kind) const { return totals_[static_cast<int>(kind)]; }
