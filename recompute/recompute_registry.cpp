@@ -117,13 +117,23 @@ struct Recompute::Impl {
       for (Storage* s : done) s->release(StorageState::released);
       throw;
     }
-    for (auto& p : plan) {
-      ScopedTag tag(p.rec->tag);  // allocations f makes for scratch show under the layer too
-      p.rec->fn(RecomputeContext{p.rec->inputs, p.rec->outputs, allocator.device(), stream, p.rec->rng, true});
-      for (Storage* s : p.storages) {
-        ++stats.rematerializations;
-        stats.bytes_recomputed += s->nbytes();
+    std::size_t ran = 0;
+    try {
+      for (; ran < plan.size(); ++ran) {
+        auto& p = plan[ran];
+        ScopedTag tag(p.rec->tag);  // allocations f makes for scratch show under the layer too
+        p.rec->fn(RecomputeContext{p.rec->inputs, p.rec->outputs, allocator.device(), stream, p.rec->rng, true});
+        for (Storage* s : p.storages) {
+          ++stats.rematerializations;
+          stats.bytes_recomputed += s->nbytes();
+        }
       }
+    } catch (...) {
+      // Outputs whose function did not finish hold no valid bytes: released again (stream-ordered
+      // after whatever f queued), so the next before_backward recomputes them.
+      for (std::size_t i = ran; i < plan.size(); ++i)
+        for (Storage* s : plan[i].storages) s->release(StorageState::released);
+      throw;
     }
   }
 

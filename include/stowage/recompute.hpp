@@ -104,6 +104,8 @@ class Recompute {
   // Rematerialises the layer's released outputs on the compute stream (and prefetches, per
   // options). InvalidArgument when an input of the layer is not resident (released or swapped
   // out: bring it back first); OutOfMemory from the allocator. Either way nothing changes.
+  // An exception from a function (e.g. a DeviceError from its kernels) propagates and leaves
+  // the outputs it did not finish released, so a later call recomputes them.
   void before_backward(int layer);
   // Forgets the layer's registrations: its inputs are no longer kept alive by the registry.
   void after_backward(int layer);
