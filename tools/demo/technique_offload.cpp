@@ -4,11 +4,9 @@
 #include <fmt/format.h>
 
 #include "stowage/error.hpp"
-#include "tools/demo/techniques.hpp"
-
-#if __has_include("stowage/offload.hpp")
 #include "stowage/offload.hpp"
 #include "tools/demo/report.hpp"
+#include "tools/demo/techniques.hpp"
 
 namespace stowage::demo {
 
@@ -66,15 +64,3 @@ std::unique_ptr<OptimizerStates> make_offloaded_states(const Context& ctx, std::
 }
 
 }  // namespace stowage::demo
-
-#else
-
-namespace stowage::demo {
-
-std::unique_ptr<OptimizerStates> make_offloaded_states(const Context&, std::int64_t) {
-  throw Unsupported("demo: optimizer offload needs stowage/offload.hpp, which this build lacks");
-}
-
-}  // namespace stowage::demo
-
-#endif
