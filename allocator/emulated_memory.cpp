@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "allocator/topology.hpp"
+
 namespace stowage::emulated {
 namespace {
 
@@ -122,6 +124,10 @@ void Memory::unreserve(void* base, std::size_t bytes) {
 PhysicalHandle Memory::create_physical(std::size_t bytes, const PhysicalOptions& options) {
   check_granular(bytes, "physical chunk size");
   const bool on_device = options.location.kind == Location::Kind::device;
+  if (options.location.kind == Location::Kind::host_numa &&
+      (options.location.numa_node < 0 || options.location.numa_node >= detail::numa_node_count()))
+    throw InvalidArgument(fmt::format("{}: create_physical: NUMA node {} does not exist (the host has {})", where(),
+                                      options.location.numa_node, detail::numa_node_count()));
   std::lock_guard lock(mutex_);
   if (on_device) charge(bytes, "physical chunk");
   int fd = ::memfd_create("stowage-physical", MFD_CLOEXEC);

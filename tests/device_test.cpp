@@ -278,15 +278,15 @@ TEST_P(DeviceTest, HostNumaChunksHoldBytesWithoutChargingTheDevice) {
   d.destroy_physical(chunk);
 }
 
-// Disabled until the emulated backend checks the node (emulated_memory.cpp create_physical
-// accepts any node today and bind_to_node silently ignores it); the CUDA backend rejects it.
-TEST_P(DeviceTest, DISABLED_RejectsANumaNodeThatDoesNotExist) {
+TEST_P(DeviceTest, RejectsANumaNodeThatDoesNotExist) {
   Device& d = *dev_;
   if (!d.properties().virtual_memory || !d.properties().host_numa_memory)
     GTEST_SKIP() << "device cannot place physical chunks in host NUMA memory";
   PhysicalOptions bad_node;
   bad_node.location = Location::host_numa(1 << 20);
   expect_rejected([&] { d.create_physical(d.properties().granularity, bad_node); }, "a NUMA node that does not exist");
+  bad_node.location = Location::host_numa(-2);
+  expect_rejected([&] { d.create_physical(d.properties().granularity, bad_node); }, "a negative NUMA node");
   EXPECT_EQ(d.counters().physical_allocated, 0u);
 }
 
