@@ -54,7 +54,8 @@ class BuiltinBackend final : public HostBackend {
     std::lock_guard lock(mutex_);
     for (auto& [cls, list] : free_) {
       if (cls > kLargestSlabClass) {
-        std::erase_if(list, [&](void* p) { return source_.unmap_whole(p, cls); });
+        // a copy: clang before 16 cannot capture a structured binding
+        std::erase_if(list, [&, cls = cls](void* p) { return source_.unmap_whole(p, cls); });
         continue;
       }
       for (auto it = slabs_.begin(); it != slabs_.end();) {

@@ -9,8 +9,14 @@
 
 #include "precision/kernel_table.hpp"
 
+// Contraction off and this instruction set for every function below (to the end of the file).
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
 #pragma GCC optimize("fp-contract=off")
 #pragma GCC target("avx2")
+#endif
 
 namespace stowage::detail {
 namespace {
@@ -25,3 +31,7 @@ const KernelTable& avx2_kernels() {
 }
 
 }  // namespace stowage::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -9,10 +9,16 @@
 
 #include "precision/kernel_table.hpp"
 
+// Contraction off and this instruction set for every function below (to the end of the file).
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw"))), apply_to = function)
+#else
 #pragma GCC optimize("fp-contract=off")
 #pragma GCC target("avx512f,avx512bw")
 // GCC 12 warns about the deliberately undefined registers inside its own intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace stowage::detail {
 namespace {
@@ -27,3 +33,7 @@ const KernelTable& avx512_kernels() {
 }
 
 }  // namespace stowage::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -11,7 +11,11 @@
 #include "stowage/error.hpp"
 #include "stowage/precision.hpp"
 
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace stowage {
 namespace detail {
