@@ -1,5 +1,8 @@
-// Snapshot <-> JSON (format: docs/snapshot.md). Parsing names the offending field.
+// Snapshot <-> JSON (format: docs/snapshot.md). Parsing names the offending field; every
+// failure of the JSON library on hostile input becomes a ParseError.
+#include <climits>
 #include <cstring>
+#include <limits>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -33,6 +36,9 @@ const char* to_string(TraceAction a) {
 namespace {
 
 constexpr int kFormatVersion = 1;
+// The format nests 5 levels (snapshot, segments, segment, blocks, block); deeper input is not a
+// snapshot, and refusing it early keeps memory and error messages bounded.
+constexpr int kMaxDepth = 16;
 
 std::uint64_t stream_value(Stream s) { return static_cast<std::uint64_t>(s); }
 
@@ -59,7 +65,19 @@ struct Reader {
   std::int64_t i64(const char* key) const {
     const json& v = field(key);
     if (!v.is_number_integer()) throw ParseError(fmt::format("snapshot: {}.{}: expected an integer", where, key));
+    // is_number_integer() also holds for unsigned values, which may not fit
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t{INT64_MAX}) {
+      throw ParseError(fmt::format("snapshot: {}.{}: {} is out of range (at most {})", where, key,
+                                   v.get<std::uint64_t>(), INT64_MAX));
+    }
     return v.get<std::int64_t>();
+  }
+  int i32(const char* key) const {
+    const std::int64_t v = i64(key);
+    if (v < INT_MIN || v > INT_MAX) {
+      throw ParseError(fmt::format("snapshot: {}.{}: {} is out of range for an int", where, key, v));
+    }
+    return static_cast<int>(v);
   }
   std::string str(const char* key) const {
     const json& v = field(key);
@@ -146,19 +164,15 @@ std::string to_json(const Snapshot& snap) {
   return j.dump(1);
 }
 
-Snapshot snapshot_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw ParseError(fmt::format("snapshot: not JSON: {}", e.what()));
-  }
+namespace {
+
+Snapshot read_snapshot(const json& j) {
   const Reader top{j, "snapshot"};
   if (top.i64("version") != kFormatVersion) {
     throw ParseError(fmt::format("snapshot: snapshot.version: expected {}", kFormatVersion));
   }
   Snapshot snap;
-  snap.device = static_cast<int>(top.i64("device"));
+  snap.device = top.i32("device");
   snap.device_name = top.str("device_name");
   snap.capacity = top.u64("capacity");
   read_stats(Reader{top.field("stats"), "snapshot.stats"}, snap.stats);
@@ -206,6 +220,31 @@ Snapshot snapshot_from_json(const std::string& text) {
     snap.trace.push_back(std::move(t));
   }
   return snap;
+}
+
+}  // namespace
+
+Snapshot snapshot_from_json(const std::string& text) {
+  if (text.size() > kMaxSnapshotJsonBytes) {
+    throw ParseError(fmt::format("snapshot: {} bytes, more than the limit of {}", text.size(), kMaxSnapshotJsonBytes));
+  }
+  json j;
+  auto depth_guard = [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxDepth) throw ParseError(fmt::format("snapshot: nested deeper than {} levels", kMaxDepth));
+    return true;
+  };
+  try {
+    j = json::parse(text, depth_guard);
+  } catch (const json::parse_error& e) {
+    throw ParseError(fmt::format("snapshot: not JSON: {}", e.what()));
+  } catch (const json::exception& e) {  // e.g. a number beyond double's range (out_of_range 406)
+    throw ParseError(fmt::format("snapshot: unreadable JSON: {}", e.what()));
+  }
+  try {
+    return read_snapshot(j);
+  } catch (const json::exception& e) {  // a check above missed a case: still the caller's bad input
+    throw ParseError(fmt::format("snapshot: malformed: {}", e.what()));
+  }
 }
 
 }  // namespace stowage

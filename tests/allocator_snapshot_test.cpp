@@ -137,6 +137,69 @@ TEST(AllocatorSnapshot, MalformedJsonNamesTheField) {
   EXPECT_THROW(snapshot_from_json("{not json"), ParseError);
 }
 
+// Every malformed value surfaces as ParseError naming the field, never as the JSON library's
+// own exception (type_error, out_of_range) escaping to the caller.
+TEST(AllocatorSnapshot, WrongTypesAndOutOfRangeNumbersAreParseErrors) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.trace_entries = 8;
+  CachingAllocator a(*dev, o);
+  void* x = a.allocate(100);
+  const std::string good = to_json(a.snapshot());
+  a.deallocate(x);
+  const nlohmann::json j = nlohmann::json::parse(good);
+  auto message = [](const std::string& text) -> std::string {
+    try {
+      snapshot_from_json(text);
+    } catch (const ParseError& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("wrong exception: ") + e.what();
+    }
+    return "no error";
+  };
+  ASSERT_EQ(message(good), "no error");
+  // wrong types
+  nlohmann::json bad = j;
+  bad["device_name"] = 7;
+  EXPECT_THAT(message(bad.dump()), HasSubstr("snapshot.device_name: expected a string"));
+  bad = j;
+  bad["segments"][0]["expandable"] = "yes";
+  EXPECT_THAT(message(bad.dump()), HasSubstr("segments[0].expandable: expected true or false"));
+  bad = j;
+  bad["segments"][0] = 5;
+  EXPECT_THAT(message(bad.dump()), HasSubstr("segments[0]: expected an object"));
+  bad = j;
+  bad["stats"] = nlohmann::json::array({1, 2});
+  EXPECT_THAT(message(bad.dump()), HasSubstr("snapshot.stats: expected an object"));
+  bad = j;
+  bad["trace"][0]["time_ns"] = 1.5;
+  EXPECT_THAT(message(bad.dump()), HasSubstr("trace[0].time_ns: expected an integer"));
+  bad = j;
+  bad["capacity"] = -1;
+  EXPECT_THAT(message(bad.dump()), HasSubstr("snapshot.capacity: expected an unsigned integer"));
+  // out of range: an unsigned value above 2^63-1 in a signed field, a device beyond int
+  bad = j;
+  bad["stats"]["num_ooms"] = std::uint64_t{1} << 63;
+  EXPECT_THAT(message(bad.dump()), HasSubstr("stats.num_ooms: 9223372036854775808 is out of range"));
+  bad = j;
+  bad["trace"][0]["time_ns"] = ~std::uint64_t{0};
+  EXPECT_THAT(message(bad.dump()), HasSubstr("trace[0].time_ns: 18446744073709551615 is out of range"));
+  bad = j;
+  bad["device"] = std::int64_t{1} << 40;
+  EXPECT_THAT(message(bad.dump()), HasSubstr("snapshot.device: 1099511627776 is out of range for an int"));
+  // numbers the JSON library itself cannot hold, and nesting no snapshot has
+  std::string overflow = good;
+  overflow.replace(overflow.find("\"capacity\": ") + 12, 1, "1e999");
+  EXPECT_THAT(message(overflow), HasSubstr("snapshot: unreadable JSON"));
+  EXPECT_THAT(message("{\"version\": 1, \"device\": 1e400}"), HasSubstr("snapshot: unreadable JSON"));
+  EXPECT_THAT(message(std::string(100, '[') + std::string(100, ']')), HasSubstr("nested deeper than 16 levels"));
+  // a value that is a big integer also stays out of unsigned fields: the reader refuses floats
+  bad = j;
+  bad["capacity"] = 1e30;
+  EXPECT_THAT(message(bad.dump()), HasSubstr("snapshot.capacity: expected an unsigned integer"));
+}
+
 TEST(AllocatorStatsJson, FlatPyTorchKeys) {
   auto dev = small_device();
   CachingAllocator a(*dev);

@@ -133,7 +133,10 @@ class CachingAllocator {
   std::unique_ptr<Impl> impl_;
 };
 
-// Snapshot as JSON (format: docs/snapshot.md), and back (ParseError on malformed input).
+// Snapshot as JSON (format: docs/snapshot.md), and back: ParseError naming the field for
+// malformed input (wrong types, numbers out of range, text over kMaxSnapshotJsonBytes or nested
+// deeper than the format).
+inline constexpr std::size_t kMaxSnapshotJsonBytes = std::size_t{512} << 20;
 std::string to_json(const Snapshot& snapshot);
 Snapshot snapshot_from_json(const std::string& text);
 
