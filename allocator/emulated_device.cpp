@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <shared_mutex>
 
 #include "allocator/copy_engine.hpp"
@@ -27,11 +28,17 @@ using Clock = std::chrono::steady_clock;
 // destroyed handle or another device's handle from its own.
 std::atomic<std::uintptr_t> next_handle{1};
 
+// Each record is a generation; a wait or query concerns the latest one at the time of the call,
+// as in CUDA. Generations recorded on different streams may complete out of order (an event
+// handed back to a pool and recorded again elsewhere), so completion is tracked per generation.
 struct EventState {
   std::mutex mutex;
   std::condition_variable cv;
-  std::uint64_t recorded = 0, completed = 0;
+  std::uint64_t recorded = 0;
+  std::set<std::uint64_t> outstanding;  // recorded, not yet reached by their stream
+  std::uint64_t time_gen = 0;           // the generation `time` belongs to
   Clock::time_point time{};
+  bool done(std::uint64_t gen) const { return !outstanding.contains(gen); }
 };
 
 std::vector<int> calling_thread_numa_nodes() {
@@ -158,11 +165,15 @@ class EmulatedDevice final : public Device {
     {
       std::lock_guard lock(ev->mutex);
       gen = ++ev->recorded;
+      ev->outstanding.insert(gen);
     }
     w->submit([ev, gen] {
       std::lock_guard lock(ev->mutex);
-      ev->completed = std::max(ev->completed, gen);
-      ev->time = Clock::now();
+      ev->outstanding.erase(gen);
+      if (gen > ev->time_gen) {
+        ev->time_gen = gen;
+        ev->time = Clock::now();
+      }
       ev->cv.notify_all();
     });
   }
@@ -174,25 +185,25 @@ class EmulatedDevice final : public Device {
     {
       std::lock_guard lock(ev->mutex);
       target = ev->recorded;
-      if (ev->completed >= target) return;  // nothing outstanding
+      if (ev->done(target)) return;  // nothing outstanding
     }
     w->submit([ev, target] {
       std::unique_lock lock(ev->mutex);
-      ev->cv.wait(lock, [&] { return ev->completed >= target; });
+      ev->cv.wait(lock, [&] { return ev->done(target); });
     });
   }
 
   bool query(Event e) override {
     auto ev = event(e);
     std::lock_guard lock(ev->mutex);
-    return ev->completed >= ev->recorded;
+    return ev->done(ev->recorded);
   }
 
   void synchronize(Event e) override {
     auto ev = event(e);
     std::unique_lock lock(ev->mutex);
     const auto target = ev->recorded;
-    ev->cv.wait(lock, [&] { return ev->completed >= target; });
+    ev->cv.wait(lock, [&] { return ev->done(target); });
   }
 
   float elapsed_ms(Event start, Event end) override {
@@ -200,13 +211,13 @@ class EmulatedDevice final : public Device {
     Clock::time_point ta, tb;
     {
       std::lock_guard lock(a->mutex);
-      if (a->recorded == 0 || a->completed < a->recorded)
+      if (a->recorded == 0 || !a->done(a->recorded))
         throw InvalidArgument(where() + ": elapsed_ms: start event not recorded or not completed");
       ta = a->time;
     }
     {
       std::lock_guard lock(b->mutex);
-      if (b->recorded == 0 || b->completed < b->recorded)
+      if (b->recorded == 0 || !b->done(b->recorded))
         throw InvalidArgument(where() + ": elapsed_ms: end event not recorded or not completed");
       tb = b->time;
     }

@@ -2,6 +2,12 @@
 // and CUDA (skipped when no GPU is usable). Host-visible results always travel through copies
 // into pinned host buffers, so the same test body runs on both.
 #include <gtest/gtest.h>
+
+#include <chrono>
+
+#include <thread>
+
+#include <atomic>
 #include <unistd.h>
 
 #include <algorithm>
@@ -139,6 +145,33 @@ TEST_P(DeviceTest, RunsManyQueuedOperationsInOrder) {
   for (int i = 0; i < kSteps; ++i) EXPECT_EQ(observed[i], i + 1) << "step " << i;
   d.deallocate(buf);
   d.destroy_stream(s);
+}
+
+// A wait holds the record it was given: recording the event again on another stream, which
+// finishes first, must not release it (pools of events are reused this way).
+TEST_P(DeviceTest, AWaitIsNotReleasedByALaterRecordElsewhere) {
+  Device& d = *dev_;
+  const Stream held = d.create_stream(), other = d.create_stream(), consumer = d.create_stream();
+  const Event e = d.create_event();
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<bool> producer_done{false}, consumer_saw_producer{false};
+  d.launch_host(held, [gate, &producer_done] {
+    gate.wait();
+    producer_done = true;
+  });
+  d.record(e, held);
+  d.wait(consumer, e);
+  d.record(e, other);  // completes at once
+  d.synchronize(other);
+  d.launch_host(consumer, [&] { consumer_saw_producer = producer_done.load(); });
+  EXPECT_TRUE(d.query(e)) << "the latest record has completed";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  release.set_value();
+  d.synchronize(consumer);
+  EXPECT_TRUE(consumer_saw_producer) << "the consumer ran before the record it waited on";
+  d.destroy_event(e);
+  for (Stream s : {held, other, consumer}) d.destroy_stream(s);
 }
 
 TEST_P(DeviceTest, StreamWaitsForAnotherStreamsEvent) {
