@@ -390,40 +390,30 @@ TEST_P(OffloadOptimizer, FailureToMapPinOrCopyLeavesStatesWhereTheyWere) {
 
 TEST_P(OffloadOptimizer, ReplaceMovesStatesAndKeepsStepping) {
   const std::size_t n = 5 * kChunk;
-  const Outcome reference = [&] {
-    auto b = std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
+  const OffloadOptions sequence[] = {opts(StatePlacement::mapped, 0), opts(StatePlacement::streamed, 3 * kChunk * 8),
+                                     opts(StatePlacement::mapped, 3 * kChunk * 8), opts(StatePlacement::device, 0)};
+  // Nine steps from the same weights and gradients; `moving`: a replace before every odd step.
+  auto train = [&](OffloadedAdam& adam, bool moving) {
+    ParameterBucket b(*alloc_, {{"w", {static_cast<std::int64_t>(n)}}});
     const auto w0 = random_floats(n, 5, 0.5f);
-    b->write_fp32(0, w0.data(), n);
-    OffloadedAdam adam(*alloc_, *pool_, n, opts(StatePlacement::device, 0));
+    b.write_fp32(0, w0.data(), n);
     OptimizerState state;
     for (int s = 0; s < 9; ++s) {
+      if (moving && s % 2 == 1) adam.replace(sequence[(s / 2) % 4]);
       TensorView g = to_device(random_floats(n, 300 + s, 1.0f));
-      adam.step(*b, g, {}, scaling(), state);
+      adam.step(b, g, {}, scaling(), state);
       device_->synchronize(kDefaultStream);
     }
-    Outcome o = read_bucket(*b);
+    Outcome o = read_bucket(b);
     o.m.resize(n);
     o.v.resize(n);
     adam.read_states(o.m.data(), o.v.data());
     return o;
-  }();
-  auto b = std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
-  const auto w0 = random_floats(n, 5, 0.5f);
-  b->write_fp32(0, w0.data(), n);
+  };
+  OffloadedAdam still(*alloc_, *pool_, n, opts(StatePlacement::device, 0));
+  const Outcome reference = train(still, false);
   OffloadedAdam adam(*alloc_, *pool_, n, opts(StatePlacement::device, 0));
-  const OffloadOptions sequence[] = {opts(StatePlacement::mapped, 0), opts(StatePlacement::streamed, 3 * kChunk * 8),
-                                     opts(StatePlacement::mapped, 3 * kChunk * 8), opts(StatePlacement::device, 0)};
-  OptimizerState state;
-  for (int s = 0; s < 9; ++s) {
-    if (s % 2 == 1) adam.replace(sequence[(s / 2) % 4]);
-    TensorView g = to_device(random_floats(n, 300 + s, 1.0f));
-    adam.step(*b, g, {}, scaling(), state);
-    device_->synchronize(kDefaultStream);
-  }
-  Outcome o = read_bucket(*b);
-  o.m.resize(n);
-  o.v.resize(n);
-  adam.read_states(o.m.data(), o.v.data());
+  const Outcome o = train(adam, true);
   EXPECT_TRUE(o == reference);
   EXPECT_EQ(adam.report().chunks_on_device, adam.chunk_count());
   EXPECT_GE(adam.report().last_step_ms, 0.0);
