@@ -568,14 +568,28 @@ def header(r: Report) -> str:
         f"JSON output{harness}",
         f"- Load average (1, 5, 15 min): {run.get('load_start')} at the start, {run.get('load_end')} at the end",
         "",
-        "Every ratio is between two results of the same run on the same machine. "
-        "**Caveat:** this machine is shared — other engineers' builds ran on the same cores during the run "
-        "(see the load averages above and per benchmark) — so absolute times, wall times above all, are noisy "
-        "and slower than on a quiet machine; the tables use CPU time where the write-ups do, and the "
-        "same-run ratios are what to compare. Per-area write-ups with the reading of each table are in "
-        "[results/](results/).",
+        "Every ratio is between two results of the same run on the same machine. " + load_caveat(run) +
+        " Per-area write-ups with the reading of each table are in [results/](results/).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def load_caveat(run: dict) -> str:
+    """Says whether other work shared the cores, from the 1-minute load averages the run recorded."""
+    def first(text: str | None) -> float:
+        try:
+            return float((text or "").split()[0])
+        except (ValueError, IndexError):
+            return float("nan")
+    cores = float(run.get("cores", "0") or 0)
+    peak = max(first(run.get("load_start")), first(run.get("load_end")))
+    if cores > 0 and peak == peak and peak < 0.5 * cores + 1:
+        return ("The machine was quiet during the run (load averages above), but it is a shared VM: absolute "
+                "times vary from run to run, and the same-run ratios are what to compare.")
+    return ("**Caveat:** this machine is shared and other work ran on the same cores during the run (see the "
+            "load averages above and per benchmark), so absolute times, wall times above all, are noisy and "
+            "slower than on a quiet machine; the tables use CPU time where the write-ups do, and the same-run "
+            "ratios are what to compare.")
 
 
 def summary(r: Report) -> str:
