@@ -22,7 +22,10 @@ inline void for_each_group(std::size_t begin, std::size_t end, Body&& body) {
 template <class P, bool RNE>
 inline typename P::F load_master(const SplitPlanes& w, std::size_t i) {
   typename P::U hi = P::load_u16(w.bf16 + i);
-  if constexpr (RNE) hi = P::add(hi, P::load_ties(w.ties, i));
+  if constexpr (RNE) {
+    if constexpr (requires { P::add_ties(hi, w.ties, i); }) hi = P::add_ties(hi, w.ties, i);  // mask registers
+    else hi = P::add(hi, P::load_ties(w.ties, i));
+  }
   return P::as_f(P::sub(P::or_(P::shl16(hi), P::load_u16(w.residual + i)), P::set1(0x8000)));
 }
 
@@ -34,9 +37,13 @@ inline void store_master(const SplitPlanes& w, std::size_t i, typename P::F x) {
   typename P::U hi = P::shr16(t);
   const typename P::U lo = P::and_(t, P::set1(0xFFFF));
   if constexpr (RNE) {
-    const typename P::U tie = P::and_(P::eq(lo, P::set1(0)), P::and_(hi, P::set1(1)));
-    hi = P::sub(hi, tie);
-    P::store_ties(w.ties, i, tie);
+    if constexpr (requires { P::round_ties(hi, lo, w.ties, i); }) {
+      hi = P::round_ties(hi, lo, w.ties, i);  // mask registers
+    } else {
+      const typename P::U tie = P::and_(P::eq(lo, P::set1(0)), P::and_(hi, P::set1(1)));
+      hi = P::sub(hi, tie);
+      P::store_ties(w.ties, i, tie);
+    }
   }
   if constexpr (Stream) {
     P::stream_u16(w.bf16 + i, hi);

@@ -36,6 +36,20 @@ struct Avx512Ops {
     const auto k = static_cast<std::uint16_t>(_mm512_test_epi32_mask(v, v));
     std::memcpy(t + (i >> 3), &k, 2);
   }
+  // The same two steps with the tie bits kept in a mask register (i is a multiple of 8):
+  // hi + tie, and "lo == 0 and hi odd: hi - 1, tie bit set".
+  static U add_ties(U hi, const std::uint8_t* t, std::size_t i) {
+    std::uint16_t k;
+    std::memcpy(&k, t + (i >> 3), 2);
+    return _mm512_mask_add_epi32(hi, static_cast<__mmask16>(k), hi, _mm512_set1_epi32(1));
+  }
+  static U round_ties(U hi, U lo, std::uint8_t* t, std::size_t i) {
+    const __m512i one = _mm512_set1_epi32(1);
+    const __mmask16 k = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(hi, one), lo, lo);
+    const auto bits = static_cast<std::uint16_t>(k);
+    std::memcpy(t + (i >> 3), &bits, 2);
+    return _mm512_mask_sub_epi32(hi, k, hi, one);
+  }
   static U add(U a, U b) { return _mm512_add_epi32(a, b); }
   static U sub(U a, U b) { return _mm512_sub_epi32(a, b); }
   static U and_(U a, U b) { return _mm512_and_si512(a, b); }
