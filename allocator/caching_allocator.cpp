@@ -119,8 +119,13 @@ Block* CachingAllocator::Impl::take_from_other_streams(std::size_t rounded, Pool
   for (Event e : waited) device.wait(stream, e);
   if (best->stream != stream) {  // the stream it was last used on, up to now
     Event e = take_event();
-    device.record(e, best->stream);
-    device.wait(stream, e);
+    try {
+      device.record(e, best->stream);
+      device.wait(stream, e);
+    } catch (...) {
+      spare_events.push_back(e);
+      throw;
+    }
     spare_events.push_back(e);  // a wait holds the point recorded, so the event can be reused
   }
   ++st.num_stream_waits;

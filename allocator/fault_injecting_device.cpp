@@ -12,13 +12,13 @@ namespace stowage {
 struct FaultInjectingDevice::State {
   std::mutex mutex;
   FaultPlan plan;
-  std::uint64_t calls[4] = {};
+  std::uint64_t calls[5] = {};
   FaultCounts injected;
 };
 
 namespace {
-enum Kind { kAlloc, kMap, kPin, kCopy };
-const char* const kNames[] = {"allocation", "map", "pin", "copy"};
+enum Kind { kAlloc, kMap, kPin, kCopy, kRecord };
+const char* const kNames[] = {"allocation", "map", "pin", "copy", "record"};
 }  // namespace
 
 FaultPlan parse_fault_plan(const std::string& text) {
@@ -38,7 +38,8 @@ FaultPlan parse_fault_plan(const std::string& text) {
     else if (key == "map") plan.map_every = n;
     else if (key == "pin") plan.pin_every = n;
     else if (key == "copy") plan.copy_every = n;
-    else throw ParseError(fmt::format("STOWAGE_FAULTS: unknown key '{}' (alloc, map, pin, copy)", key));
+    else if (key == "record") plan.record_every = n;
+    else throw ParseError(fmt::format("STOWAGE_FAULTS: unknown key '{}' (alloc, map, pin, copy, record)", key));
   }
   return plan;
 }
@@ -111,7 +112,10 @@ void FaultInjectingDevice::synchronize(Stream s) { inner_->synchronize(s); }
 void FaultInjectingDevice::synchronize() { inner_->synchronize(); }
 Event FaultInjectingDevice::create_event(bool timing) { return inner_->create_event(timing); }
 void FaultInjectingDevice::destroy_event(Event e) { inner_->destroy_event(e); }
-void FaultInjectingDevice::record(Event e, Stream s) { inner_->record(e, s); }
+void FaultInjectingDevice::record(Event e, Stream s) {
+  STOWAGE_FAULT(kRecord, record_every, record, DeviceError);
+  inner_->record(e, s);
+}
 void FaultInjectingDevice::wait(Stream s, Event e) { inner_->wait(s, e); }
 bool FaultInjectingDevice::query(Event e) { return inner_->query(e); }
 void FaultInjectingDevice::synchronize(Event e) { inner_->synchronize(e); }

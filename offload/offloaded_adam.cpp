@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "offload/state_home.hpp"
 #include "stowage/offload.hpp"
@@ -38,6 +39,9 @@ struct OffloadedAdam::Impl {
   Event h2d_done[kWindows]{}, compute_done[kWindows]{}, slot_free[kWindows]{};
   Event step_begin{}, step_end{};  // timing events around the latest step
   std::int64_t steps = 0;
+  // Set when a step failed after it had updated some chunks: weights and states then belong to
+  // different steps, and every later step refuses with this message instead of going on.
+  std::string broken;
 
   Impl(CachingAllocator& a, HostPool& p, std::size_t n, OffloadOptions o)
       : allocator(a), pool(p), dev(a.device()), numel(n), options(o) {}
@@ -132,6 +136,38 @@ struct OffloadedAdam::Impl {
     }
     dev.record(step_end, compute);
     ++steps;
+  }
+
+  // One step: `update(i, m, v)` for every chunk, between the timing events. A device error
+  // before the first update leaves everything as it was (the step can be retried); after it, the
+  // step is partly applied, which is reported and remembered (see `broken`).
+  template <class Update>
+  void run_step(Stream compute, Update&& update) {
+    if (!broken.empty()) throw DeviceError(broken);
+    std::size_t updated = 0;
+    try {
+      begin_step(compute);
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        run_chunk(i, chunks[i].where == StatePlacement::streamed ? k++ : 0, compute,
+                  [&](const TensorView& m, const TensorView& v) {
+                    update(i, m, v);
+                    ++updated;
+                  });
+      }
+      end_step(compute);
+    } catch (const std::exception& e) {
+      if (updated > 0)
+        broken = fmt::format("offloaded Adam: step {} failed after updating {} of {} chunks ({}); the weights and "
+                             "optimizer states no longer belong to one step: restore both from a checkpoint",
+                             steps + 1, updated, chunks.size(), e.what());
+      try {
+        dev.synchronize();  // copies already queued finish before anyone reuses their buffers
+      } catch (...) {
+      }
+      if (updated > 0) throw DeviceError(broken);
+      throw;
+    }
   }
 
   // Gradient check on the host (before anything is written), when asked for.
@@ -236,18 +272,11 @@ StepResult OffloadedAdam::step(ParameterBucket& weights, const TensorView& grad,
   if (s.nonfinite(grad, compute, scaling)) return {false, true, state.step};
   GradScaling checked = scaling;
   checked.skip_nonfinite = false;
-  s.begin_step(compute);
-  std::size_t k = 0;
-  for (std::size_t i = 0; i < s.chunks.size(); ++i) {
+  s.run_step(compute, [&](std::size_t i, const TensorView& m, const TensorView& v) {
     const std::size_t begin = i * s.options.chunk_elements;
-    const ElementRange range{begin, begin + s.chunks[i].len};
-    s.run_chunk(i, s.chunks[i].where == StatePlacement::streamed ? k++ : 0, compute,
-                [&](const TensorView& m, const TensorView& v) {
-                  OptimizerState st = state;  // every chunk applies the same step number
-                  adam_step(weights, grad, m, v, options, checked, st, range);
-                });
-  }
-  s.end_step(compute);
+    OptimizerState st = state;  // every chunk applies the same step number
+    adam_step(weights, grad, m, v, options, checked, st, ElementRange{begin, begin + s.chunks[i].len});
+  });
   ++state.step;
   return {true, false, state.step};
 }
@@ -269,20 +298,12 @@ StepResult OffloadedAdam::step(const TensorView& fp32_weights, const TensorView&
   const auto* g = static_cast<const char*>(grad.data());
   const std::size_t isz = itemsize(grad.dtype());
   const DType gt = grad.dtype();
-  s.begin_step(compute);
-  std::size_t k = 0;
-  for (std::size_t i = 0; i < s.chunks.size(); ++i) {
+  s.run_step(compute, [&](std::size_t i, const TensorView& m, const TensorView& v) {
     const std::size_t begin = i * s.options.chunk_elements, len = s.chunks[i].len;
-    s.run_chunk(i, s.chunks[i].where == StatePlacement::streamed ? k++ : 0, compute,
-                [&](const TensorView& m, const TensorView& v) {
-                  float* mp = m.data_as<float>();
-                  float* vp = v.data_as<float>();
-                  s.dev.launch_host(compute, [=] {
-                    adam_step_range_fp32(w + begin, HostGrad{g + begin * isz, gt}, mp, vp, 0, len, sc);
-                  });
-                });
-  }
-  s.end_step(compute);
+    float* mp = m.data_as<float>();
+    float* vp = v.data_as<float>();
+    s.dev.launch_host(compute, [=] { adam_step_range_fp32(w + begin, HostGrad{g + begin * isz, gt}, mp, vp, 0, len, sc); });
+  });
   ++state.step;
   return {true, false, state.step};
 }

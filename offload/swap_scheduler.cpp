@@ -74,19 +74,26 @@ struct SwapScheduler::Impl {
       ++st.prefetch_oom;
       return false;
     }
+    bool copying = false;
+    const Event arrived = events.take();
     try {
       order_after(h2d, options.compute_stream);
       device.wait(h2d, e.d2h_done);
       timer.begin(h2d);
       device.copy_async(block, e.host, e.nbytes, CopyKind::host_to_device, h2d);
+      copying = true;
       timer.end(h2d, SpanKind::h2d);
-      e.h2d_done = events.take();
-      device.record(e.h2d_done, h2d);
+      device.record(arrived, h2d);
     } catch (...) {
       timer.cancel(h2d);
+      events.give(arrived);
+      // A copy already queued still writes into the block: it goes back only after the copy (if
+      // that wait fails too, the block stays allocated rather than be handed out under it).
+      if (copying) device.synchronize(h2d);
       allocator.deallocate(block);
       throw;
     }
+    e.h2d_done = arrived;
     e.incoming = block;
     e.phase = SwapEntry::Phase::coming;
     ++st.copies_h2d;
@@ -264,6 +271,7 @@ SwapDecision SwapScheduler::offload(const TensorView& view, int layer, std::stri
     m.device.record(e.d2h_done, m.d2h);
     m.allocator.record_stream(data, m.d2h);  // the block is reused only after the copy
   } catch (...) {
+    if (e.d2h_done != Event{}) m.events.give(e.d2h_done);
     m.timer.cancel(m.d2h);
     m.device.synchronize(m.d2h);  // the copy may be queued: let it finish before the buffer goes
     m.pool.deallocate(host);

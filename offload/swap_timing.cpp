@@ -30,17 +30,28 @@ void SpanTimer::begin(Stream stream) {
   Span s;
   s.start = events_.take();
   s.stream = stream;
-  device_.record(s.start, stream);
+  try {
+    device_.record(s.start, stream);
+  } catch (...) {
+    events_.give(s.start);
+    throw;
+  }
   spans_.push_back(s);
 }
 
 void SpanTimer::end(Stream stream, SpanKind kind) {
   auto it = std::find_if(spans_.rbegin(), spans_.rend(), [&](const Span& s) { return s.stream == stream && !s.closed; });
   if (it == spans_.rend()) return;
-  it->stop = events_.take();
+  const Event stop = events_.take();
+  try {
+    device_.record(stop, stream);
+  } catch (...) {
+    events_.give(stop);  // the span stays open, so cancel() drops it
+    throw;
+  }
+  it->stop = stop;
   it->kind = kind;
   it->closed = true;
-  device_.record(it->stop, stream);
 }
 
 void SpanTimer::cancel(Stream stream) {

@@ -211,6 +211,44 @@ TEST_P(AllocatorFaults, MixedFaultsSurfaceOnlyOutOfMemoryAndKeepTheBooks) {
   check_books();
 }
 
+// The allocator records an event when a block used on other streams is freed, and when it makes
+// a stream wait for a block last used on another. A refused record is a DeviceError that changes
+// nothing: the block stays live (or free where it was), and the same call works afterwards.
+TEST_P(AllocatorFaults, RefusedEventRecordChangesNothing) {
+  const Stream s2 = device_->create_stream();
+  void* p = take(1 * MiB, 7);
+  alloc_->record_stream(p, s2);
+  check_books();
+  const AllocatorStats before = alloc_->stats();
+
+  device_->set_plan({.record_every = 1});
+  EXPECT_THROW(alloc_->deallocate(p), DeviceError);
+  device_->set_plan({});
+  check_books();  // p is still live, with its bytes
+  EXPECT_EQ(alloc_->stats().allocated_bytes.all.current, before.allocated_bytes.all.current);
+  give(0);  // and frees now
+  device_->synchronize();
+
+  // A free block of the default stream's, taken for s2 behind a wait.
+  void* q = alloc_->allocate(2 * MiB);
+  alloc_->deallocate(q);
+  const std::int64_t reserved = alloc_->stats().reserved_bytes.all.current;
+  const std::int64_t waits = alloc_->stats().num_stream_waits;
+  device_->set_plan({.record_every = 1});
+  EXPECT_THROW(alloc_->allocate(2 * MiB, s2), DeviceError);
+  device_->set_plan({});
+  EXPECT_EQ(alloc_->stats().allocated_bytes.all.current, 0);
+  EXPECT_EQ(alloc_->stats().reserved_bytes.all.current, reserved);
+  EXPECT_EQ(alloc_->stats().num_stream_waits, waits);
+  void* r = alloc_->allocate(2 * MiB, s2);  // the same block, now behind a wait
+  EXPECT_EQ(r, q);
+  EXPECT_EQ(alloc_->stats().num_stream_waits, waits + 1);
+  alloc_->deallocate(r);
+  device_->synchronize();
+  alloc_->empty_cache();
+  device_->destroy_stream(s2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Segments, AllocatorFaults, ::testing::Values(SegmentMode::classic, SegmentMode::expandable),
                          [](const auto& info) {
                            return std::string(info.param == SegmentMode::classic ? "Classic" : "Expandable");

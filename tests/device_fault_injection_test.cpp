@@ -2,7 +2,9 @@
 // working (and keeps its data) afterwards.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "stowage/fault_injection.hpp"
@@ -17,11 +19,13 @@ std::unique_ptr<FaultInjectingDevice> make(FaultPlan plan) {
 }
 
 TEST(FaultPlan, Parses) {
-  auto p = parse_fault_plan("alloc=7,map=5,pin=3,copy=11");
+  auto p = parse_fault_plan("alloc=7,map=5,pin=3,copy=11,record=13");
   EXPECT_EQ(p.allocation_every, 7u);
   EXPECT_EQ(p.map_every, 5u);
   EXPECT_EQ(p.pin_every, 3u);
   EXPECT_EQ(p.copy_every, 11u);
+  EXPECT_EQ(p.record_every, 13u);
+  EXPECT_TRUE(parse_fault_plan("record=2").any());
   EXPECT_FALSE(parse_fault_plan("").any());
 }
 
@@ -87,6 +91,28 @@ TEST(FaultInjectingDevice, MapAndPinFaults) {
   EXPECT_EQ(dev->injected().map, 2u);
   EXPECT_EQ(dev->injected().pin, 1u);
   EXPECT_EQ(dev->free_memory(), dev->capacity());
+}
+
+TEST(FaultInjectingDevice, RefusedRecordLeavesTheEventAtItsEarlierPoint) {
+  auto dev = make({.record_every = 2});
+  const Stream s = dev->create_stream();
+  const Event e = dev->create_event();
+  dev->record(e, s);  // call 1
+  dev->synchronize(e);
+  // Work queued behind a host function that waits for a flag: the refused record must not have
+  // moved the event behind it.
+  std::atomic<bool> go{false};
+  dev->launch_host(s, [&] { while (!go.load()) std::this_thread::yield(); });
+  EXPECT_THROW(dev->record(e, s), DeviceError);  // call 2
+  EXPECT_TRUE(dev->query(e));
+  dev->record(e, s);  // call 3: now behind the host function
+  EXPECT_FALSE(dev->query(e));
+  go = true;
+  dev->synchronize(e);
+  EXPECT_TRUE(dev->query(e));
+  EXPECT_EQ(dev->injected().record, 1u);
+  dev->destroy_event(e);
+  dev->destroy_stream(s);
 }
 
 }  // namespace

@@ -388,6 +388,70 @@ TEST_P(OffloadOptimizer, FailureToMapPinOrCopyLeavesStatesWhereTheyWere) {
   EXPECT_EQ(adam.report().chunks_streamed, adam.chunk_count());
 }
 
+// A streamed step copies every chunk in and out. A refused copy before the first update changes
+// nothing and the step can simply be taken again (the run then equals one that never failed); a
+// refusal after some chunks were updated is reported as a partly applied step, and every later
+// step refuses rather than mix weights and states of different steps.
+TEST_P(OffloadOptimizer, AStepThatFailsIsRetriedOrRefusedNeverSilentlyHalfApplied) {
+  const std::size_t n = 6 * kChunk;
+  auto make = [&] {
+    auto b = std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
+    const auto w0 = random_floats(n, 5, 0.5f);
+    b->write_fp32(0, w0.data(), n);
+    return b;
+  };
+  auto outcome = [&](ParameterBucket& b, OffloadedAdam& adam) {
+    Outcome o = read_bucket(b);
+    o.m.resize(n);
+    o.v.resize(n);
+    adam.read_states(o.m.data(), o.v.data());
+    return o;
+  };
+  const OffloadOptions streamed = opts(StatePlacement::streamed, 3 * kChunk * 8);
+  auto bucket = make(), reference_bucket = make();
+  OffloadedAdam adam(*alloc_, *pool_, n, streamed), reference(*alloc_, *pool_, n, streamed);
+  OptimizerState state, reference_state;
+  for (int s = 0; s < 4; ++s) {
+    TensorView g = to_device(random_floats(n, 300 + s, 1.0f));
+    if (s == 2) {  // the first copy of this step, an H2D, is refused: nothing has been updated
+      const Outcome before = outcome(*bucket, adam);
+      device_->set_plan({.copy_every = 1});
+      EXPECT_THROW(adam.step(*bucket, g, {}, scaling(), state), DeviceError);
+      device_->set_plan({});
+      EXPECT_EQ(state.step, 2);
+      EXPECT_TRUE(outcome(*bucket, adam) == before) << "a refused step changed weights or states";
+    }
+    EXPECT_TRUE(adam.step(*bucket, g, {}, scaling(), state).applied);
+    EXPECT_TRUE(reference.step(*reference_bucket, g, {}, scaling(), reference_state).applied);
+    device_->synchronize();
+  }
+  EXPECT_EQ(state.step, 4);
+  EXPECT_TRUE(outcome(*bucket, adam) == outcome(*reference_bucket, reference));
+
+  // Chunk 0 in and out, then chunk 1's H2D refused: one of six chunks updated.
+  TensorView g = to_device(random_floats(n, 400, 1.0f));
+  device_->set_plan({.copy_every = 3});
+  std::string first;
+  try {
+    adam.step(*bucket, g, {}, scaling(), state);
+    ADD_FAILURE() << "the step succeeded with its third copy refused";
+  } catch (const DeviceError& e) {
+    first = e.what();
+  }
+  device_->set_plan({});
+  EXPECT_NE(first.find("step 5 failed after updating 1 of 6 chunks"), std::string::npos) << first;
+  EXPECT_NE(first.find("injected copy fault"), std::string::npos) << first;
+  EXPECT_EQ(state.step, 4);
+  try {
+    adam.step(*bucket, g, {}, scaling(), state);
+    ADD_FAILURE() << "a step after a partly applied one went on";
+  } catch (const DeviceError& e) {
+    EXPECT_EQ(std::string(e.what()), first);
+  }
+  EXPECT_EQ(state.step, 4);
+  device_->synchronize();
+}
+
 TEST_P(OffloadOptimizer, ReplaceMovesStatesAndKeepsStepping) {
   const std::size_t n = 5 * kChunk;
   const OffloadOptions sequence[] = {opts(StatePlacement::mapped, 0), opts(StatePlacement::streamed, 3 * kChunk * 8),

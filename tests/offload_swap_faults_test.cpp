@@ -24,9 +24,15 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 class SwapFaults : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { build(0.0); }
+
+  // A fresh device (link throttled to `link_gbps`, 0 = unthrottled), allocator and pool.
+  void build(double link_gbps) {
+    pool_.reset();
+    allocator_.reset();
     EmulatedOptions o;
     o.capacity = 256 * MiB;
+    o.link_bandwidth_gbps = link_gbps;
     device_ = std::make_unique<FaultInjectingDevice>(make_emulated_device(0, o), FaultPlan{});
     allocator_ = std::make_unique<CachingAllocator>(*device_);
     HostPoolOptions po;
@@ -103,6 +109,41 @@ TEST_F(SwapFaults, OffloadCopyRefusedLeavesTheTensorOnTheDevice) {
   expect_host_books(0, 0);
 }
 
+// An offload records up to four events (the compute stream's point, the copy's start and end
+// times, its completion); whichever is refused, the tensor stays resident with its bytes, and the
+// host buffer goes back to the pool only after a copy already queued has read it.
+TEST_F(SwapFaults, RefusedEventRecordInOffloadLeavesTheTensorOnTheDevice) {
+  build(1.0);
+  for (std::uint64_t k = 1; k <= 4; ++k) {
+    SCOPED_TRACE("the offload's record number " + std::to_string(k) + " is refused");
+    auto swap = scheduler();
+    auto v = tensor(4 * MiB, 40 + k);
+    void* data = v.data();
+    const std::int64_t before = allocated();
+    const std::uint64_t refused_before = device_->injected().record;
+
+    device_->set_plan({.record_every = k});
+    EXPECT_THROW(swap->offload(v, 0, "layer0.attn"), DeviceError);
+    device_->set_plan({});
+    EXPECT_EQ(device_->injected().record, refused_before + 1);
+    EXPECT_EQ(v.storage().state(), StorageState::resident);
+    EXPECT_EQ(v.data(), data);
+    EXPECT_EQ(allocated(), before);
+    EXPECT_EQ(hash_now(v), expected_hash(4 * MiB, 40 + k));
+    EXPECT_EQ(swap->stats().tensors_swapped, 0u);
+    expect_host_books(0, 0);
+
+    ASSERT_EQ(swap->offload(v, 0, "layer0.attn"), SwapDecision::swapped);  // and it still swaps
+    swap->before_backward(0);
+    auto r = swap->acquire(v);
+    EXPECT_EQ(hash_now(r), expected_hash(4 * MiB, 40 + k));
+    r = {};
+    v = {};
+    swap->finish_step();
+    expect_host_books(0, 0);
+  }
+}
+
 TEST_F(SwapFaults, PrefetchCopyRefusedLeavesTheTensorOnTheHost) {
   auto swap = scheduler();
   auto v = tensor(4 * MiB, 2);
@@ -135,6 +176,45 @@ TEST_F(SwapFaults, PrefetchCopyRefusedLeavesTheTensorOnTheHost) {
   swap->finish_step();
   EXPECT_EQ(swap->stats().host_bytes, 0u);
   expect_host_books(0, 0);
+}
+
+// A prefetch records four events: the compute stream's point, the copy's start and end times
+// and its completion. Whichever is refused, the tensor stays on the host, and the block meant for
+// it is not handed to anyone else while the copy into it may still be running (the link is
+// slow, so a block reused at once would be overwritten by the copy).
+TEST_F(SwapFaults, RefusedEventRecordInPrefetchLosesNothingAndNoBlockIsReusedUnderTheCopy) {
+  build(1.0);  // 4 MiB take 4 ms each way
+  for (std::uint64_t k = 1; k <= 4; ++k) {
+    SCOPED_TRACE("the prefetch's record number " + std::to_string(k) + " is refused");
+    auto swap = scheduler();
+    const std::uint64_t seed = 20 + k;
+    auto v = tensor(4 * MiB, seed);
+    const std::int64_t at_start = allocated() - static_cast<std::int64_t>(allocator_->block_size(v.data()));
+    ASSERT_EQ(swap->offload(v, 0, "layer0.attn"), SwapDecision::swapped);
+    device_->synchronize();
+    const std::uint64_t refused_before = device_->injected().record;
+
+    device_->set_plan({.record_every = k});
+    EXPECT_THROW(swap->before_backward(0), DeviceError);
+    device_->set_plan({});
+    EXPECT_EQ(device_->injected().record, refused_before + 1);
+    EXPECT_EQ(v.storage().state(), StorageState::swapped_out);
+    EXPECT_EQ(allocated(), at_start);
+    EXPECT_EQ(swap->stats().copies_h2d, 0u);
+
+    auto w = tensor(4 * MiB, 99);  // takes the block the prefetch gave back, if it can be taken
+    device_->synchronize();
+    EXPECT_EQ(hash_now(w), expected_hash(4 * MiB, 99));
+    w = {};
+
+    auto r = swap->acquire(v);  // the host copy is intact and comes back
+    EXPECT_EQ(hash_now(r), expected_hash(4 * MiB, seed));
+    r = {};
+    v = {};
+    swap->finish_step();
+    expect_host_books(0, 0);
+    EXPECT_EQ(allocated(), at_start);
+  }
 }
 
 TEST_F(SwapFaults, NoDeviceMemoryForThePrefetchIsPutOffThenOutOfMemoryInAcquire) {

@@ -15,14 +15,15 @@ struct FaultPlan {
   std::uint64_t map_every = 0;         // reserve, map, set_access       -> DeviceError
   std::uint64_t pin_every = 0;         // pin_host                       -> DeviceError
   std::uint64_t copy_every = 0;        // copy_async, fill_async         -> DeviceError
-  bool any() const { return allocation_every || map_every || pin_every || copy_every; }
+  std::uint64_t record_every = 0;      // record (an event on a stream)  -> DeviceError
+  bool any() const { return allocation_every || map_every || pin_every || copy_every || record_every; }
 };
 
-// Parses "alloc=7,map=5,pin=3,copy=11" (the STOWAGE_FAULTS variable). ParseError on bad input.
+// Parses "alloc=7,map=5,pin=3,copy=11,record=13" (the STOWAGE_FAULTS variable). ParseError on bad input.
 FaultPlan parse_fault_plan(const std::string& text);
 
 struct FaultCounts {
-  std::uint64_t allocation = 0, map = 0, pin = 0, copy = 0;  // faults injected so far
+  std::uint64_t allocation = 0, map = 0, pin = 0, copy = 0, record = 0;  // faults injected so far
 };
 
 class FaultInjectingDevice : public Device {

@@ -79,10 +79,11 @@ void check_allocator_options(const AllocatorOptions& o) {
 
 void check_fault_plan(const FaultPlan& p) {
   const std::string text = "alloc=" + std::to_string(p.allocation_every) + ",map=" + std::to_string(p.map_every) +
-                           ",pin=" + std::to_string(p.pin_every) + ",copy=" + std::to_string(p.copy_every);
+                           ",pin=" + std::to_string(p.pin_every) + ",copy=" + std::to_string(p.copy_every) +
+                           ",record=" + std::to_string(p.record_every);
   const FaultPlan q = reread([&] { return parse_fault_plan(text); });
   if (q.allocation_every != p.allocation_every || q.map_every != p.map_every || q.pin_every != p.pin_every ||
-      q.copy_every != p.copy_every)
+      q.copy_every != p.copy_every || q.record_every != p.record_every)
     fail("fault plan written back reads differently");
 }
 
