@@ -98,7 +98,7 @@ if [[ $mode == full ]]; then
   bench_args[capi_bench]="--benchmark_min_time=0.2 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true"
   bench_args[device_bench]="--benchmark_repetitions=3 --benchmark_report_aggregates_only=true"
   bench_args[offload_bench]="--benchmark_min_time=0.2"
-  bench_args[precision_bench]="--benchmark_min_time=0.3 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true"
+  bench_args[precision_bench]="--benchmark_min_time=0.3 --benchmark_repetitions=7 --benchmark_report_aggregates_only=true"
   bench_args[recompute_bench]=""
   offload_steps=7 replay_repeat_large=50 replay_repeat_small=200
 else
