@@ -1,6 +1,7 @@
 // The emulated device: "device memory" is host memory of its own with a real capacity, each
-// stream is a worker thread, events are sequence points, and H2D/D2H copies go through
-// copy-engine queues that can be throttled to a link bandwidth.
+// stream is a worker thread on the device's logical clock (stream_worker.hpp), events are
+// sequence points with a logical time, and H2D/D2H copies go through copy engines that can be
+// throttled to a link bandwidth.
 #include <fmt/format.h>
 #include <numa.h>
 #include <sched.h>
@@ -22,7 +23,8 @@
 namespace stowage {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using emulated::Clock;
+using emulated::StreamWorker;
 
 // Stream and event ids are unique across every emulated device, so one device can tell a
 // destroyed handle or another device's handle from its own.
@@ -37,9 +39,15 @@ struct EventState {
   std::uint64_t recorded = 0;
   std::set<std::uint64_t> outstanding;  // recorded, not yet reached by their stream
   std::uint64_t time_gen = 0;           // the generation `time` belongs to
-  Clock::time_point time{};
+  Clock::time_point time{};             // on the device's logical clock
   bool done(std::uint64_t gen) const { return !outstanding.contains(gen); }
 };
+
+Clock::duration slack_of(double ms) {
+  if (!(ms >= 0) || ms > 3.6e6)
+    throw InvalidArgument(fmt::format("emulated scheduling_slack_ms {} must be between 0 and one hour", ms));
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+}
 
 std::vector<int> calling_thread_numa_nodes() {
   if (numa_available() < 0) return {0};
@@ -51,7 +59,10 @@ std::vector<int> calling_thread_numa_nodes() {
 class EmulatedDevice final : public Device {
  public:
   EmulatedDevice(int ordinal, const EmulatedOptions& o)
-      : memory_(ordinal, o.capacity, o.granularity), h2d_(o.link_bandwidth_gbps), d2h_(o.link_bandwidth_gbps) {
+      : memory_(ordinal, o.capacity, o.granularity),
+        h2d_(o.link_bandwidth_gbps),
+        d2h_(o.link_bandwidth_gbps),
+        slack_(slack_of(o.scheduling_slack_ms)) {
     if (o.capacity == 0) throw InvalidArgument("emulated device capacity must be positive");
     if (o.granularity == 0 || (o.granularity & (o.granularity - 1)) != 0 || o.granularity % 4096 != 0)
       throw InvalidArgument(fmt::format("emulated granularity {} must be a power of two multiple of 4096", o.granularity));
@@ -65,7 +76,7 @@ class EmulatedDevice final : public Device {
     props_.host_numa_memory = true;
     props_.host_accessible = true;
     props_.numa_nodes = calling_thread_numa_nodes();
-    streams_[0] = std::make_shared<emulated::StreamWorker>(0);
+    streams_[0] = std::make_shared<StreamWorker>(0, slack_);
   }
 
   ~EmulatedDevice() override {
@@ -107,13 +118,13 @@ class EmulatedDevice final : public Device {
     priority = std::clamp(priority, greatest, least);
     const auto id = next_handle.fetch_add(1);
     std::unique_lock lock(streams_mutex_);
-    streams_[id] = std::make_shared<emulated::StreamWorker>(priority);
+    streams_[id] = std::make_shared<StreamWorker>(priority, slack_);
     return Stream{id};
   }
 
   void destroy_stream(Stream s) override {
     if (s == kDefaultStream) throw InvalidArgument(where() + ": the default stream cannot be destroyed");
-    std::shared_ptr<emulated::StreamWorker> w;
+    std::shared_ptr<StreamWorker> w;
     {
       std::unique_lock lock(streams_mutex_);
       auto it = streams_.find(static_cast<std::uintptr_t>(s));
@@ -128,7 +139,7 @@ class EmulatedDevice final : public Device {
   void synchronize(Stream s) override { worker(s)->synchronize(); }
 
   void synchronize() override {
-    std::vector<std::shared_ptr<emulated::StreamWorker>> all;
+    std::vector<std::shared_ptr<StreamWorker>> all;
     {
       std::shared_lock lock(streams_mutex_);
       for (auto& [id, w] : streams_) all.push_back(w);
@@ -141,8 +152,6 @@ class EmulatedDevice final : public Device {
         if (!first) first = std::current_exception();
       }
     }
-    h2d_.synchronize();
-    d2h_.synchronize();
     if (first) std::rethrow_exception(first);
   }
 
@@ -168,11 +177,13 @@ class EmulatedDevice final : public Device {
       ev->outstanding.insert(gen);
     }
     w->submit([ev, gen] {
+      const auto now = StreamWorker::ready();
+      StreamWorker::finish_at(now);  // a record takes no device time
       std::lock_guard lock(ev->mutex);
       ev->outstanding.erase(gen);
       if (gen > ev->time_gen) {
         ev->time_gen = gen;
-        ev->time = Clock::now();
+        ev->time = now;
       }
       ev->cv.notify_all();
     });
@@ -190,6 +201,9 @@ class EmulatedDevice final : public Device {
     w->submit([ev, target] {
       std::unique_lock lock(ev->mutex);
       ev->cv.wait(lock, [&] { return ev->done(target); });
+      // The stream goes on when the waited-for work ended; if a later record has already
+      // completed, that time is lost, and the wake-up is the conservative end.
+      StreamWorker::finish_at(ev->time_gen == target ? std::max(StreamWorker::ready(), ev->time) : Clock::now());
     });
   }
 
@@ -231,11 +245,11 @@ class EmulatedDevice final : public Device {
     switch (kind) {
       case CopyKind::host_to_device:
         bytes_h2d_ += bytes;
-        w->submit([this, dst, src, bytes] { h2d_.submit(dst, src, bytes).get(); });
+        w->submit([this, dst, src, bytes] { StreamWorker::finish_at(h2d_.copy(dst, src, bytes, StreamWorker::ready())); });
         break;
       case CopyKind::device_to_host:
         bytes_d2h_ += bytes;
-        w->submit([this, dst, src, bytes] { d2h_.submit(dst, src, bytes).get(); });
+        w->submit([this, dst, src, bytes] { StreamWorker::finish_at(d2h_.copy(dst, src, bytes, StreamWorker::ready())); });
         break;
       case CopyKind::device_to_device:
         bytes_d2d_ += bytes;
@@ -271,7 +285,7 @@ class EmulatedDevice final : public Device {
                                        where(), what, id));
   }
 
-  std::shared_ptr<emulated::StreamWorker> worker(Stream s) {
+  std::shared_ptr<StreamWorker> worker(Stream s) {
     std::shared_lock lock(streams_mutex_);
     auto it = streams_.find(static_cast<std::uintptr_t>(s));
     if (it == streams_.end()) throw unknown("stream", static_cast<std::uintptr_t>(s));
@@ -288,9 +302,10 @@ class EmulatedDevice final : public Device {
   DeviceProperties props_;
   emulated::Memory memory_;
   emulated::CopyEngine h2d_, d2h_;
+  Clock::duration slack_;
   std::atomic<std::uint64_t> bytes_h2d_{0}, bytes_d2h_{0}, bytes_d2d_{0};
   std::shared_mutex streams_mutex_, events_mutex_;
-  std::map<std::uintptr_t, std::shared_ptr<emulated::StreamWorker>> streams_;
+  std::map<std::uintptr_t, std::shared_ptr<StreamWorker>> streams_;
   std::map<std::uintptr_t, std::shared_ptr<EventState>> events_;
 };
 

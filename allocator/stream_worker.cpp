@@ -1,8 +1,23 @@
 #include "allocator/stream_worker.hpp"
 
-namespace stowage::emulated {
+#include <algorithm>
+#include <optional>
 
-StreamWorker::StreamWorker(int priority) : priority_(priority), thread_([this] { run(); }) {}
+namespace stowage::emulated {
+namespace {
+
+// The task a worker thread is running: its ready time and, if it set one, its logical end.
+struct Current {
+  bool active = false;
+  Clock::time_point ready{};
+  std::optional<Clock::time_point> end;
+};
+thread_local Current current;
+
+}  // namespace
+
+StreamWorker::StreamWorker(int priority, Clock::duration slack)
+    : priority_(priority), slack_(slack), thread_([this] { run(); }) {}
 
 StreamWorker::~StreamWorker() {
   {
@@ -16,7 +31,7 @@ StreamWorker::~StreamWorker() {
 void StreamWorker::submit(std::function<void()> task) {
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(task));
+    queue_.push_back(Task{std::move(task), Clock::now()});
     ++submitted_;
   }
   work_cv_.notify_one();
@@ -33,6 +48,12 @@ void StreamWorker::synchronize() {
   }
 }
 
+Clock::time_point StreamWorker::ready() { return current.active ? current.ready : Clock::now(); }
+
+void StreamWorker::finish_at(Clock::time_point end) {
+  if (current.active) current.end = end;
+}
+
 void StreamWorker::run() {
   std::unique_lock lock(mutex_);
   for (;;) {
@@ -41,13 +62,19 @@ void StreamWorker::run() {
     auto task = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
+    const auto started = Clock::now();
+    current = Current{true, std::max(task.queued, last_end_), std::nullopt};
     std::exception_ptr failure;
     try {
-      task();
+      task.fn();
     } catch (...) {
       failure = std::current_exception();
     }
-    task = nullptr;  // release captures before reporting completion
+    task.fn = nullptr;  // release captures before reporting completion
+    const auto now = Clock::now();
+    const auto end = current.end.value_or(current.ready + (now - started));
+    last_end_ = std::clamp(end, now - slack_, now);
+    current = Current{};
     lock.lock();
     if (failure && !error_) error_ = failure;
     ++completed_;

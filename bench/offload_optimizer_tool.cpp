@@ -219,10 +219,10 @@ int main(int argc, char** argv) {
                                                     : std::vector<std::size_t>{1u << 20, 4u << 20, 16u << 20, 64u << 20};
   for (std::size_t n : sizes) {
     double ms[3];
-    // Up to 16 chunks: the first H2D and the last D2H, which nothing overlaps, are 1/16 of the
-    // bytes; no chunk below 256 Ki elements, where each copy's hand-offs between the emulated
-    // device's threads start to cost more than the bytes.
-    const std::size_t c = std::max<std::size_t>(std::size_t{1} << 18, n / 16);
+    // 16 chunks: the first H2D and the last D2H, which nothing overlaps, are 1/16 of the bytes.
+    // No chunk below 64 Ki elements (512 KiB windows), where each chunk's kernel launch and
+    // event round trips start to cost more than its bytes.
+    const std::size_t c = std::max<std::size_t>(std::size_t{1} << 16, n / 16);
     for (int m = 0; m < 3; ++m) ms[m] = step_ms(alloc, pool, n, kModes[m].host_mode, c, args.reps);
     // Each direction carries m and v (8 B/param) on its own engine.
     const double bound = static_cast<double>(n) * 8 / (args.link_gbps * 1e9) * 1e3;

@@ -141,6 +141,10 @@ struct EmulatedOptions {
   double link_bandwidth_gbps = 0.0;               // 0 = unthrottled; STOWAGE_EMULATED_LINK_GBPS
   std::size_t granularity = std::size_t{2} << 20; // VMM granule
   std::string name = "emulated";
+  // Streams keep the device's own clock (event times, when queued work may start): the host
+  // threads that run them lose time to wake-ups a GPU does not, and up to this much of it per
+  // stream is not counted as device time. Copies never beat the link either way.
+  double scheduling_slack_ms = 1.0;
 };
 
 // Makes an emulated device with the given ordinal.
