@@ -94,11 +94,11 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
 # Arguments per benchmark, as the area write-ups use them (quick: fewer repetitions, less time).
 declare -A bench_args
 if [[ $mode == full ]]; then
-  bench_args[allocator_bench]="--benchmark_min_time=0.1 --benchmark_repetitions=7 --benchmark_report_aggregates_only=true"
+  bench_args[allocator_bench]="--benchmark_min_time=0.1 --benchmark_repetitions=7 --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true"
   bench_args[capi_bench]="--benchmark_min_time=0.2 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true"
   bench_args[device_bench]="--benchmark_repetitions=3 --benchmark_report_aggregates_only=true"
   bench_args[offload_bench]="--benchmark_min_time=0.2"
-  bench_args[precision_bench]="--benchmark_min_time=0.3 --benchmark_repetitions=7 --benchmark_report_aggregates_only=true"
+  bench_args[precision_bench]="--benchmark_min_time=0.3 --benchmark_repetitions=7 --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true"
   bench_args[recompute_bench]=""
   offload_steps=7 replay_repeat_large=50 replay_repeat_small=200
 else
