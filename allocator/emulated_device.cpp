@@ -73,6 +73,7 @@ class EmulatedDevice final : public Device {
     props_.capacity = o.capacity;
     props_.granularity = o.granularity;
     props_.virtual_memory = true;
+    props_.partial_mapping = true;
     props_.host_numa_memory = true;
     props_.host_accessible = true;
     props_.numa_nodes = calling_thread_numa_nodes();

@@ -1,7 +1,8 @@
 // The caching allocator against glibc malloc and jemalloc's mallocx, in the same run, on the
 // emulated device: (a) a cached alloc+free pair of one size, (b) random allocations with sizes
 // log-uniform in 256 B .. 64 MiB freed in random order. Memory is not touched: this measures
-// the allocators' bookkeeping, not page faults.
+// the allocators' bookkeeping, not page faults. With the CUDA backend, BM_Cuda* run the same two
+// measures on GPU 0 against cudaMalloc and cudaMallocAsync (skipped without a GPU).
 #include <benchmark/benchmark.h>
 #include <dlfcn.h>
 
@@ -13,6 +14,14 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/device.hpp"
+
+#if defined(STOWAGE_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#endif
 
 extern "C" void* __libc_malloc(std::size_t);  // glibc's own, under the jemalloc linked in
 extern "C" void __libc_free(void*);
@@ -157,6 +166,93 @@ void BM_Random_Jemalloc(benchmark::State& state) {
   random_sizes(state, a);
 }
 
+#if defined(STOWAGE_HAVE_CUDA)
+// --- GPU 0: stowage on the CUDA backend against cudaMalloc/cudaFree (what an allocator without a
+// cache pays per call) and cudaMallocAsync/cudaFreeAsync on a stream, with the device's default
+// pool told to keep its memory (release threshold at the maximum, as frameworks set it). Host
+// time per call; device memory is never touched. ---
+struct CudaError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct CudaStowageAlloc {
+  std::unique_ptr<stowage::Device> dev = stowage::make_cuda_device(0);
+  std::unique_ptr<CachingAllocator> a;
+  explicit CudaStowageAlloc(stowage::SegmentMode mode) {
+    stowage::AllocatorOptions ao;
+    ao.segments = mode;
+    a = std::make_unique<CachingAllocator>(*dev, ao);
+  }
+  void* allocate(std::size_t n) { return a->allocate(n); }
+  void release(void* p, std::size_t) { a->deallocate(p); }
+};
+
+struct CudaMallocAlloc {
+  void* allocate(std::size_t n) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, n), "cudaMalloc");
+    return p;
+  }
+  void release(void* p, std::size_t) { check(cudaFree(p), "cudaFree"); }
+};
+
+struct CudaMallocAsyncAlloc {
+  cudaStream_t stream = nullptr;
+  CudaMallocAsyncAlloc() {
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
+    std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  }
+  ~CudaMallocAsyncAlloc() {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+  void* allocate(std::size_t n) {
+    void* p = nullptr;
+    check(cudaMallocAsync(&p, n, stream), "cudaMallocAsync");
+    return p;
+  }
+  void release(void* p, std::size_t) { check(cudaFreeAsync(p, stream), "cudaFreeAsync"); }
+};
+
+template <typename A, typename... Args>
+void on_gpu(benchmark::State& state, void (*measure)(benchmark::State&, A&), Args... args) {
+  if (stowage::cuda_device_count() == 0) return state.SkipWithError("no CUDA device");
+  try {
+    A a(args...);
+    measure(state, a);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void BM_CudaCachedPair_Stowage(benchmark::State& s) {
+  on_gpu<CudaStowageAlloc>(s, cached_pair<CudaStowageAlloc>, stowage::SegmentMode::expandable);
+}
+void BM_CudaCachedPair_StowageClassic(benchmark::State& s) {
+  on_gpu<CudaStowageAlloc>(s, cached_pair<CudaStowageAlloc>, stowage::SegmentMode::classic);
+}
+void BM_CudaCachedPair_CudaMalloc(benchmark::State& s) { on_gpu<CudaMallocAlloc>(s, cached_pair<CudaMallocAlloc>); }
+void BM_CudaCachedPair_CudaMallocAsync(benchmark::State& s) {
+  on_gpu<CudaMallocAsyncAlloc>(s, cached_pair<CudaMallocAsyncAlloc>);
+}
+void BM_CudaRandom_Stowage(benchmark::State& s) {
+  on_gpu<CudaStowageAlloc>(s, random_sizes<CudaStowageAlloc>, stowage::SegmentMode::expandable);
+}
+void BM_CudaRandom_StowageClassic(benchmark::State& s) {
+  on_gpu<CudaStowageAlloc>(s, random_sizes<CudaStowageAlloc>, stowage::SegmentMode::classic);
+}
+void BM_CudaRandom_CudaMalloc(benchmark::State& s) { on_gpu<CudaMallocAlloc>(s, random_sizes<CudaMallocAlloc>); }
+void BM_CudaRandom_CudaMallocAsync(benchmark::State& s) {
+  on_gpu<CudaMallocAsyncAlloc>(s, random_sizes<CudaMallocAsyncAlloc>);
+}
+#endif
+
 #define PAIR_SIZES Arg(512)->Arg(64 << 10)->Arg(1 << 20)->Arg(8 << 20)
 BENCHMARK(BM_CachedPair_Stowage)->PAIR_SIZES;
 BENCHMARK(BM_CachedPair_StowageClassic)->PAIR_SIZES;
@@ -166,6 +262,16 @@ BENCHMARK(BM_Random_Stowage);
 BENCHMARK(BM_Random_StowageClassic);
 BENCHMARK(BM_Random_Glibc);
 BENCHMARK(BM_Random_Jemalloc);
+#if defined(STOWAGE_HAVE_CUDA)
+BENCHMARK(BM_CudaCachedPair_Stowage)->PAIR_SIZES->UseRealTime();
+BENCHMARK(BM_CudaCachedPair_StowageClassic)->PAIR_SIZES->UseRealTime();
+BENCHMARK(BM_CudaCachedPair_CudaMalloc)->PAIR_SIZES->UseRealTime();
+BENCHMARK(BM_CudaCachedPair_CudaMallocAsync)->PAIR_SIZES->UseRealTime();
+BENCHMARK(BM_CudaRandom_Stowage)->UseRealTime();
+BENCHMARK(BM_CudaRandom_StowageClassic)->UseRealTime();
+BENCHMARK(BM_CudaRandom_CudaMalloc)->UseRealTime();
+BENCHMARK(BM_CudaRandom_CudaMallocAsync)->UseRealTime();
+#endif
 
 }  // namespace
 

@@ -8,6 +8,12 @@
 
 #include "stowage/host_pool.hpp"
 
+#if defined(STOWAGE_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include <memory>
+#endif
+
 using namespace stowage;
 
 namespace {
@@ -69,6 +75,43 @@ void BM_MmapPinHostPerBuffer(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+#if defined(STOWAGE_HAVE_CUDA)
+// --- GPU 0 (skipped without one): the pool on the CUDA backend (pages registered with the
+// driver once) against cudaHostAlloc/cudaFreeHost per buffer. ---
+Device* gpu() {
+  static std::unique_ptr<Device> d = cuda_device_count() > 0 ? make_cuda_device(0) : nullptr;
+  return d.get();
+}
+
+void BM_CudaHostPool(benchmark::State& state) {
+  if (gpu() == nullptr) return state.SkipWithError("no CUDA device");
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  HostPoolOptions o;
+  o.backend = HostPoolBackend::builtin;
+  HostPool pool(*gpu(), o);
+  pool.deallocate(pool.allocate(bytes));
+  for (auto _ : state) {
+    void* p = pool.allocate(bytes);
+    static_cast<volatile char*>(p)[0] = 1;
+    pool.deallocate(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.counters["maps"] = static_cast<double>(pool.stats().num_maps);
+}
+
+void BM_CudaHostAllocPerBuffer(benchmark::State& state) {
+  if (gpu() == nullptr) return state.SkipWithError("no CUDA device");
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) return state.SkipWithError("cudaHostAlloc failed");
+    static_cast<volatile char*>(p)[0] = 1;
+    cudaFreeHost(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+#endif
+
 }  // namespace
 
 // 64 KiB .. 4 MiB (mlock needs RLIMIT_MEMLOCK above the largest).
@@ -76,5 +119,9 @@ BENCHMARK(BM_HostPoolJemalloc)->RangeMultiplier(4)->Range(64 << 10, 4 << 20);
 BENCHMARK(BM_HostPoolBuiltin)->RangeMultiplier(4)->Range(64 << 10, 4 << 20);
 BENCHMARK(BM_MmapMlockPerBuffer)->RangeMultiplier(4)->Range(64 << 10, 4 << 20);
 BENCHMARK(BM_MmapPinHostPerBuffer)->RangeMultiplier(4)->Range(64 << 10, 4 << 20);
+#if defined(STOWAGE_HAVE_CUDA)
+BENCHMARK(BM_CudaHostPool)->RangeMultiplier(4)->Range(64 << 10, 4 << 20);
+BENCHMARK(BM_CudaHostAllocPerBuffer)->RangeMultiplier(4)->Range(64 << 10, 4 << 20);
+#endif
 
 BENCHMARK_MAIN();

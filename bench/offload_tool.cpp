@@ -5,12 +5,19 @@
 // Compute is a sleeping kernel, so the numbers do not depend on how busy the CPU is. The host
 // runs at most two layers ahead of the compute stream (as a framework's launch queue and syncs
 // keep it), so the allocator sees finished copies and reuses their blocks.
-//   offload_tool [--layers N] [--attn-mib A] [--mlp-mib M] [--gbps G] [--steps S]
+// With --cuda 1 the same runs on GPU 0 over its real link: the link rate is measured first
+// (D2H then H2D between device memory and the pinned pool), and compute is device work
+// (memsets of a 64 MiB scratch buffer, their count calibrated to the wanted time) competing with
+// the copies for device memory, as memory-bound kernels do.
+//   offload_tool [--layers N] [--attn-mib A] [--mlp-mib M] [--gbps G] [--steps S] [--ratio R] [--cuda 1]
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +38,7 @@ struct Workload {
   double gbps = 4.0;
   double compute_ratio = 1.25;  // MLP (and attention) time / one tensor's transfer time
   int steps = 3;
+  bool cuda = false;
 };
 
 struct Outcome {
@@ -39,8 +47,79 @@ struct Outcome {
   SwapStats swap;
 };
 
-void busy(Device& d, Stream s, double ms) {
-  d.launch_host(s, [ms] { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); });
+// Occupies a stream for about `ms`: a sleeping host function on the emulated device, device
+// memsets of a scratch buffer on a GPU (their count calibrated with events).
+class Compute {
+ public:
+  explicit Compute(Device& d) : d_(d) {
+    if (d_.kind() == DeviceKind::emulated) return;
+    scratch_ = d_.allocate(kScratch);
+    const Stream s = kDefaultStream;
+    issue(s, 1);  // warm-up
+    Event a = d_.create_event(true), b = d_.create_event(true);
+    d_.record(a, s);
+    issue(s, 50);
+    d_.record(b, s);
+    d_.synchronize(b);
+    ms_per_unit_ = d_.elapsed_ms(a, b) / 50;
+    d_.destroy_event(a);
+    d_.destroy_event(b);
+  }
+  ~Compute() {
+    if (scratch_) d_.deallocate(scratch_);
+  }
+  void run(Stream s, double ms) {
+    if (scratch_ == nullptr) {
+      d_.launch_host(s, [ms] { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); });
+      return;
+    }
+    issue(s, std::max(1, static_cast<int>(std::lround(ms / ms_per_unit_))));
+  }
+
+ private:
+  static constexpr std::size_t kScratch = std::size_t{64} << 20;
+  void issue(Stream s, int units) {
+    for (int i = 0; i < units; ++i) d_.fill_async(scratch_, static_cast<std::uint8_t>(i), kScratch, s);
+  }
+  Device& d_;
+  void* scratch_ = nullptr;
+  double ms_per_unit_ = 0;
+};
+
+std::unique_ptr<Device> make_device(const Workload& w) {
+  if (w.cuda) return make_cuda_device(0);
+  EmulatedOptions o;
+  o.capacity = std::size_t{4} << 30;
+  o.link_bandwidth_gbps = w.gbps;
+  return make_emulated_device(0, o);
+}
+
+// GPU 0's link in GB/s, one direction's average: `bytes` D2H then H2D between device memory and
+// pinned pool pages, median of 7.
+double measure_link_gbps(std::size_t bytes) {
+  auto dev = make_cuda_device(0);
+  HostPool pool(*dev);
+  void* d = dev->allocate(bytes);
+  void* h = pool.allocate(bytes);
+  std::memset(h, 1, bytes);
+  const Stream s = dev->create_stream();
+  Event a = dev->create_event(true), b = dev->create_event(true);
+  std::vector<double> ms;
+  for (int i = 0; i < 8; ++i) {
+    dev->record(a, s);
+    dev->copy_async(h, d, bytes, CopyKind::device_to_host, s);
+    dev->copy_async(d, h, bytes, CopyKind::host_to_device, s);
+    dev->record(b, s);
+    dev->synchronize(b);
+    if (i > 0) ms.push_back(dev->elapsed_ms(a, b));  // the first is a warm-up
+  }
+  std::sort(ms.begin(), ms.end());
+  dev->destroy_event(a);
+  dev->destroy_event(b);
+  dev->destroy_stream(s);
+  pool.deallocate(h);
+  dev->deallocate(d);
+  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e6);
 }
 
 // Keeps the host at most `ahead` layers in front of the stream.
@@ -66,8 +145,10 @@ class Pacer {
 };
 
 // One step (forward then backward); returns its wall time in ms.
-double step(Device& dev, CachingAllocator& alloc, SwapScheduler* swap, const Workload& w, double compute_ms) {
+double step(Device& dev, CachingAllocator& alloc, SwapScheduler* swap, const Workload& w, double compute_ms,
+            Compute& work) {
   const Stream compute = kDefaultStream;
+  auto busy = [&](Device&, Stream s, double ms) { work.run(s, ms); };
   std::vector<TensorView> attn(w.layers), mlp(w.layers);
   Pacer pace(dev, compute, 2);
   const auto t0 = Clock::now();
@@ -95,10 +176,8 @@ double step(Device& dev, CachingAllocator& alloc, SwapScheduler* swap, const Wor
 }
 
 Outcome measure(const Workload& w, bool with_swap, int distance, double compute_ms) {
-  EmulatedOptions o;
-  o.capacity = std::size_t{4} << 30;
-  o.link_bandwidth_gbps = w.gbps;
-  auto dev = make_emulated_device(0, o);
+  auto dev = make_device(w);
+  Compute work(*dev);
   CachingAllocator alloc(*dev);
   HostPool pool(*dev);
   SwapOptions so;
@@ -108,13 +187,13 @@ Outcome measure(const Workload& w, bool with_swap, int distance, double compute_
   // The first step on a fresh allocator shows what the device must provide; later steps, with
   // segments and pinned pages in place, are timed.
   Outcome out;
-  step(*dev, alloc, s, w, compute_ms);
+  step(*dev, alloc, s, w, compute_ms, work);
   out.peak_allocated = alloc.stats().allocated_bytes.all.peak;
   out.peak_reserved = alloc.stats().reserved_bytes.all.peak;
   std::vector<double> times;
   for (int i = 0; i < w.steps; ++i) {
     swap.reset_stats();
-    times.push_back(step(*dev, alloc, s, w, compute_ms));
+    times.push_back(step(*dev, alloc, s, w, compute_ms, work));
   }
   out.swap = swap.stats();  // the last step's
   std::sort(times.begin(), times.end());
@@ -137,10 +216,21 @@ int main(int argc, char** argv) {
     else if (k == "--gbps") w.gbps = v;
     else if (k == "--steps") w.steps = static_cast<int>(v);
     else if (k == "--ratio") w.compute_ratio = v;
+    else if (k == "--cuda") w.cuda = v != 0;
     else {
       fmt::print(stderr, "unknown option {}\n", k);
       return 2;
     }
+  }
+  if (w.cuda) {
+    if (cuda_device_count() == 0) {
+      fmt::print(stderr, "--cuda: no CUDA device ({})\n", cuda_unavailable_reason());
+      return 2;
+    }
+    w.gbps = measure_link_gbps(w.attn_bytes);
+    fmt::print("compute: memsets of a 64 MiB buffer (memory-bound)\n");
+    fmt::print("GPU 0's link, measured: {:.1f} GB/s per direction (D2H then H2D of {:.0f} MiB, pinned pool pages)\n",
+               w.gbps, mib(static_cast<std::int64_t>(w.attn_bytes)));
   }
   const double transfer_ms = static_cast<double>(w.attn_bytes) / (w.gbps * 1e6);  // one tensor, one way
   fmt::print("workload: {} layers, attention {:.0f} MiB/layer swapped, MLP {:.0f} MiB/layer kept, link {:g} GB/s "

@@ -177,19 +177,27 @@ Gpu* gpu() {
     if (cuda_device_count() == 0) return nullptr;
     auto* x = new Gpu;
     x->dev = make_cuda_device(0);
-    auto alloc = [&](std::size_t bytes) {
-      void* p = x->dev->allocate(bytes);
-      x->dev->fill_async(p, 0, bytes, kDefaultStream);
-      return p;
+    // Random data, never zeros (zeros can run faster than real data): weights N(0,1) split into
+    // the planes, gradients N(0,1e-2), m N(0,1e-3), v U(0,1e-4).
+    std::vector<float> host(kGpuN);
+    std::mt19937 rng(7);
+    auto upload = [&](auto&& dist) {
+      for (float& f : host) f = dist(rng);
+      void* p = x->dev->allocate(kGpuN * 4);
+      x->dev->copy_async(p, host.data(), kGpuN * 4, CopyKind::host_to_device, kDefaultStream);
+      x->dev->synchronize(kDefaultStream);
+      return static_cast<float*>(p);
     };
-    x->src = static_cast<float*>(alloc(kGpuN * 4));
-    x->dst = static_cast<float*>(alloc(kGpuN * 4));
-    x->m = static_cast<float*>(alloc(kGpuN * 4));
-    x->v = static_cast<float*>(alloc(kGpuN * 4));
-    x->g = static_cast<float*>(alloc(kGpuN * 4));
-    x->hi = static_cast<std::uint16_t*>(alloc(kGpuN * 2));
-    x->lo = static_cast<std::uint16_t*>(alloc(kGpuN * 2));
-    x->ties = static_cast<std::uint8_t*>(alloc(kGpuN / 8));
+    x->src = upload(std::normal_distribution<float>(0.0f, 1.0f));
+    x->dst = upload(std::normal_distribution<float>(0.0f, 1.0f));
+    x->g = upload(std::normal_distribution<float>(0.0f, 1e-2f));
+    x->m = upload(std::normal_distribution<float>(0.0f, 1e-3f));
+    x->v = upload(std::uniform_real_distribution<float>(0.0f, 1e-4f));
+    x->hi = static_cast<std::uint16_t*>(x->dev->allocate(kGpuN * 2));
+    x->lo = static_cast<std::uint16_t*>(x->dev->allocate(kGpuN * 2));
+    x->ties = static_cast<std::uint8_t*>(x->dev->allocate(kGpuN / 8));
+    cuda_precision::split(x->src, {x->hi, x->lo, x->ties, kGpuN, Rounding::nearest_even}, 0, kGpuN,
+                          native(kDefaultStream));
     x->start = x->dev->create_event(true);
     x->stop = x->dev->create_event(true);
     x->dev->synchronize();

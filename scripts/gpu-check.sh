@@ -6,9 +6,10 @@
 #                                  discovered, packed with the shared libraries its programs need
 #                                  into carry/gpu-check.tar.xz (carry/ is ignored by git)
 #   scripts/gpu-check.sh run       on the GPU machine, from the repository root, with carry/ carried
-#                                  there: `stowage info`, ctest, the benchmarks and
-#                                  tests/integration/torch_pluggable.py; logs go to $OUT (or
-#                                  ./gpu-check-out), a summary is printed last
+#                                  there: `stowage info`, ctest, tests/integration/torch_pluggable.py
+#                                  and the GPU benchmarks (GPU_CHECK_PHASES picks some); logs are
+#                                  packed into $OUT/gpu-check.tgz (or ./gpu-check-out), a summary is
+#                                  printed last
 #
 # The GPU machine has the CUDA driver, cmake and PyTorch but none of the Debian libraries, hence
 # the library folder. A CMake build holds absolute paths, so `run` unpacks it at the path it was
@@ -56,8 +57,14 @@ prepare() {
 }
 
 run() {
+  # GPU_CHECK_PHASES picks what runs (default: all): tests (stowage info, ctest), torch
+  # (tests/integration/torch_pluggable.py), bench (the BM_Cuda* benchmarks, offload_tool --cuda,
+  # bench/torch_allocator_bench.py). Logs go to a work folder packed into $OUT/gpu-check.tgz
+  # (a device machine returns few files), and summary.txt beside it.
+  local phases=" ${GPU_CHECK_PHASES:-tests torch bench} "
   local out=${OUT:-$ROOT/gpu-check-out}
-  mkdir -p "$out"
+  local logs=${TMPDIR:-/tmp}/gpu-check-logs  # outside $out: only the archive and summary come back
+  rm -rf "$logs" && mkdir -p "$logs" "$out"
   [[ -f $ARCHIVE ]] || { echo "gpu-check: $ARCHIVE missing: run 'prepare' here and carry carry/" >&2; exit 2; }
   local src build
   src=$(cat "$CARRY/gpu-check.source_dir")
@@ -67,37 +74,76 @@ run() {
   fi
   tar -C / -xJf "$ARCHIVE" || { echo "gpu-check: cannot unpack $ARCHIVE" >&2; exit 2; }
   export LD_LIBRARY_PATH=$build/gpu-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # NCCL for the registration test: the toolkit's, or the one PyTorch's wheels bring.
+  local nccl
+  nccl=$(find /usr/lib /usr/local /opt "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)" \
+    -name 'libnccl.so.2' 2>/dev/null | head -1)
+  [[ -n $nccl ]] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$nccl")
   export STOWAGE_LOG_LEVEL=${STOWAGE_LOG_LEVEL:-off}
+  local rc=0 info_rc=- ctest_rc=- torch_rc=- bench_rc=-
+  # Packed after every phase, so a command stopped at its time limit still returns what ran.
+  pack() { tar -C "$logs" -czf "$out/gpu-check.tgz" .; }
 
-  { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } > "$out/gpu.txt" 2>&1
-  "$build/stowage" info > "$out/info.txt" 2>&1
-  local info_rc=$?
+  { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv;
+    echo "nccl: ${nccl:-not found}"; nproc; } > "$logs/gpu.txt" 2>&1
 
-  # install builds a consumer against the Debian packages, which the GPU machine lacks.
-  (cd "$build" && timeout "${CTEST_TIMEOUT:-420}" ctest --output-on-failure -j"${CTEST_JOBS:-8}" --timeout 240 \
-    -E "${CTEST_EXCLUDE:-^install}") > "$out/ctest.log" 2>&1
-  local ctest_rc=$?
+  if [[ $phases == *" tests "* ]]; then
+    "$build/stowage" info > "$logs/info.txt" 2>&1
+    info_rc=$?
+    # install builds a consumer against the Debian packages, and layering runs /usr/bin/cmake: the
+    # GPU machine has neither (both are source checks that CI runs).
+    (cd "$build" && timeout "${CTEST_TIMEOUT:-420}" ctest --output-on-failure -j"${CTEST_JOBS:-8}" --timeout 240 \
+      -E "${CTEST_EXCLUDE:-^(install|layering)}" ${CTEST_ARGS:-}) > "$logs/ctest.log" 2>&1
+    ctest_rc=$?
+    pack
+  fi
 
-  : > "$out/bench.log"
-  for b in "$build"/bench/*_bench; do
-    [[ -x $b ]] || continue
-    echo "== $(basename "$b")" >> "$out/bench.log"
-    timeout 60 "$b" --benchmark_min_time=0.1 >> "$out/bench.log" 2>&1 || echo "(exit $?)" >> "$out/bench.log"
-  done
+  if [[ $phases == *" torch "* ]]; then
+    PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/tests/integration/torch_pluggable.py" "$build/libstowage.so" \
+      > "$logs/torch.log" 2>&1
+    torch_rc=$?
+    pack
+  fi
 
-  PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/tests/integration/torch_pluggable.py" "$build/libstowage.so" \
-    > "$out/torch.log" 2>&1
-  local torch_rc=$?
+  if [[ $phases == *" bench "* ]]; then
+    bench_rc=0
+    local reps="--benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true"
+    local b
+    for b in allocator_bench precision_bench offload_bench; do
+      # shellcheck disable=SC2086
+      timeout 150 "$build/bench/$b" --benchmark_filter=BM_Cuda --benchmark_min_time=0.1 $reps \
+        --benchmark_out="$logs/$b.gpu.json" --benchmark_out_format=json > "$logs/$b.gpu.txt" 2>&1 || bench_rc=$?
+      pack
+    done
+    # Swap over the real link, compute memory-bound (memsets), at two tensor sizes.
+    local sizes
+    for sizes in "--attn-mib 32 --mlp-mib 16" "--attn-mib 256 --mlp-mib 128"; do
+      # shellcheck disable=SC2086
+      timeout 120 "$build/bench/offload_tool" --cuda 1 --steps 5 $sizes || bench_rc=$?
+    done > "$logs/offload_tool.gpu.md" 2>&1
+    PYTHONUNBUFFERED=1 timeout 120 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
+      > "$logs/torch_allocator_bench.txt" 2>&1 || bench_rc=$?
+  fi
 
   {
-    echo "gpu:   $(head -1 "$out/gpu.txt")"
-    echo "info:  exit $info_rc; $(grep -m1 '^CUDA' "$out/info.txt")"
-    echo "ctest: exit $ctest_rc; $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)"
-    grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception)\)' "$out/ctest.log" | head -20
-    echo "cuda device tests: $(grep -cE 'DeviceTest.*/cuda .*Passed' "$out/ctest.log") passed, $(grep -cE 'DeviceTest.*/cuda .*(Failed|Skipped|\*\*\*)' "$out/ctest.log") failed or skipped"
-    echo "torch: exit $torch_rc; $(tail -1 "$out/torch.log")"
-  } | tee "$out/summary.txt"
-  [[ $ctest_rc -eq 0 && $torch_rc -eq 0 && $info_rc -eq 0 ]]
+    echo "gpu:   $(head -1 "$logs/gpu.txt"); phases:$phases"
+    if [[ $info_rc != - ]]; then
+      echo "info:  exit $info_rc; $(grep -m1 -i 'cuda' "$logs/info.txt")"
+      echo "ctest: exit $ctest_rc; $(grep -E 'tests passed|tests failed' "$logs/ctest.log" | tail -1)"
+      grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception|Not Run)\)' "$logs/ctest.log" | head -30
+      local cuda_lines
+      cuda_lines=$(grep -iE 'Test +#[0-9]+: [^ ]*cuda' "$logs/ctest.log")
+      echo "cuda cases: $(grep -c ' Passed' <<<"$cuda_lines") passed," \
+        "$(grep '\*\*\*' <<<"$cuda_lines" | grep -vc Skipped) failed," \
+        "$(grep -c '\*\*\*Skipped' <<<"$cuda_lines") skipped"
+    fi
+    [[ $torch_rc != - ]] && echo "torch: exit $torch_rc; $(tail -1 "$logs/torch.log")"
+    [[ $bench_rc != - ]] && echo "bench: exit $bench_rc"
+  } > "$logs/summary.txt"
+  cp "$logs/summary.txt" "$out/summary.txt"
+  pack
+  cat "$out/summary.txt"
+  for rc in $info_rc $ctest_rc $torch_rc $bench_rc; do [[ $rc == - || $rc == 0 ]] || return 1; done
 }
 
 case "${1:-}" in

@@ -55,6 +55,8 @@ struct DeviceProperties {
   std::size_t capacity = 0;         // bytes of device memory
   std::size_t granularity = 0;      // virtual-memory mapping granule (0 = no VMM)
   bool virtual_memory = false;      // reserve/map/unmap supported
+  bool partial_mapping = false;     // map() of part of a chunk (an offset, or less than its size);
+                                    // the CUDA driver maps chunks whole
   bool host_numa_memory = false;    // create_physical(Location::host_numa) supported
   bool host_accessible = false;     // the host can read/write device pointers directly
   std::string pci_bus_id;           // "0000:17:00.0" (CUDA), empty when emulated
@@ -93,6 +95,7 @@ class Device {
   virtual void unreserve(void* base, std::size_t bytes) = 0;
   virtual PhysicalHandle create_physical(std::size_t bytes, const PhysicalOptions& options = {}) = 0;
   virtual void destroy_physical(PhysicalHandle handle) = 0;
+  // Part of a chunk (offset > 0 or bytes < its size) only where properties().partial_mapping.
   virtual void map(void* va, std::size_t bytes, PhysicalHandle handle, std::size_t offset = 0) = 0;
   virtual void unmap(void* va, std::size_t bytes) = 0;
   // Makes a mapped range readable and writable by this device (and the host where possible).
