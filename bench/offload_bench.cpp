@@ -23,7 +23,7 @@ Device& emulated() {
   return *d;
 }
 
-void pool_pair(benchmark::State& state, HostPoolBackend backend) {
+void pool_pair(benchmark::State& state, HostPoolBackend backend, Device& device = emulated()) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   HostPoolOptions o;
   o.backend = backend;
@@ -31,7 +31,7 @@ void pool_pair(benchmark::State& state, HostPoolBackend backend) {
     state.SkipWithError("jemalloc is not linked into this executable");
     return;
   }
-  HostPool pool(emulated(), o);
+  HostPool pool(device, o);
   pool.deallocate(pool.allocate(bytes));  // pages mapped and pinned once
   for (auto _ : state) {
     void* p = pool.allocate(bytes);
@@ -85,18 +85,7 @@ Device* gpu() {
 
 void BM_CudaHostPool(benchmark::State& state) {
   if (gpu() == nullptr) return state.SkipWithError("no CUDA device");
-  const auto bytes = static_cast<std::size_t>(state.range(0));
-  HostPoolOptions o;
-  o.backend = HostPoolBackend::builtin;
-  HostPool pool(*gpu(), o);
-  pool.deallocate(pool.allocate(bytes));
-  for (auto _ : state) {
-    void* p = pool.allocate(bytes);
-    static_cast<volatile char*>(p)[0] = 1;
-    pool.deallocate(p);
-  }
-  state.SetItemsProcessed(state.iterations());
-  state.counters["maps"] = static_cast<double>(pool.stats().num_maps);
+  pool_pair(state, HostPoolBackend::builtin, *gpu());
 }
 
 void BM_CudaHostAllocPerBuffer(benchmark::State& state) {
