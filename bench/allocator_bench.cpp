@@ -33,13 +33,19 @@ using stowage::CachingAllocator;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 // Allocators behind one shape: allocate(bytes) / release(ptr, bytes).
+enum class On { emulated, gpu };
+
 struct StowageAlloc {
   std::unique_ptr<stowage::Device> dev;
   std::unique_ptr<CachingAllocator> a;
-  explicit StowageAlloc(stowage::SegmentMode mode) {
-    stowage::EmulatedOptions o;
-    o.capacity = std::size_t{16} << 30;
-    dev = stowage::make_emulated_device(0, o);
+  explicit StowageAlloc(stowage::SegmentMode mode, On on = On::emulated) {
+    if (on == On::gpu) {
+      dev = stowage::make_cuda_device(0);
+    } else {
+      stowage::EmulatedOptions o;
+      o.capacity = std::size_t{16} << 30;
+      dev = stowage::make_emulated_device(0, o);
+    }
     stowage::AllocatorOptions ao;
     ao.segments = mode;
     a = std::make_unique<CachingAllocator>(*dev, ao);
@@ -171,24 +177,9 @@ void BM_Random_Jemalloc(benchmark::State& state) {
 // cache pays per call) and cudaMallocAsync/cudaFreeAsync on a stream, with the device's default
 // pool told to keep its memory (release threshold at the maximum, as frameworks set it). Host
 // time per call; device memory is never touched. ---
-struct CudaError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
-
-struct CudaStowageAlloc {
-  std::unique_ptr<stowage::Device> dev = stowage::make_cuda_device(0);
-  std::unique_ptr<CachingAllocator> a;
-  explicit CudaStowageAlloc(stowage::SegmentMode mode) {
-    stowage::AllocatorOptions ao;
-    ao.segments = mode;
-    a = std::make_unique<CachingAllocator>(*dev, ao);
-  }
-  void* allocate(std::size_t n) { return a->allocate(n); }
-  void release(void* p, std::size_t) { a->deallocate(p); }
-};
 
 struct CudaMallocAlloc {
   void* allocate(std::size_t n) {
@@ -232,20 +223,20 @@ void on_gpu(benchmark::State& state, void (*measure)(benchmark::State&, A&), Arg
 }
 
 void BM_CudaCachedPair_Stowage(benchmark::State& s) {
-  on_gpu<CudaStowageAlloc>(s, cached_pair<CudaStowageAlloc>, stowage::SegmentMode::expandable);
+  on_gpu<StowageAlloc>(s, cached_pair<StowageAlloc>, stowage::SegmentMode::expandable, On::gpu);
 }
 void BM_CudaCachedPair_StowageClassic(benchmark::State& s) {
-  on_gpu<CudaStowageAlloc>(s, cached_pair<CudaStowageAlloc>, stowage::SegmentMode::classic);
+  on_gpu<StowageAlloc>(s, cached_pair<StowageAlloc>, stowage::SegmentMode::classic, On::gpu);
 }
 void BM_CudaCachedPair_CudaMalloc(benchmark::State& s) { on_gpu<CudaMallocAlloc>(s, cached_pair<CudaMallocAlloc>); }
 void BM_CudaCachedPair_CudaMallocAsync(benchmark::State& s) {
   on_gpu<CudaMallocAsyncAlloc>(s, cached_pair<CudaMallocAsyncAlloc>);
 }
 void BM_CudaRandom_Stowage(benchmark::State& s) {
-  on_gpu<CudaStowageAlloc>(s, random_sizes<CudaStowageAlloc>, stowage::SegmentMode::expandable);
+  on_gpu<StowageAlloc>(s, random_sizes<StowageAlloc>, stowage::SegmentMode::expandable, On::gpu);
 }
 void BM_CudaRandom_StowageClassic(benchmark::State& s) {
-  on_gpu<CudaStowageAlloc>(s, random_sizes<CudaStowageAlloc>, stowage::SegmentMode::classic);
+  on_gpu<StowageAlloc>(s, random_sizes<StowageAlloc>, stowage::SegmentMode::classic, On::gpu);
 }
 void BM_CudaRandom_CudaMalloc(benchmark::State& s) { on_gpu<CudaMallocAlloc>(s, random_sizes<CudaMallocAlloc>); }
 void BM_CudaRandom_CudaMallocAsync(benchmark::State& s) {

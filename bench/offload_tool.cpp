@@ -148,24 +148,23 @@ class Pacer {
 double step(Device& dev, CachingAllocator& alloc, SwapScheduler* swap, const Workload& w, double compute_ms,
             Compute& work) {
   const Stream compute = kDefaultStream;
-  auto busy = [&](Device&, Stream s, double ms) { work.run(s, ms); };
   std::vector<TensorView> attn(w.layers), mlp(w.layers);
   Pacer pace(dev, compute, 2);
   const auto t0 = Clock::now();
   for (int l = 0; l < w.layers; ++l) {
     attn[l] = TensorView::empty(alloc, DType::u8, {static_cast<std::int64_t>(w.attn_bytes)}, compute);
-    busy(dev, compute, compute_ms);  // attention forward writes attn[l]
+    work.run(compute, compute_ms);  // attention forward writes attn[l]
     if (swap) swap->offload(attn[l], l, "attn");
     mlp[l] = TensorView::empty(alloc, DType::u8, {static_cast<std::int64_t>(w.mlp_bytes)}, compute);
-    busy(dev, compute, compute_ms);  // MLP forward: the D2H runs behind it
+    work.run(compute, compute_ms);  // MLP forward: the D2H runs behind it
     pace.layer_enqueued();
   }
   for (int l = w.layers - 1; l >= 0; --l) {
     if (swap) swap->before_backward(l);
-    busy(dev, compute, compute_ms);  // MLP backward: the H2D runs behind it
+    work.run(compute, compute_ms);  // MLP backward: the H2D runs behind it
     mlp[l] = {};
     if (swap) attn[l] = swap->acquire(attn[l]);
-    busy(dev, compute, compute_ms);  // attention backward reads attn[l]
+    work.run(compute, compute_ms);  // attention backward reads attn[l]
     attn[l] = {};
     if (swap) swap->after_backward(l);
     pace.layer_enqueued();

@@ -80,7 +80,7 @@ run() {
     -name 'libnccl.so.2' 2>/dev/null | head -1)
   [[ -n $nccl ]] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$nccl")
   export STOWAGE_LOG_LEVEL=${STOWAGE_LOG_LEVEL:-off}
-  local rc=0 info_rc=- ctest_rc=- torch_rc=- bench_rc=-
+  local rc info_rc=- ctest_rc=- torch_rc=- bench_rc=-
   # Packed after every phase, so a command stopped at its time limit still returns what ran.
   pack() { tar -C "$logs" -czf "$out/gpu-check.tgz" .; }
 
