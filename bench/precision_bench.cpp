@@ -160,6 +160,33 @@ void BM_AdamWUnfused(benchmark::State& state) {
 }
 BENCHMARK(BM_AdamWUnfused)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMillisecond);
 
+// The fused step's memory traffic (half_up) with one add per stream instead of AdamW: the bandwidth
+// floor of that step measured on its own streams, which one core's memcpy (one read and one write
+// stream) understates. Arg: grad dtype (0 f32, 1 bf16).
+template <class G>
+void traffic(std::uint16_t* hi, std::uint16_t* lo, const G* g, float* m, float* v) {
+  for (std::size_t i = 0; i < kN; ++i) {
+    const auto gi = static_cast<std::uint16_t>(g[i]);
+    hi[i] = static_cast<std::uint16_t>(hi[i] + gi);
+    lo[i] = static_cast<std::uint16_t>(lo[i] + gi);
+    m[i] += static_cast<float>(gi);
+    v[i] += static_cast<float>(gi);
+  }
+}
+void BM_AdamWTraffic(benchmark::State& state) {
+  const bool bf16 = state.range(0) != 0;
+  Data& d = data();
+  for (auto _ : state) {
+    if (bf16) traffic(d.hi.data(), d.lo.data(), d.gb.data(), d.m.data(), d.v.data());
+    else traffic(d.hi.data(), d.lo.data(), d.gf.data(), d.m.data(), d.v.data());
+    benchmark::ClobberMemory();
+  }
+  const std::size_t bytes = kN * (24 + grad_bytes(bf16));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+  state.SetLabel(bf16 ? "bf16 grad" : "f32 grad");
+}
+BENCHMARK(BM_AdamWTraffic)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 #if defined(STOWAGE_HAVE_CUDA)
 // --- GPU: split / merge / fused AdamW against a device-to-device copy of the same bytes, timed
 // with CUDA events (skipped without a GPU) ---
