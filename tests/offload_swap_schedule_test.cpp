@@ -1,10 +1,14 @@
-// Randomised forward/backward schedules through the swap scheduler on an emulated device with a
-// 4 GB/s link: every tensor's contents are checked by hash, and after each step no device or
-// host memory is left over.
+// Randomised forward/backward schedules through the swap scheduler, on an emulated device with a
+// 4 GB/s link and on a GPU: every tensor's contents are checked by hash, and after each step no
+// device or host memory is left over. On the GPU (and in one emulated case, so that this path is
+// checked without one) the contents are written and hashed through the device's copies; the
+// emulated device's "kernels" otherwise touch its memory directly. CUDA skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iterator>
 #include <random>
+#include <vector>
 
 #include "offload_test_util.hpp"
 #include "stowage/allocator.hpp"
@@ -22,12 +26,19 @@ struct Schedule {
   std::size_t min_bytes;
   std::size_t host_cap;
   HostPoolBackend backend;
+  DeviceKind kind = DeviceKind::emulated;
+  bool staged = false;  // contents through copies (always on CUDA)
 };
 
 std::string name_of(const ::testing::TestParamInfo<Schedule>& info) {
   const auto& s = info.param;
   return "seed" + std::to_string(s.seed) + "_d" + std::to_string(s.distance) + "_min" + std::to_string(s.min_bytes) +
-         "_cap" + std::to_string(s.host_cap >> 20) + "M_" + to_string(s.backend);
+         "_cap" + std::to_string(s.host_cap >> 20) + "M_" + to_string(s.backend) + "_" + to_string(s.kind) +
+         (s.staged && s.kind == DeviceKind::emulated ? "_staged" : "");
+}
+
+void PrintTo(const Schedule& s, std::ostream* os) {
+  *os << "seed " << s.seed << ", distance " << s.distance << ", " << to_string(s.kind);
 }
 
 struct Tracked {
@@ -45,10 +56,16 @@ class SwapSchedule : public ::testing::TestWithParam<Schedule> {
   void SetUp() override {
     if (GetParam().backend == HostPoolBackend::jemalloc && !jemalloc_in_process())
       GTEST_SKIP() << "jemalloc is not linked into this executable (STOWAGE_LINK_JEMALLOC=OFF)";
-    EmulatedOptions o;
-    o.capacity = std::size_t{512} << 20;
-    o.link_bandwidth_gbps = 4.0;
-    device_ = make_emulated_device(0, o);
+    if (GetParam().kind == DeviceKind::cuda) {
+      if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+      device_ = make_cuda_device(0);
+    } else {
+      EmulatedOptions o;
+      o.capacity = std::size_t{512} << 20;
+      o.link_bandwidth_gbps = 4.0;
+      device_ = make_emulated_device(0, o);
+    }
+    staged_ = GetParam().staged || !device_->properties().host_accessible;
     allocator_ = std::make_unique<CachingAllocator>(*device_);
     HostPoolOptions po;
     po.backend = GetParam().backend;
@@ -68,7 +85,16 @@ class SwapSchedule : public ::testing::TestWithParam<Schedule> {
   // block reused before its copy finished shows up as a wrong hash.
   void scribble(std::mt19937& rng, Stream s) {
     auto t = TensorView::empty(*allocator_, DType::u8, {static_cast<std::int64_t>(pick_size(rng))}, s);
-    fill_on(*device_, s, t, 0xdead);
+    fill(s, t, 0xdead);
+  }
+
+  void fill(Stream s, const TensorView& t, std::uint64_t seed) {
+    if (staged_) upload_on(*device_, s, t, seed);
+    else fill_on(*device_, s, t, seed);
+  }
+  void hash(Stream s, const TensorView& t, std::uint64_t* out) {
+    if (staged_) download_hash_on(*device_, s, t, out);
+    else hash_on(*device_, s, t, out);
   }
 
   // One training step; sizes come from `shape_seed` (the same each step), contents from `step`.
@@ -86,7 +112,7 @@ class SwapSchedule : public ::testing::TestWithParam<Schedule> {
         t.seed = (std::uint64_t{static_cast<std::uint32_t>(step)} << 32) | ts.size();
         t.layer = layer;
         t.view = TensorView::empty(*allocator_, DType::u8, {static_cast<std::int64_t>(t.bytes)}, compute);
-        fill_on(*device_, compute, t.view, t.seed);
+        fill(compute, t.view, t.seed);
         static const char* kTags[] = {"attn", "mlp", "attn.core", "norm"};
         const std::string tag = "layer" + std::to_string(layer) + "." + kTags[shapes() % 4];
         if (shapes() % 10 == 0) {
@@ -108,7 +134,7 @@ class SwapSchedule : public ::testing::TestWithParam<Schedule> {
       std::shuffle(mine.begin(), mine.end(), rng);
       for (Tracked* t : mine) {
         const TensorView r = swap.acquire(t->view);
-        hash_on(*device_, compute, r, &t->got);
+        hash(compute, r, &t->got);
         if (rng() % 2) scribble(rng, compute);
       }
       swap.after_backward(layer);
@@ -144,6 +170,7 @@ class SwapSchedule : public ::testing::TestWithParam<Schedule> {
   std::unique_ptr<Device> device_;
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<HostPool> pool_;
+  bool staged_ = false;
 };
 
 TEST_P(SwapSchedule, ContentsSurviveAndNothingIsLeftAfterEachStep) {
@@ -168,15 +195,27 @@ TEST_P(SwapSchedule, ContentsSurviveAndNothingIsLeftAfterEachStep) {
   EXPECT_EQ(pool_->stats().num_maps, maps_after_first);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Random, SwapSchedule,
-    ::testing::Values(Schedule{1, 0, std::size_t{512} << 10, 0, HostPoolBackend::jemalloc},
-                      Schedule{2, 1, std::size_t{512} << 10, 0, HostPoolBackend::builtin},
-                      Schedule{3, 3, 0, 0, HostPoolBackend::jemalloc},
-                      Schedule{4, 0, 0, std::size_t{24} << 20, HostPoolBackend::builtin},
-                      Schedule{5, 2, std::size_t{512} << 10, std::size_t{16} << 20, HostPoolBackend::jemalloc},
-                      Schedule{6, 9, 0, 0, HostPoolBackend::builtin}),
-    name_of);
+const Schedule kSchedules[] = {
+    {1, 0, std::size_t{512} << 10, 0, HostPoolBackend::jemalloc},
+    {2, 1, std::size_t{512} << 10, 0, HostPoolBackend::builtin},
+    {3, 3, 0, 0, HostPoolBackend::jemalloc},
+    {4, 0, 0, std::size_t{24} << 20, HostPoolBackend::builtin},
+    {5, 2, std::size_t{512} << 10, std::size_t{16} << 20, HostPoolBackend::jemalloc},
+    {6, 9, 0, 0, HostPoolBackend::builtin},
+};
+
+std::vector<Schedule> on(DeviceKind kind) {
+  std::vector<Schedule> out(std::begin(kSchedules), std::end(kSchedules));
+  for (auto& s : out) s.kind = kind;
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Random, SwapSchedule, ::testing::ValuesIn(on(DeviceKind::emulated)), name_of);
+INSTANTIATE_TEST_SUITE_P(Staged, SwapSchedule,
+                         ::testing::Values(Schedule{7, 1, std::size_t{512} << 10, std::size_t{16} << 20,
+                                                    HostPoolBackend::builtin, DeviceKind::emulated, true}),
+                         name_of);
+INSTANTIATE_TEST_SUITE_P(Cuda, SwapSchedule, ::testing::ValuesIn(on(DeviceKind::cuda)), name_of);
 
 }  // namespace
 }  // namespace stowage

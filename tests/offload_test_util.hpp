@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "stowage/device.hpp"
 #include "stowage/tensor.hpp"
@@ -63,6 +64,21 @@ inline void hash_on(Device& d, Stream s, const TensorView& v, std::uint64_t* out
   const void* p = v.data();
   const std::size_t n = v.nbytes();
   d.launch_host(s, [p, n, out] { *out = hash_bytes(p, n); });
+}
+
+// The same two "kernels" through the device's copies, for a device whose memory the host cannot
+// touch (a GPU): the bytes go through a host buffer that the stream itself lets go after the copy.
+inline void upload_on(Device& d, Stream s, const TensorView& v, std::uint64_t seed) {
+  auto host = std::make_shared<std::vector<unsigned char>>(v.nbytes());
+  pattern(host->data(), host->size(), seed);
+  d.copy_async(v.data(), host->data(), host->size(), CopyKind::host_to_device, s);
+  d.launch_host(s, [host] {});
+}
+
+inline void download_hash_on(Device& d, Stream s, const TensorView& v, std::uint64_t* out) {
+  auto host = std::make_shared<std::vector<unsigned char>>(v.nbytes());
+  d.copy_async(host->data(), v.data(), host->size(), CopyKind::device_to_host, s);
+  d.launch_host(s, [host, out] { *out = hash_bytes(host->data(), host->size()); });
 }
 
 // A "kernel" that keeps the stream busy for `us` microseconds.
