@@ -19,6 +19,7 @@ using ::testing::HasSubstr;
 // bringing it back has to ask the device.
 const std::vector<std::int64_t> kShape{520, 1024};
 
+// Emulated only: it checks free_memory() == capacity at the end, exact on the emulated device alone.
 class RecomputeFaults : public ::testing::Test {
  protected:
   void SetUp() override {

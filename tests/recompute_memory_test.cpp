@@ -2,6 +2,7 @@
 // matmul), forward and backward, with the activation released after forward and recomputed
 // before backward, peaks lower by exactly the released activations less one layer's worth
 // (less one more per layer of prefetch distance), and computes the same gradients bit for bit.
+// On each backend; CUDA skips without a GPU.
 #include <gtest/gtest.h>
 
 #include "recompute_test_util.hpp"
@@ -23,8 +24,8 @@ struct StackRun {
   std::uint64_t weight_grad_hash = 0;
 };
 
-StackRun run_mlp_stack(bool release, int prefetch_distance) {
-  auto dev = small_device();
+StackRun run_mlp_stack(DeviceKind kind, bool release, int prefetch_distance) {
+  auto dev = make_device(kind);
   CachingAllocator alloc(*dev);
   const Stream s = dev->create_stream();
   StackRun out;
@@ -97,9 +98,17 @@ StackRun run_mlp_stack(bool release, int prefetch_distance) {
   return out;
 }
 
-TEST(RecomputeMemory, SavingIsReleasedActivationsLessOneLayer) {
-  const StackRun keep = run_mlp_stack(false, 0);
-  const StackRun released = run_mlp_stack(true, 0);
+class RecomputeMemory : public ::testing::TestWithParam<DeviceKind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == DeviceKind::cuda && cuda_device_count() == 0)
+      GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  }
+};
+
+TEST_P(RecomputeMemory, SavingIsReleasedActivationsLessOneLayer) {
+  const StackRun keep = run_mlp_stack(GetParam(), false, 0);
+  const StackRun released = run_mlp_stack(GetParam(), true, 0);
   const std::int64_t act = kTokens * kInter * 4;
   ASSERT_EQ(keep.activation_block, act);  // 64 KiB: no rounding in the block size
   EXPECT_EQ(keep.peak - released.peak, (kLayers - 1) * act);
@@ -107,13 +116,16 @@ TEST(RecomputeMemory, SavingIsReleasedActivationsLessOneLayer) {
   EXPECT_EQ(released.weight_grad_hash, keep.weight_grad_hash);
 }
 
-TEST(RecomputeMemory, PrefetchDistanceHoldsOneMoreLayer) {
-  const StackRun keep = run_mlp_stack(false, 0);
-  const StackRun prefetched = run_mlp_stack(true, 1);
+TEST_P(RecomputeMemory, PrefetchDistanceHoldsOneMoreLayer) {
+  const StackRun keep = run_mlp_stack(GetParam(), false, 0);
+  const StackRun prefetched = run_mlp_stack(GetParam(), true, 1);
   EXPECT_EQ(keep.peak - prefetched.peak, (kLayers - 2) * kTokens * kInter * 4);
   EXPECT_EQ(prefetched.input_grad_hash, keep.input_grad_hash);
   EXPECT_EQ(prefetched.weight_grad_hash, keep.weight_grad_hash);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, RecomputeMemory, ::testing::Values(DeviceKind::emulated, DeviceKind::cuda),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
 
 }  // namespace
 }  // namespace stowage

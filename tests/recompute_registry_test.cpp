@@ -1,6 +1,7 @@
-// The recompute registry on the emulated device: release gives bytes back and keeps the views,
+// The recompute registry on each backend: release gives bytes back and keeps the views,
 // before_backward brings back bit-identical contents on the compute stream, aliasing and
 // swapped storages are refused without changing anything, random state recomputes the same.
+// Device bytes move only through the device's copies, so CUDA runs it too (and skips without a GPU).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -18,14 +19,17 @@ namespace {
 
 using namespace stowage::testing;
 
-class RecomputeRegistry : public ::testing::Test {
+class RecomputeRegistry : public ::testing::TestWithParam<DeviceKind> {
  protected:
   void SetUp() override {
-    dev_ = small_device();
+    if (GetParam() == DeviceKind::cuda && cuda_device_count() == 0)
+      GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+    dev_ = make_device(GetParam());
     alloc_ = std::make_unique<CachingAllocator>(*dev_);
     stream_ = dev_->create_stream();
   }
   void TearDown() override {
+    if (!dev_) return;  // skipped
     dev_->synchronize();
     alloc_.reset();
     dev_->destroy_stream(stream_);
@@ -67,7 +71,7 @@ RecomputeFn unary(Activation a) {
   return [a](const RecomputeContext& c) { activation_forward(a, c.inputs[0], c.outputs[0], c.stream); };
 }
 
-TEST_F(RecomputeRegistry, ReleaseReturnsBytesAndRematerialisesBitIdentical) {
+TEST_P(RecomputeRegistry, ReleaseReturnsBytesAndRematerialisesBitIdentical) {
   Recompute rc(*alloc_, opts());
   for (DType t : {DType::f32, DType::bf16}) {
     auto x = input(t, {67, 301}, 1);  // ragged rows
@@ -97,7 +101,7 @@ TEST_F(RecomputeRegistry, ReleaseReturnsBytesAndRematerialisesBitIdentical) {
   EXPECT_EQ(rc.stats().rematerializations, 2u);
 }
 
-TEST_F(RecomputeRegistry, SwiGLUOnFusedProjectionAndBiasGeLURematerialise) {
+TEST_P(RecomputeRegistry, SwiGLUOnFusedProjectionAndBiasGeLURematerialise) {
   Recompute rc(*alloc_, opts());
   auto proj = input(DType::bf16, {33, 2 * 88}, 2);  // gate | up, one fused projection
   auto bias_in = input(DType::f32, {33, 88}, 3);
@@ -117,7 +121,7 @@ TEST_F(RecomputeRegistry, SwiGLUOnFusedProjectionAndBiasGeLURematerialise) {
   EXPECT_EQ(fnv1a(download(*dev_, y2, stream_)), h2);
 }
 
-TEST_F(RecomputeRegistry, RefusesAnOutputSharingStorageWithAnInput) {
+TEST_P(RecomputeRegistry, RefusesAnOutputSharingStorageWithAnInput) {
   Recompute rc(*alloc_, opts());
   auto x = input(DType::f32, {16, 64}, 5);
   rc.forward_into(0, "act_inplace", {x}, {x}, unary(Activation::relu));  // y is x
@@ -128,7 +132,7 @@ TEST_F(RecomputeRegistry, RefusesAnOutputSharingStorageWithAnInput) {
   EXPECT_EQ(rc.stats().releases, 0u);
 }
 
-TEST_F(RecomputeRegistry, RefusesWhileAnotherViewAliasesAndChangesNothing) {
+TEST_P(RecomputeRegistry, RefusesWhileAnotherViewAliasesAndChangesNothing) {
   Recompute rc(*alloc_, opts());
   auto x = input(DType::f32, {16, 64}, 6);
   auto y = rc.forward(0, "act", {x}, {{DType::f32, {16, 64}}}, unary(Activation::silu))[0];
@@ -146,7 +150,7 @@ TEST_F(RecomputeRegistry, RefusesWhileAnotherViewAliasesAndChangesNothing) {
   EXPECT_EQ(rc.release(0), y.nbytes() + z.nbytes());  // aliases gone: allowed
 }
 
-TEST_F(RecomputeRegistry, AnOutputThatIsAnotherFunctionsInputIsNotReleased) {
+TEST_P(RecomputeRegistry, AnOutputThatIsAnotherFunctionsInputIsNotReleased) {
   Recompute rc(*alloc_, opts());
   auto x = input(DType::f32, {8, 40}, 7);
   auto a = rc.forward(2, "act", {x}, {{DType::f32, {8, 40}}}, unary(Activation::gelu_erf))[0];
@@ -155,7 +159,7 @@ TEST_F(RecomputeRegistry, AnOutputThatIsAnotherFunctionsInputIsNotReleased) {
   EXPECT_EQ(d.storage().state(), StorageState::resident);
 }
 
-TEST_F(RecomputeRegistry, SwappedStoragesAreNeverAlsoReleased) {
+TEST_P(RecomputeRegistry, SwappedStoragesAreNeverAlsoReleased) {
   Recompute rc(*alloc_, opts());
   auto x = input(DType::f32, {8, 40}, 8);
   auto y = rc.forward(4, "act", {x}, {{DType::f32, {8, 40}}}, unary(Activation::silu))[0];
@@ -174,7 +178,7 @@ TEST_F(RecomputeRegistry, SwappedStoragesAreNeverAlsoReleased) {
   EXPECT_EQ(alloc_->stats().allocated_bytes.all.current, allocated);
 }
 
-TEST_F(RecomputeRegistry, SnapshotsTagTheActivation) {
+TEST_P(RecomputeRegistry, SnapshotsTagTheActivation) {
   Recompute rc(*alloc_, opts());
   auto x = input(DType::f32, {8, 128}, 10);
   auto y = rc.forward(3, "mlp.act", {x}, {{DType::f32, {8, 128}}}, unary(Activation::gelu_tanh))[0];
@@ -198,7 +202,7 @@ TEST_F(RecomputeRegistry, SnapshotsTagTheActivation) {
 
 // A consumer on a second stream, ordered after the recompute by an event, sees the original
 // bytes; before_backward itself never waits on the device.
-TEST_F(RecomputeRegistry, HookIsStreamOrderedAcrossStreams) {
+TEST_P(RecomputeRegistry, HookIsStreamOrderedAcrossStreams) {
   Recompute rc(*alloc_, opts());
   auto x = input(DType::f32, {64, 256}, 11);
   auto slow = [](const RecomputeContext& c) {
@@ -208,6 +212,11 @@ TEST_F(RecomputeRegistry, HookIsStreamOrderedAcrossStreams) {
   };
   auto y = rc.forward(7, "mlp.act", {x}, {{DType::f32, {64, 256}}}, slow)[0];
   const auto expected = fnv1a(download(*dev_, y, stream_));
+  // Made first, so that nothing after the gate waits on the held stream: the consumer, and the
+  // buffer it copies y into, taken before y's block is freed (which the recompute then reuses).
+  const Stream consumer = dev_->create_stream();
+  const Event done = dev_->create_event();
+  auto seen = TensorView::empty(*alloc_, DType::f32, {64, 256}, stream_);
   rc.release(7);
   scribble(y.nbytes());
 
@@ -218,40 +227,26 @@ TEST_F(RecomputeRegistry, HookIsStreamOrderedAcrossStreams) {
     gate_timed_out = gate.wait_for(std::chrono::seconds(20)) != std::future_status::ready;
   });
   rc.before_backward(7);  // returns while the compute stream is still held at the gate
-  const Stream consumer = dev_->create_stream();
-  const Event done = dev_->create_event();
   dev_->record(done, stream_);
   dev_->wait(consumer, done);
-  std::uint64_t seen = 0;
-  const void* p = y.data();
-  const std::size_t n = y.nbytes();
-  dev_->launch_host(consumer, [&seen, p, n] {
-    std::vector<std::uint8_t> bytes(n);
-    std::memcpy(bytes.data(), p, n);
-    seen = fnv1a(bytes);
-  });
+  // The consumer reads y on its own stream: a device copy, valid on a GPU too.
+  dev_->copy_async(seen.data(), y.data(), y.nbytes(), CopyKind::device_to_device, consumer);
   go.set_value();
   dev_->synchronize(consumer);
   EXPECT_FALSE(gate_timed_out.load());
-  EXPECT_EQ(seen, expected);
+  EXPECT_EQ(fnv1a(download(*dev_, seen, consumer)), expected);
   dev_->destroy_event(done);
   dev_->destroy_stream(consumer);
 }
 
-// Dropout with p = 0.25 drawn from the registration's counter-based stream.
+// Dropout with probability p drawn from the registration's counter-based stream.
 RecomputeFn dropout(float p) {
   return [p](const RecomputeContext& c) {
-    const float* x = c.inputs[0].data_as<float>();
-    float* y = c.outputs[0].data_as<float>();
-    const auto n = static_cast<std::uint64_t>(c.inputs[0].numel());
-    const RngState rng = c.rng;
-    c.device.launch_host(c.stream, [=] {
-      for (std::uint64_t i = 0; i < n; ++i) y[i] = random_uniform(rng, i) < p ? 0.0f : x[i] / (1.0f - p);
-    });
+    stowage::testing::dropout(c.device, c.stream, c.rng, p, c.inputs[0], c.outputs[0]);
   };
 }
 
-TEST_F(RecomputeRegistry, DropoutRecomputesTheSameMask) {
+TEST_P(RecomputeRegistry, DropoutRecomputesTheSameMask) {
   Recompute rc(*alloc_, opts());
   auto x = input(DType::f32, {32, 100}, 12);
   auto y1 = rc.forward(1, "dropout", {x}, {{DType::f32, {32, 100}}}, dropout(0.25f))[0];
@@ -267,7 +262,7 @@ TEST_F(RecomputeRegistry, DropoutRecomputesTheSameMask) {
   EXPECT_EQ(download(*dev_, y2, stream_), b2);
 }
 
-TEST_F(RecomputeRegistry, PrefetchDistanceRematerialisesTheNextLayerEarly) {
+TEST_P(RecomputeRegistry, PrefetchDistanceRematerialisesTheNextLayerEarly) {
   auto o = opts();
   o.prefetch_distance = 1;
   Recompute rc(*alloc_, o);
@@ -288,7 +283,7 @@ TEST_F(RecomputeRegistry, PrefetchDistanceRematerialisesTheNextLayerEarly) {
   EXPECT_EQ(rc.stats().prefetches_deferred, 1u);
 }
 
-TEST_F(RecomputeRegistry, BadRegistrationsAreRefused) {
+TEST_P(RecomputeRegistry, BadRegistrationsAreRefused) {
   EXPECT_THROW(Recompute(*alloc_, RecomputeOptions{.prefetch_distance = -1}), InvalidArgument);
   Recompute rc(*alloc_, opts());
   auto x = input(DType::f32, {4, 8}, 30);
@@ -300,6 +295,9 @@ TEST_F(RecomputeRegistry, BadRegistrationsAreRefused) {
   EXPECT_EQ(rc.release(99), 0u);  // nothing registered there
   EXPECT_NO_THROW(rc.before_backward(99));
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, RecomputeRegistry, ::testing::Values(DeviceKind::emulated, DeviceKind::cuda),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
 
 TEST(CounterRng, PhiloxMatchesRandom123KnownAnswers) {
   EXPECT_EQ(philox::generate({0, 0, 0, 0}, {0, 0}),

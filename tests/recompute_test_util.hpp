@@ -1,6 +1,7 @@
 #pragma once
-// Shared pieces of the recompute tests: an emulated device with an allocator, host<->device
-// transfers, a byte hash, and a small CPU matmul run on a stream.
+// Shared pieces of the recompute tests: a device of either backend with an allocator,
+// host<->device transfers, a byte hash, and small matmul and dropout kernels run on a stream
+// (the CPU loop on the emulated device, recompute_*_cuda.cu on CUDA).
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -8,7 +9,9 @@
 #include <vector>
 
 #include "stowage/allocator.hpp"
+#include "stowage/counter_rng.hpp"
 #include "stowage/device.hpp"
+#include "stowage/error.hpp"
 #include "stowage/tensor.hpp"
 
 namespace stowage::testing {
@@ -17,6 +20,12 @@ inline std::unique_ptr<Device> small_device(std::size_t capacity = std::size_t{2
   EmulatedOptions o;
   o.capacity = capacity;
   return make_emulated_device(0, o);
+}
+
+// The device a suite parameterised on DeviceKind runs on: a small emulated device, or CUDA
+// device 0 (whose capacity is the GPU's). The caller skips CUDA when cuda_device_count() is 0.
+inline std::unique_ptr<Device> make_device(DeviceKind kind, std::size_t capacity = std::size_t{256} << 20) {
+  return kind == DeviceKind::cuda ? make_cuda_device(0) : small_device(capacity);
 }
 
 // Copies host values into a resident tensor (stream-ordered; waits so `values` may go).
@@ -47,8 +56,17 @@ inline std::vector<float> normal_values(std::size_t n, unsigned seed, float sigm
   return v;
 }
 
-// C[m, n] = op(A) op(B), fp32, contiguous row-major; op transposes when asked. Runs on the
-// stream's thread; only pointers are captured, as with a real kernel launch.
+#ifdef STOWAGE_HAVE_CUDA
+// The CUDA kernels behind matmul() and dropout(), launched on `stream` (a cudaStream_t).
+// c[m, n] = op(a) op(b); a and b have leading dimensions lda and ldb (their column counts).
+void matmul_cuda(void* stream, std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                 bool ta, const float* b, std::int64_t ldb, bool tb, float* c);
+// y[i] = 0 where random_uniform(rng, i) < p, else x[i] / (1 - p).
+void dropout_cuda(void* stream, RngState rng, float p, std::uint64_t n, const float* x, float* y);
+#endif
+
+// C[m, n] = op(A) op(B), fp32, contiguous row-major; op transposes when asked. On the emulated
+// device it runs on the stream's thread; only pointers are captured, as with a real kernel launch.
 inline void matmul(Device& dev, Stream s, const TensorView& a, bool ta, const TensorView& b, bool tb,
                    const TensorView& c) {
   const auto m = c.shape()[0], n = c.shape()[1];
@@ -57,6 +75,14 @@ inline void matmul(Device& dev, Stream s, const TensorView& a, bool ta, const Te
   const float* bp = b.data_as<float>();
   float* cp = c.data_as<float>();
   const auto lda = a.shape()[1], ldb = b.shape()[1];
+  if (dev.properties().kind == DeviceKind::cuda) {
+#ifdef STOWAGE_HAVE_CUDA
+    matmul_cuda(native(s), m, n, k, ap, lda, ta, bp, ldb, tb, cp);
+    return;
+#else
+    throw Unsupported("matmul: the tests were built without CUDA");  // CUDA instances skip first
+#endif
+  }
   dev.launch_host(s, [=] {
     for (std::int64_t i = 0; i < m; ++i)
       for (std::int64_t j = 0; j < n; ++j) {
@@ -65,6 +91,25 @@ inline void matmul(Device& dev, Stream s, const TensorView& a, bool ta, const Te
           acc += (ta ? ap[p * lda + i] : ap[i * lda + p]) * (tb ? bp[j * ldb + p] : bp[p * ldb + j]);
         cp[i * n + j] = acc;
       }
+  });
+}
+
+// Dropout of contiguous fp32 x into y with probability p, the mask drawn from `rng`'s
+// counter-based stream, so the same state gives the same mask.
+inline void dropout(Device& dev, Stream s, RngState rng, float p, const TensorView& x, const TensorView& y) {
+  const float* xp = x.data_as<float>();
+  float* yp = y.data_as<float>();
+  const auto n = static_cast<std::uint64_t>(x.numel());
+  if (dev.properties().kind == DeviceKind::cuda) {
+#ifdef STOWAGE_HAVE_CUDA
+    dropout_cuda(native(s), rng, p, n, xp, yp);
+    return;
+#else
+    throw Unsupported("dropout: the tests were built without CUDA");  // CUDA instances skip first
+#endif
+  }
+  dev.launch_host(s, [=] {
+    for (std::uint64_t i = 0; i < n; ++i) yp[i] = random_uniform(rng, i) < p ? 0.0f : xp[i] / (1.0f - p);
   });
 }
 
