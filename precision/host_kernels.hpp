@@ -18,9 +18,11 @@ inline void for_each_group(std::size_t begin, std::size_t end, Body&& body) {
   for (; i < end; ++i) body.template operator()<ScalarOps>(i);
 }
 
+// Always inlined: the eight-lane portable ops pass 32-byte values, which GCC would otherwise
+// hand to an out-of-line copy through the stack on every group.
 // fp32 master of elements i.. from the planes: ((bf16 + tie) << 16 | residual) - 0x8000.
 template <class P, bool RNE>
-inline typename P::F load_master(const SplitPlanes& w, std::size_t i) {
+[[gnu::always_inline]] inline typename P::F load_master(const SplitPlanes& w, std::size_t i) {
   typename P::U hi = P::load_u16(w.bf16 + i);
   if constexpr (RNE) {
     if constexpr (requires { P::add_ties(hi, w.ties, i); }) hi = P::add_ties(hi, w.ties, i);  // mask registers
@@ -32,7 +34,7 @@ inline typename P::F load_master(const SplitPlanes& w, std::size_t i) {
 // t = bits + 0x8000; bf16 = t >> 16, residual = t & 0xFFFF; in nearest_even mode an exact tie
 // whose half_up result is odd (residual 0, bf16 odd) is stored one lower with its tie bit set.
 template <class P, bool RNE, bool Stream = false>
-inline void store_master(const SplitPlanes& w, std::size_t i, typename P::F x) {
+[[gnu::always_inline]] inline void store_master(const SplitPlanes& w, std::size_t i, typename P::F x) {
   const typename P::U t = P::add(P::as_u(x), P::set1(0x8000));
   typename P::U hi = P::shr16(t);
   const typename P::U lo = P::and_(t, P::set1(0xFFFF));

@@ -1,10 +1,16 @@
-// Split / merge on the host: the portable (scalar) kernels and the checked public entry points.
+// Split / merge on the host: the portable kernels (SimdLevel::scalar: eight plain-C++ lanes, for
+// CPUs without AVX2) and the checked public entry points.
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>  // the portable path's non-temporal stores (x86-64 has SSE2)
+#endif
 
 #include "precision/kernel_table.hpp"
 #include "precision/validate.hpp"
@@ -15,17 +21,19 @@
 #pragma STDC FP_CONTRACT OFF
 #else
 #pragma GCC optimize("fp-contract=off")
+#pragma GCC optimize("no-math-errno")  // lets the lanes' sqrt vectorise (v >= 0: errno is never set)
 #endif
 
 namespace stowage {
 namespace detail {
 namespace {
 #include "precision/ops_scalar.hpp"
+#include "precision/ops_lanes.hpp"
 #include "precision/host_kernels.hpp"
 }  // namespace
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable table = make_table<ScalarOps>();
+  static const KernelTable table = make_table<LanesOps>();
   return table;
 }
 }  // namespace detail

@@ -1,0 +1,91 @@
+#pragma once
+// Eight-lane operations in plain C++: the portable path for CPUs without AVX2. Each operation is
+// a fixed loop over eight lanes that the compiler vectorises for the baseline instruction set
+// (SSE2 on x86-64, NEON on AArch64); lane by lane it is the same IEEE operation as ScalarOps, so
+// results are bit-identical. Eight lanes make one tie byte, loaded and stored whole. Only the
+// streaming stores name SSE2 directly, where the compiler targets it.
+// Included inside an anonymous namespace after ops_scalar.hpp; split_cpu.cpp includes these
+// headers (and <emmintrin.h>) first, outside it.
+#include <array>
+#include <bit>
+
+struct LanesOps {
+  static constexpr std::size_t W = 8;
+  using U = std::array<std::uint32_t, W>;
+  using F = std::array<float, W>;
+
+  template <class R, class Fn>
+  static R each(Fn&& fn) {
+    R r;
+    for (std::size_t k = 0; k < W; ++k) r[k] = fn(k);
+    return r;
+  }
+
+  static U set1(std::uint32_t x) { return each<U>([&](std::size_t) { return x; }); }
+  static F fset1(float x) { return each<F>([&](std::size_t) { return x; }); }
+  static U load_u16(const std::uint16_t* p) { return each<U>([&](std::size_t k) { return std::uint32_t{p[k]}; }); }
+  static void store_u16(std::uint16_t* p, const U& v) {
+    for (std::size_t k = 0; k < W; ++k) p[k] = static_cast<std::uint16_t>(v[k]);
+  }
+  static F load_f32(const float* p) { return each<F>([&](std::size_t k) { return p[k]; }); }
+  static void store_f32(float* p, const F& v) {
+    for (std::size_t k = 0; k < W; ++k) p[k] = v[k];
+  }
+#if defined(__SSE2__)
+  // Non-temporal stores (SSE2 is part of x86-64), as the AVX paths and memcpy use for large
+  // copies: no read-for-ownership of the destination. p is aligned to the group's bytes here.
+  static void stream_f32(float* p, const F& v) {
+    _mm_stream_ps(p, _mm_loadu_ps(v.data()));
+    _mm_stream_ps(p + 4, _mm_loadu_ps(v.data() + 4));
+  }
+  static void stream_u16(std::uint16_t* p, const U& v) {
+    alignas(16) std::array<std::uint16_t, W> h;
+    for (std::size_t k = 0; k < W; ++k) h[k] = static_cast<std::uint16_t>(v[k]);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_load_si128(reinterpret_cast<const __m128i*>(h.data())));
+  }
+  static void fence() { _mm_sfence(); }
+#else
+  static void stream_f32(float* p, const F& v) { store_f32(p, v); }
+  static void stream_u16(std::uint16_t* p, const U& v) { store_u16(p, v); }
+  static void fence() {}
+#endif
+  // i is a multiple of 8 here (for_each_group): lane k is bit k of tie byte i / 8. Loading takes
+  // the byte's eight lanes from a table (8 KiB): baseline SIMD has no per-lane variable shifts,
+  // and a byte spread lane by lane stays scalar.
+  static constexpr std::array<U, 256> kTieLanes = [] {
+    std::array<U, 256> t{};
+    for (std::size_t b = 0; b < 256; ++b)
+      for (std::size_t k = 0; k < W; ++k) t[b][k] = static_cast<std::uint32_t>((b >> k) & 1u);
+    return t;
+  }();
+  static U load_ties(const std::uint8_t* t, std::size_t i) { return kTieLanes[t[i >> 3]]; }
+  static void store_ties(std::uint8_t* t, std::size_t i, const U& v) {
+    // v[k] is 0 or 1: as byte k of a word, one multiply gathers the eight into its top byte
+    // (byte k lands on bit 56 + k; no two partial products meet there).
+    std::array<std::uint8_t, W> bytes;
+    for (std::size_t k = 0; k < W; ++k) bytes[k] = static_cast<std::uint8_t>(v[k]);
+    const auto word = std::bit_cast<std::uint64_t>(bytes);
+    t[i >> 3] = static_cast<std::uint8_t>((word * 0x0102040810204080ull) >> 56);
+  }
+  static U add(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] + b[k]; }); }
+  static U sub(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] - b[k]; }); }
+  static U and_(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] & b[k]; }); }
+  static U or_(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] | b[k]; }); }
+  static U shl16(const U& a) { return each<U>([&](std::size_t k) { return a[k] << 16; }); }
+  static U shr16(const U& a) { return each<U>([&](std::size_t k) { return a[k] >> 16; }); }
+  static U eq(const U& a, const U& b) {  // 1 or 0 per lane
+    return each<U>([&](std::size_t k) { return static_cast<std::uint32_t>(a[k] == b[k]); });
+  }
+  static bool any(const U& a) {
+    std::uint32_t r = 0;
+    for (std::size_t k = 0; k < W; ++k) r |= a[k];
+    return r != 0;
+  }
+  static F as_f(const U& a) { return std::bit_cast<F>(a); }
+  static U as_u(const F& f) { return std::bit_cast<U>(f); }
+  static F fadd(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] + b[k]; }); }
+  static F fsub(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] - b[k]; }); }
+  static F fmul(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] * b[k]; }); }
+  static F fdiv(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] / b[k]; }); }
+  static F fsqrt(const F& a) { return each<F>([&](std::size_t k) { return std::sqrt(a[k]); }); }
+};
