@@ -52,6 +52,17 @@ inline std::uint64_t expected_hash(std::size_t n, std::uint64_t seed) {
   return hash_bytes(buf.get(), n);
 }
 
+// The device a suite parameterised on DeviceKind runs on: an emulated device of `capacity` bytes
+// whose link is throttled to `link_gbps`, or CUDA device 0 (the caller skips CUDA first when
+// cuda_device_count() is 0).
+inline std::unique_ptr<Device> make_test_device(DeviceKind kind, std::size_t capacity, double link_gbps) {
+  if (kind == DeviceKind::cuda) return make_cuda_device(0);
+  EmulatedOptions o;
+  o.capacity = capacity;
+  o.link_bandwidth_gbps = link_gbps;
+  return make_emulated_device(0, o);
+}
+
 // A "kernel" filling the tensor's bytes on `stream` (the pointer is taken now, as on a GPU).
 inline void fill_on(Device& d, Stream s, const TensorView& v, std::uint64_t seed) {
   void* p = v.data();
