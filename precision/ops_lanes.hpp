@@ -2,8 +2,9 @@
 // Eight-lane operations in plain C++: the portable path for CPUs without AVX2. Each operation is
 // a fixed loop over eight lanes that the compiler vectorises for the baseline instruction set
 // (SSE2 on x86-64, NEON on AArch64); lane by lane it is the same IEEE operation as ScalarOps, so
-// results are bit-identical. Eight lanes make one tie byte, loaded and stored whole. Only the
-// streaming stores name SSE2 directly, where the compiler targets it.
+// results are bit-identical. Eight lanes make one tie byte, loaded and stored whole. Where the
+// compiler targets SSE2 (all of x86-64), the streaming stores and the tie-byte gather name it
+// directly: plain C++ has no non-temporal store, and its gather of eight bits stays scalar.
 // Included inside an anonymous namespace after ops_scalar.hpp; split_cpu.cpp includes these
 // headers (and <emmintrin.h>) first, outside it.
 #include <array>
@@ -39,9 +40,12 @@ struct LanesOps {
     _mm_stream_ps(p + 4, _mm_loadu_ps(v.data() + 4));
   }
   static void stream_u16(std::uint16_t* p, const U& v) {
-    alignas(16) std::array<std::uint16_t, W> h;
-    for (std::size_t k = 0; k < W; ++k) h[k] = static_cast<std::uint16_t>(v[k]);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_load_si128(reinterpret_cast<const __m128i*>(h.data())));
+    // Lanes hold 16-bit values: sign-extend each from bit 15 so that the signed saturating pack
+    // (SSE2 has no unsigned one from 32 bits) keeps its low half exactly.
+    const auto narrow = [](__m128i x) { return _mm_srai_epi32(_mm_slli_epi32(x, 16), 16); };
+    const __m128i lo = narrow(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v.data())));
+    const __m128i hi = narrow(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v.data() + 4)));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(lo, hi));
   }
   static void fence() { _mm_sfence(); }
 #else
@@ -59,14 +63,21 @@ struct LanesOps {
     return t;
   }();
   static U load_ties(const std::uint8_t* t, std::size_t i) { return kTieLanes[t[i >> 3]]; }
+#if defined(__SSE2__)
   static void store_ties(std::uint8_t* t, std::size_t i, const U& v) {
-    // v[k] is 0 or 1: as byte k of a word, one multiply gathers the eight into its top byte
-    // (byte k lands on bit 56 + k; no two partial products meet there).
-    std::array<std::uint8_t, W> bytes;
-    for (std::size_t k = 0; k < W; ++k) bytes[k] = static_cast<std::uint8_t>(v[k]);
-    const auto word = std::bit_cast<std::uint64_t>(bytes);
-    t[i >> 3] = static_cast<std::uint8_t>((word * 0x0102040810204080ull) >> 56);
+    // v[k] is 0 or 1: move it to the sign bit and let movmskps gather four lanes at a time.
+    const auto signs = [](const std::uint32_t* q) {
+      return _mm_movemask_ps(_mm_castsi128_ps(_mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), 31)));
+    };
+    t[i >> 3] = static_cast<std::uint8_t>(signs(v.data()) | (signs(v.data() + 4) << 4));
   }
+#else
+  static void store_ties(std::uint8_t* t, std::size_t i, const U& v) {
+    std::uint32_t byte = 0;
+    for (std::size_t k = 0; k < W; ++k) byte |= (v[k] & 1u) << k;
+    t[i >> 3] = static_cast<std::uint8_t>(byte);
+  }
+#endif
   static U add(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] + b[k]; }); }
   static U sub(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] - b[k]; }); }
   static U and_(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] & b[k]; }); }
