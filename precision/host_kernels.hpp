@@ -18,7 +18,7 @@ inline void for_each_group(std::size_t begin, std::size_t end, Body&& body) {
   for (; i < end; ++i) body.template operator()<ScalarOps>(i);
 }
 
-// Always inlined: the eight-lane portable ops pass 32-byte values, which GCC would otherwise
+// Always inlined: the portable ops pass 64-byte lane arrays, which GCC would otherwise
 // hand to an out-of-line copy through the stack on every group.
 // fp32 master of elements i.. from the planes: ((bf16 + tie) << 16 | residual) - 0x8000.
 template <class P, bool RNE>

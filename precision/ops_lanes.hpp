@@ -1,9 +1,9 @@
 #pragma once
-// Eight-lane operations in plain C++: the portable path for CPUs without AVX2. Each operation is
-// a fixed loop over eight lanes that the compiler vectorises for the baseline instruction set
+// Sixteen-lane operations in plain C++: the portable path for CPUs without AVX2. Each operation
+// is a fixed loop over the lanes that the compiler vectorises for the baseline instruction set
 // (SSE2 on x86-64, NEON on AArch64); lane by lane it is the same IEEE operation as ScalarOps, so
-// results are bit-identical. Eight lanes make one tie byte, loaded and stored whole. Where the
-// compiler targets SSE2 (all of x86-64), the streaming stores and the tie-byte gather name it
+// results are bit-identical. Sixteen lanes make two tie bytes, loaded and stored whole. Where the
+// compiler targets SSE2 (all of x86-64), the streaming stores and the tie-bit gather name it
 // directly: plain C++ has no non-temporal store, and its gather of eight bits stays scalar.
 // Included inside an anonymous namespace after ops_scalar.hpp; split_cpu.cpp includes these
 // headers (and <emmintrin.h>) first, outside it.
@@ -11,7 +11,7 @@
 #include <bit>
 
 struct LanesOps {
-  static constexpr std::size_t W = 8;
+  static constexpr std::size_t W = 16;  // two tie bytes: half the per-group overhead of eight
   using U = std::array<std::uint32_t, W>;
   using F = std::array<float, W>;
 
@@ -36,16 +36,16 @@ struct LanesOps {
   // Non-temporal stores (SSE2 is part of x86-64), as the AVX paths and memcpy use for large
   // copies: no read-for-ownership of the destination. p is aligned to the group's bytes here.
   static void stream_f32(float* p, const F& v) {
-    _mm_stream_ps(p, _mm_loadu_ps(v.data()));
-    _mm_stream_ps(p + 4, _mm_loadu_ps(v.data() + 4));
+    for (std::size_t k = 0; k < W; k += 4) _mm_stream_ps(p + k, _mm_loadu_ps(v.data() + k));
   }
   static void stream_u16(std::uint16_t* p, const U& v) {
     // Lanes hold 16-bit values: sign-extend each from bit 15 so that the signed saturating pack
     // (SSE2 has no unsigned one from 32 bits) keeps its low half exactly.
-    const auto narrow = [](__m128i x) { return _mm_srai_epi32(_mm_slli_epi32(x, 16), 16); };
-    const __m128i lo = narrow(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v.data())));
-    const __m128i hi = narrow(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v.data() + 4)));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(lo, hi));
+    const auto narrow = [&](std::size_t k) {
+      return _mm_srai_epi32(_mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v.data() + k)), 16), 16);
+    };
+    for (std::size_t k = 0; k < W; k += 8)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(p + k), _mm_packs_epi32(narrow(k), narrow(k + 4)));
   }
   static void fence() { _mm_sfence(); }
 #else
@@ -53,29 +53,38 @@ struct LanesOps {
   static void stream_u16(std::uint16_t* p, const U& v) { store_u16(p, v); }
   static void fence() {}
 #endif
-  // i is a multiple of 8 here (for_each_group): lane k is bit k of tie byte i / 8. Loading takes
-  // the byte's eight lanes from a table (8 KiB): baseline SIMD has no per-lane variable shifts,
-  // and a byte spread lane by lane stays scalar.
-  static constexpr std::array<U, 256> kTieLanes = [] {
-    std::array<U, 256> t{};
+  // i is a multiple of 8 here (for_each_group): lane k is bit k % 8 of tie byte (i + k) / 8.
+  // Loading takes each byte's eight lanes from a table (8 KiB): baseline SIMD has no per-lane
+  // variable shifts, and a byte spread lane by lane stays scalar.
+  using Lanes8 = std::array<std::uint32_t, 8>;
+  static constexpr std::array<Lanes8, 256> kTieLanes = [] {
+    std::array<Lanes8, 256> t{};
     for (std::size_t b = 0; b < 256; ++b)
-      for (std::size_t k = 0; k < W; ++k) t[b][k] = static_cast<std::uint32_t>((b >> k) & 1u);
+      for (std::size_t k = 0; k < 8; ++k) t[b][k] = static_cast<std::uint32_t>((b >> k) & 1u);
     return t;
   }();
-  static U load_ties(const std::uint8_t* t, std::size_t i) { return kTieLanes[t[i >> 3]]; }
+  static U load_ties(const std::uint8_t* t, std::size_t i) {
+    U r;
+    for (std::size_t j = 0; j < W / 8; ++j) std::memcpy(r.data() + 8 * j, kTieLanes[t[(i >> 3) + j]].data(), 32);
+    return r;
+  }
 #if defined(__SSE2__)
   static void store_ties(std::uint8_t* t, std::size_t i, const U& v) {
     // v[k] is 0 or 1: move it to the sign bit and let movmskps gather four lanes at a time.
-    const auto signs = [](const std::uint32_t* q) {
-      return _mm_movemask_ps(_mm_castsi128_ps(_mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), 31)));
+    const auto signs = [&](std::size_t k) {
+      return static_cast<std::uint32_t>(_mm_movemask_ps(
+          _mm_castsi128_ps(_mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v.data() + k)), 31))));
     };
-    t[i >> 3] = static_cast<std::uint8_t>(signs(v.data()) | (signs(v.data() + 4) << 4));
+    for (std::size_t j = 0; j < W / 8; ++j)
+      t[(i >> 3) + j] = static_cast<std::uint8_t>(signs(8 * j) | (signs(8 * j + 4) << 4));
   }
 #else
   static void store_ties(std::uint8_t* t, std::size_t i, const U& v) {
-    std::uint32_t byte = 0;
-    for (std::size_t k = 0; k < W; ++k) byte |= (v[k] & 1u) << k;
-    t[i >> 3] = static_cast<std::uint8_t>(byte);
+    for (std::size_t j = 0; j < W / 8; ++j) {
+      std::uint32_t byte = 0;
+      for (std::size_t k = 0; k < 8; ++k) byte |= (v[8 * j + k] & 1u) << k;
+      t[(i >> 3) + j] = static_cast<std::uint8_t>(byte);
+    }
   }
 #endif
   static U add(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] + b[k]; }); }

@@ -1,4 +1,4 @@
-// Split / merge on the host: the portable kernels (SimdLevel::scalar: eight plain-C++ lanes, for
+// Split / merge on the host: the portable kernels (SimdLevel::scalar: sixteen plain-C++ lanes, for
 // CPUs without AVX2) and the checked public entry points.
 #include <array>
 #include <bit>
