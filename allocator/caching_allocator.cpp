@@ -2,7 +2,6 @@
 #include <algorithm>
 
 #include "allocator/caching_allocator_impl.hpp"
-#include "allocator/log.hpp"
 #include "allocator/size_classes.hpp"
 #include "fmt/format.h"
 
@@ -208,59 +207,37 @@ void CachingAllocator::deallocate(void* ptr) {
 void CachingAllocator::deallocate(void* ptr, std::size_t expected_bytes) {
   if (!ptr) return;
   Impl& m = *impl_;
-  // A stream the block was used on may have been destroyed since record_stream: no event can be
-  // recorded on it, but its last work still runs. The device is then synchronized (without the
-  // lock: work on a stream may itself free memory) and the free retried, skipping such streams.
-  bool device_synchronized = false;
-  for (;;) {
-    std::unique_lock lock(m.mu);
-    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    Block* b = m.live.find(addr);
-    if (!b) throw InvalidArgument(m.describe_foreign(addr));
-    if (expected_bytes != 0 && expected_bytes != b->requested && expected_bytes != b->size) {
-      throw InvalidArgument(fmt::format(
-          "stowage: free of {} with size {} bytes, but the block was allocated with {} bytes",
-          ptr, expected_bytes, b->requested));
+  std::lock_guard lock(m.mu);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  Block* b = m.live.find(addr);
+  if (!b) throw InvalidArgument(m.describe_foreign(addr));
+  if (expected_bytes != 0 && expected_bytes != b->requested && expected_bytes != b->size) {
+    throw InvalidArgument(fmt::format(
+        "stowage: free of {} with size {} bytes, but the block was allocated with {} bytes",
+        ptr, expected_bytes, b->requested));
+  }
+  // Events first: if recording fails nothing has changed yet.
+  std::vector<Event> events;
+  try {
+    for (Stream s : b->uses) {
+      events.push_back(m.take_event());
+      m.device.record(events.back(), s);
     }
-    // Events first: if recording fails nothing has changed yet.
-    std::vector<Event> events;
-    bool stream_gone = false;
-    try {
-      for (Stream s : b->uses) {
-        events.push_back(m.take_event());
-        try {
-          m.device.record(events.back(), s);
-        } catch (const InvalidArgument&) {  // a destroyed stream
-          m.spare_events.push_back(events.back());
-          events.pop_back();
-          stream_gone = true;
-        }
-      }
-    } catch (...) {
-      m.spare_events.insert(m.spare_events.end(), events.begin(), events.end());
-      throw;
-    }
-    if (stream_gone && !device_synchronized) {
-      m.spare_events.insert(m.spare_events.end(), events.begin(), events.end());
-      lock.unlock();
-      log().warn("stowage: free of {}, which was used on a stream destroyed since; synchronizing the device", ptr);
-      m.device.synchronize();
-      device_synchronized = true;
-      continue;
-    }
-    m.live.erase(addr);
-    const Pool p = b->pool;
-    m.st.allocated_bytes.sub(p, static_cast<std::int64_t>(b->size));
-    m.st.requested_bytes.sub(p, static_cast<std::int64_t>(b->requested));
-    m.st.allocation.sub(p, 1);
-    if (m.trace.enabled()) m.trace.push(TraceAction::free_requested, b->addr, b->size, b->stream, b->tag);
-    if (events.empty()) {
-      m.complete_free(b);
-    } else {
-      b->use = BlockUse::pending;
-      m.pending.push_back({b, std::move(events)});
-    }
-    return;
+  } catch (...) {
+    m.spare_events.insert(m.spare_events.end(), events.begin(), events.end());
+    throw;
+  }
+  m.live.erase(addr);
+  const Pool p = b->pool;
+  m.st.allocated_bytes.sub(p, static_cast<std::int64_t>(b->size));
+  m.st.requested_bytes.sub(p, static_cast<std::int64_t>(b->requested));
+  m.st.allocation.sub(p, 1);
+  if (m.trace.enabled()) m.trace.push(TraceAction::free_requested, b->addr, b->size, b->stream, b->tag);
+  if (events.empty()) {
+    m.complete_free(b);
+  } else {
+    b->use = BlockUse::pending;
+    m.pending.push_back({b, std::move(events)});
   }
 }
 

@@ -116,31 +116,6 @@ TEST(AllocatorStreams, PendingBlockBecomesFreeWhenEventCompletes) {
   dev->destroy_stream(s2);
 }
 
-// record_stream on a stream destroyed before the free: the free neither throws nor leaks. The
-// destroyed stream's last work (a slow write into the block) has ended before the block is
-// handed out again.
-TEST(AllocatorStreams, FreeAfterARecordedStreamWasDestroyed) {
-  auto dev = small_device();
-  CachingAllocator a(*dev, classic_options());
-  Stream s1 = dev->create_stream(), s2 = dev->create_stream();
-  void* x = a.allocate(MiB, s1);
-  a.record_stream(x, s2);
-  auto* bytes = static_cast<unsigned char*>(x);
-  dev->launch_host(s2, [bytes] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    std::memset(bytes, 0x77, MiB);
-  });
-  dev->destroy_stream(s2);
-  a.deallocate(x);
-  EXPECT_EQ(a.stats().allocated_bytes.all.current, 0);
-  void* z = a.allocate(MiB, s1);
-  EXPECT_EQ(z, x);  // back in s1's pool, not lost
-  EXPECT_EQ(bytes[0], 0x77);
-  EXPECT_EQ(bytes[MiB - 1], 0x77);
-  a.deallocate(z);
-  dev->destroy_stream(s1);
-}
-
 TEST(AllocatorStreams, FreshMemoryOnAnotherStreamNeedsNoWait) {
   auto dev = small_device();
   CachingAllocator a(*dev, classic_options());

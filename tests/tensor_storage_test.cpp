@@ -143,22 +143,6 @@ TEST_F(StorageTest, ReleaseOnAnotherStreamRecordsThatStream) {
   device->destroy_stream(side);
 }
 
-// A block also used on a stream destroyed before the last handle goes: its bytes still come back
-// (the allocator synchronizes the device, as no event can be recorded on that stream).
-TEST_F(StorageTest, LastHandleAfterItsSideStreamWasDestroyedGivesTheBytesBack) {
-  const std::int64_t before = allocated();
-  const Stream side = device->create_stream();
-  {
-    Storage s = Storage::allocate(allocator, 4096);
-    allocator.record_stream(s.data(), side);
-    device->fill_async(s.data(), 0x5a, 4096, side);
-    device->destroy_stream(side);
-    EXPECT_EQ(allocated(), before + 4096);
-  }
-  EXPECT_EQ(allocated(), before);
-  EXPECT_EQ(live(), 0);
-}
-
 TEST_F(StorageTest, AllocationCarriesTheScopedTag) {
   Storage tagged;
   {

@@ -108,8 +108,7 @@ class CachingAllocator {
   // Memory usable on `stream` at once. bytes == 0 gives nullptr. Throws OutOfMemory.
   void* allocate(std::size_t bytes, Stream stream = kDefaultStream);
   // Returns a block. Reusable on its stream at once, elsewhere after the streams it was
-  // recorded on reach this point. InvalidArgument for a foreign pointer or double free. When a
-  // recorded stream has been destroyed since, the device is synchronized first (rare, and slow).
+  // recorded on reach this point. InvalidArgument for a foreign pointer or double free.
   void deallocate(void* ptr);
   // The same, checking the size the caller believes the block has (C ABI passes it).
   void deallocate(void* ptr, std::size_t expected_bytes);
