@@ -3,8 +3,9 @@
 // is a fixed loop over the lanes that the compiler vectorises for the baseline instruction set
 // (SSE2 on x86-64, NEON on AArch64); lane by lane it is the same IEEE operation as ScalarOps, so
 // results are bit-identical. Sixteen lanes make two tie bytes, loaded and stored whole. Where the
-// compiler targets SSE2 (all of x86-64), the streaming stores and the tie-bit gather name it
-// directly: plain C++ has no non-temporal store, and its gather of eight bits stays scalar.
+// compiler targets SSE2 (all of x86-64), the streaming stores, the tie-bit gather and sqrt name
+// it directly: plain C++ has no non-temporal store, its gather of eight bits stays scalar, and
+// std::sqrt stays a call (errno).
 // Included inside an anonymous namespace after ops_scalar.hpp; split_cpu.cpp includes these
 // headers (and <emmintrin.h>) first, outside it.
 #include <array>
@@ -107,5 +108,14 @@ struct LanesOps {
   static F fsub(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] - b[k]; }); }
   static F fmul(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] * b[k]; }); }
   static F fdiv(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] / b[k]; }); }
+#if defined(__SSE2__)
+  // sqrtps is IEEE-exact like std::sqrt, which GCC keeps out of line here (errno).
+  static F fsqrt(const F& a) {
+    F r;
+    for (std::size_t k = 0; k < W; k += 4) _mm_storeu_ps(r.data() + k, _mm_sqrt_ps(_mm_loadu_ps(a.data() + k)));
+    return r;
+  }
+#else
   static F fsqrt(const F& a) { return each<F>([&](std::size_t k) { return std::sqrt(a[k]); }); }
+#endif
 };

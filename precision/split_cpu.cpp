@@ -21,7 +21,6 @@
 #pragma STDC FP_CONTRACT OFF
 #else
 #pragma GCC optimize("fp-contract=off")
-#pragma GCC optimize("no-math-errno")  // lets the lanes' sqrt vectorise (v >= 0: errno is never set)
 #endif
 
 namespace stowage {
