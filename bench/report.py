@@ -353,8 +353,9 @@ def precision(r: Report) -> None:
                 r.headline["adamw_speedup_rne"] = times(speed)
     r.add("### Fused AdamW on split storage vs unfused (merge → fp32 AdamW → split), best SIMD level\n\n"
           "The traffic floor is `BM_AdamWTraffic`: the fused step's own streams (read hi, lo, grad, m, v; write "
-          "hi, lo, m, v) with one add per element, measured in the same run; \"vs floor\" is floor time / fused "
-          "time (1.00× means the step runs at its memory bound, 0.80× is 20 % over it).\n\n" +
+          "hi, lo, m, v) with one cheap operation per element, measured in the same run; \"vs floor\" is floor "
+          "time / fused time, the fused step's rate as a fraction of the floor's (1.00× means it runs at its "
+          "memory bound; the target, within 20 % of the floor, is 0.80× or more).\n\n" +
           table(["rounding", "grads", "fused ms", "unfused ms", "fused speed-up", "floor ms", "fused vs floor",
                  "fused GB/s", "fused rate vs memcpy"], rows, "llrrrrrrr"))
 
