@@ -19,7 +19,7 @@ class OffloadOnDevice : public ::testing::TestWithParam<DeviceKind> {
   void SetUp() override {
     if (GetParam() == DeviceKind::cuda && cuda_device_count() == 0)
       GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-    device_ = make_test_device(GetParam(), std::size_t{256} << 20, 8.0);
+    device_ = make_test_device(GetParam(), {.capacity = std::size_t{256} << 20, .link_bandwidth_gbps = 8.0});
   }
   // Writes `seed`'s pattern into the tensor through an H2D copy; waits for it.
   void upload(const TensorView& v, std::uint64_t seed) {

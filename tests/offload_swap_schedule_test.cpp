@@ -58,7 +58,7 @@ class SwapSchedule : public ::testing::TestWithParam<Schedule> {
       GTEST_SKIP() << "jemalloc is not linked into this executable (STOWAGE_LINK_JEMALLOC=OFF)";
     if (GetParam().kind == DeviceKind::cuda && cuda_device_count() == 0)
       GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-    device_ = make_test_device(GetParam().kind, std::size_t{512} << 20, 4.0);
+    device_ = make_test_device(GetParam().kind, {.capacity = std::size_t{512} << 20, .link_bandwidth_gbps = 4.0});
     staged_ = GetParam().staged || !device_->properties().host_accessible;
     allocator_ = std::make_unique<CachingAllocator>(*device_);
     HostPoolOptions po;

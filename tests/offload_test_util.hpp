@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend_test_util.hpp"
 #include "stowage/device.hpp"
 #include "stowage/tensor.hpp"
 
@@ -50,17 +51,6 @@ inline std::uint64_t expected_hash(std::size_t n, std::uint64_t seed) {
   auto buf = std::make_unique<unsigned char[]>(n);
   pattern(buf.get(), n, seed);
   return hash_bytes(buf.get(), n);
-}
-
-// The device a suite parameterised on DeviceKind runs on: an emulated device of `capacity` bytes
-// whose link is throttled to `link_gbps`, or CUDA device 0 (the caller skips CUDA first when
-// cuda_device_count() is 0).
-inline std::unique_ptr<Device> make_test_device(DeviceKind kind, std::size_t capacity, double link_gbps) {
-  if (kind == DeviceKind::cuda) return make_cuda_device(0);
-  EmulatedOptions o;
-  o.capacity = capacity;
-  o.link_bandwidth_gbps = link_gbps;
-  return make_emulated_device(0, o);
 }
 
 // A "kernel" filling the tensor's bytes on `stream` (the pointer is taken now, as on a GPU).

@@ -18,7 +18,7 @@ class ActivationDispatch : public ::testing::TestWithParam<DeviceKind> {
   void SetUp() override {
     if (GetParam() == DeviceKind::cuda && cuda_device_count() == 0)
       GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-    dev_ = make_device(GetParam(), 64 << 20);
+    dev_ = make_test_device(GetParam(), {.capacity = std::size_t{64} << 20});
     alloc_ = std::make_unique<CachingAllocator>(*dev_);
     s_ = dev_->create_stream();
   }

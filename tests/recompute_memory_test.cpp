@@ -25,7 +25,7 @@ struct StackRun {
 };
 
 StackRun run_mlp_stack(DeviceKind kind, bool release, int prefetch_distance) {
-  auto dev = make_device(kind);
+  auto dev = make_test_device(kind, {.capacity = std::size_t{256} << 20});
   CachingAllocator alloc(*dev);
   const Stream s = dev->create_stream();
   StackRun out;

@@ -24,7 +24,7 @@ class RecomputeRegistry : public ::testing::TestWithParam<DeviceKind> {
   void SetUp() override {
     if (GetParam() == DeviceKind::cuda && cuda_device_count() == 0)
       GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-    dev_ = make_device(GetParam());
+    dev_ = make_test_device(GetParam(), {.capacity = std::size_t{256} << 20});
     alloc_ = std::make_unique<CachingAllocator>(*dev_);
     stream_ = dev_->create_stream();
   }

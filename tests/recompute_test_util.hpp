@@ -1,13 +1,14 @@
 #pragma once
-// Shared pieces of the recompute tests: a device of either backend with an allocator,
-// host<->device transfers, a byte hash, and small matmul and dropout kernels run on a stream
-// (the CPU loop on the emulated device, recompute_*_cuda.cu on CUDA).
+// Shared pieces of the recompute tests: a small emulated device (make_test_device gives either
+// backend), host<->device transfers, a byte hash, and small matmul and dropout kernels run on a
+// stream (the CPU loop on the emulated device, recompute_*_cuda.cu on CUDA).
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "backend_test_util.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/counter_rng.hpp"
 #include "stowage/device.hpp"
@@ -20,12 +21,6 @@ inline std::unique_ptr<Device> small_device(std::size_t capacity = std::size_t{2
   EmulatedOptions o;
   o.capacity = capacity;
   return make_emulated_device(0, o);
-}
-
-// The device a suite parameterised on DeviceKind runs on: a small emulated device, or CUDA
-// device 0 (whose capacity is the GPU's). The caller skips CUDA when cuda_device_count() is 0.
-inline std::unique_ptr<Device> make_device(DeviceKind kind, std::size_t capacity = std::size_t{256} << 20) {
-  return kind == DeviceKind::cuda ? make_cuda_device(0) : small_device(capacity);
 }
 
 // Copies host values into a resident tensor (stream-ordered; waits so `values` may go).
