@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "allocator/log.hpp"
+#include "common/log.hpp"
 #include "stowage/allocator.hpp"
 
 namespace stowage {

@@ -1,6 +1,8 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/stowage DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+foreach(dir IN LISTS STOWAGE_PUBLIC_INCLUDE_DIRS)
+  install(DIRECTORY ${dir}/stowage DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+endforeach()
 install(TARGETS stowage stowage_static EXPORT stowageTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "allocator/log.hpp"
+#include "common/log.hpp"
 
 namespace stowage::offload {
 namespace {

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "allocator/log.hpp"
+#include "common/log.hpp"
 #include "offload/extent_hooks.hpp"
 #include "offload/host_backend.hpp"
 

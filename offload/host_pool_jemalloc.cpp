@@ -7,7 +7,7 @@
 #include <mutex>
 #include <string>
 
-#include "allocator/log.hpp"
+#include "common/log.hpp"
 #include "offload/extent_hooks.hpp"
 #include "offload/host_backend.hpp"
 

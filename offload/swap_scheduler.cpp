@@ -16,7 +16,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "allocator/log.hpp"
+#include "common/log.hpp"
 #include "offload/swap_entry.hpp"
 #include "offload/swap_timing.hpp"
 #include "stowage/allocator.hpp"

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "allocator/log.hpp"
+#include "common/log.hpp"
 
 namespace stowage::offload {
 

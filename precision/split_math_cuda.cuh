@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "allocator/cuda_check_cuda.hpp"
+#include "device/cuda/cuda_check_cuda.hpp"
 #include "stowage/error.hpp"
 #include "stowage/precision.hpp"
 

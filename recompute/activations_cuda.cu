@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "allocator/cuda_check_cuda.hpp"
+#include "device/cuda/cuda_check_cuda.hpp"
 #include "recompute/activation_args.hpp"
 #include "recompute/activation_math.hpp"
 #include "stowage/activations.hpp"

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "stowage/runtime.hpp"
 #include "stowage/config.hpp"
 #include "stowage/fault_injection.hpp"
 #include "stowage/stowage.h"

@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "allocator/topology.hpp"
+#include "device/topology.hpp"
 #include "stowage/device.hpp"
 #include "stowage/topology.hpp"
 

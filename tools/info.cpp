@@ -10,6 +10,7 @@
 
 #include <cstdio>
 
+#include "stowage/runtime.hpp"
 #include "stowage/config.hpp"
 #include "stowage/device.hpp"
 #include "stowage/topology.hpp"

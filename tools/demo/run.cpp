@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "stowage/runtime.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
 #include "stowage/fault_injection.hpp"

@@ -1,5 +1,6 @@
 // The C ABI: one process-wide CachingAllocator per device, made on first use. Every entry point
 // catches everything, so no C++ exception crosses into a C or Python caller.
+#include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
 #include <atomic>
@@ -10,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "allocator/log.hpp"
+#include "common/log.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
 #include "stowage/event_log.hpp"

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <mutex>
 
-#include "allocator/stream_worker.hpp"
+#include "device/emulated/stream_worker.hpp"
 
 namespace stowage::emulated {
 

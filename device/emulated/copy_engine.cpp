@@ -1,4 +1,4 @@
-#include "allocator/copy_engine.hpp"
+#include "device/emulated/copy_engine.hpp"
 
 #include <algorithm>
 #include <cstring>

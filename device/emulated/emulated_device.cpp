@@ -15,9 +15,9 @@
 #include <set>
 #include <shared_mutex>
 
-#include "allocator/copy_engine.hpp"
-#include "allocator/emulated_memory.hpp"
-#include "allocator/stream_worker.hpp"
+#include "device/emulated/copy_engine.hpp"
+#include "device/emulated/emulated_memory.hpp"
+#include "device/emulated/stream_worker.hpp"
 #include "stowage/device.hpp"
 
 namespace stowage {

@@ -6,9 +6,9 @@
 
 #include <fmt/format.h>
 
-#include "allocator/log.hpp"
+#include "common/log.hpp"
 #include "stowage/config.hpp"
-#include "stowage/device.hpp"
+#include "stowage/runtime.hpp"
 #include "stowage/fault_injection.hpp"
 
 namespace stowage {

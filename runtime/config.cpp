@@ -1,6 +1,8 @@
 // Reads the STOWAGE_* environment variables into a typed Config, in this one place.
 #include "stowage/config.hpp"
 
+#include "common/text.hpp"
+
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -12,18 +14,9 @@
 
 namespace stowage {
 
-const char* to_string(LogLevel level) {
-  switch (level) {
-    case LogLevel::trace: return "trace";
-    case LogLevel::debug: return "debug";
-    case LogLevel::info: return "info";
-    case LogLevel::warn: return "warn";
-    case LogLevel::error: return "error";
-    case LogLevel::critical: return "critical";
-    case LogLevel::off: return "off";
-  }
-  return "unknown";
-}
+using detail::lower;
+using detail::parse_number;
+using detail::trim;
 
 const char* to_string(DeviceChoice choice) {
   switch (choice) {
@@ -32,69 +25,6 @@ const char* to_string(DeviceChoice choice) {
     case DeviceChoice::emulated: return "emulated";
   }
   return "unknown";
-}
-
-static std::string lower(std::string_view text) {
-  std::string out(text);
-  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-static std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-// A finite, non-negative decimal number taking the whole text.
-static std::optional<double> parse_number(std::string_view text) {
-  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text.front())) || text.front() == '.'))
-    return std::nullopt;
-  double value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) return std::nullopt;
-  return value;
-}
-
-std::size_t parse_byte_size(std::string_view text, std::string_view what) {
-  auto fail = [&](std::string_view why) {
-    return ParseError(fmt::format("{}: '{}' is not a byte size ({}); use e.g. 4096, 512MiB, 8GiB",
-                                  what, text, why));
-  };
-  std::string_view t = trim(text);
-  std::size_t split = 0;
-  while (split < t.size() && (std::isdigit(static_cast<unsigned char>(t[split])) || t[split] == '.')) ++split;
-  std::string_view digits = t.substr(0, split);
-  std::string unit = lower(trim(t.substr(split)));
-  auto number = parse_number(digits);
-  if (!number) throw fail("no number");
-  static constexpr struct { const char* name; double factor; } units[] = {
-      {"", 1}, {"b", 1},
-      {"k", 0x1p10}, {"kib", 0x1p10}, {"kb", 1e3},
-      {"m", 0x1p20}, {"mib", 0x1p20}, {"mb", 1e6},
-      {"g", 0x1p30}, {"gib", 0x1p30}, {"gb", 1e9},
-      {"t", 0x1p40}, {"tib", 0x1p40}, {"tb", 1e12}};
-  for (const auto& u : units) {
-    if (unit != u.name) continue;
-    double bytes = *number * u.factor;
-    if (bytes >= 0x1p64) throw fail("too large");
-    if (bytes != std::floor(bytes)) throw fail("not a whole number of bytes");
-    return static_cast<std::size_t>(bytes);
-  }
-  throw fail(fmt::format("unknown unit '{}'", unit));
-}
-
-LogLevel parse_log_level(std::string_view text, std::string_view what) {
-  std::string t = lower(trim(text));
-  static constexpr struct { const char* name; LogLevel level; } names[] = {
-      {"trace", LogLevel::trace}, {"debug", LogLevel::debug}, {"info", LogLevel::info},
-      {"warn", LogLevel::warn}, {"warning", LogLevel::warn}, {"error", LogLevel::error},
-      {"err", LogLevel::error}, {"critical", LogLevel::critical}, {"off", LogLevel::off},
-      {"", LogLevel::off}};
-  for (const auto& n : names)
-    if (t == n.name) return n.level;
-  throw ParseError(fmt::format("{}: '{}' is not a log level (trace, debug, info, warn, error, critical, off)",
-                               what, text));
 }
 
 static int parse_count(std::string_view text, std::string_view what, int min, int max) {

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <iterator>
 
-#include "allocator/cuda_check_cuda.hpp"
-#include "allocator/cuda_device_cuda.hpp"
-#include "allocator/cuda_driver_cuda.hpp"
-#include "allocator/topology.hpp"
+#include "device/cuda/cuda_check_cuda.hpp"
+#include "device/cuda/cuda_device_cuda.hpp"
+#include "device/cuda/cuda_driver_cuda.hpp"
+#include "device/topology.hpp"
 
 namespace stowage::detail {
 namespace {

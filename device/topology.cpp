@@ -1,4 +1,4 @@
-#include "allocator/topology.hpp"
+#include "device/topology.hpp"
 
 #include <hwloc.h>
 

@@ -7,13 +7,13 @@
 #include <string_view>
 
 #include "stowage/allocator.hpp"
+#include "stowage/byte_size.hpp"
 #include "stowage/device.hpp"
 #include "stowage/fault_injection.hpp"
+#include "stowage/log_level.hpp"
 
 namespace stowage {
 
-enum class LogLevel { trace, debug, info, warn, error, critical, off };
-const char* to_string(LogLevel level);
 
 // Which devices the process-wide registry (stowage::device) opens.
 enum class DeviceChoice { automatic, cuda, emulated };
@@ -42,9 +42,5 @@ Config load_config_from_environment();
 // variable throws ParseError on every call (nothing is half-configured).
 const Config& config();
 
-// "4096", "512MiB", "8GiB", "1.5G", "2GB": K/KiB = 1024, KB = 1000 (and so on up to T).
-// ParseError (mentioning `what`) on anything else or on overflow.
-std::size_t parse_byte_size(std::string_view text, std::string_view what = "size");
-LogLevel parse_log_level(std::string_view text, std::string_view what = "log level");
 
 }  // namespace stowage

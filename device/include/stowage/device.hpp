@@ -160,10 +160,4 @@ std::string cuda_unavailable_reason();
 // Opens CUDA device `ordinal` (throws Unsupported when unavailable).
 std::unique_ptr<Device> make_cuda_device(int ordinal);
 
-// The process-wide devices stowage's drop-in library uses: CUDA devices when a GPU is found and
-// STOWAGE_DEVICE is not "emulated", else emulated ones (STOWAGE_EMULATED_DEVICES of them).
-Device& device(int ordinal);
-int device_count();
-bool using_cuda();
-
 }  // namespace stowage

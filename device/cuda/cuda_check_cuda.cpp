@@ -1,8 +1,8 @@
-#include "allocator/cuda_check_cuda.hpp"
+#include "device/cuda/cuda_check_cuda.hpp"
 
 #include <fmt/format.h>
 
-#include "allocator/cuda_driver_cuda.hpp"
+#include "device/cuda/cuda_driver_cuda.hpp"
 #include "stowage/error.hpp"
 
 namespace stowage::detail {

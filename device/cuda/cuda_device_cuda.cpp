@@ -1,6 +1,6 @@
 // CUDA backend: properties, raw memory, streams, events, copies, pinning and host launches.
 // Virtual memory is in cuda_vmm_cuda.cpp.
-#include "allocator/cuda_device_cuda.hpp"
+#include "device/cuda/cuda_device_cuda.hpp"
 
 #include <fmt/format.h>
 
@@ -8,9 +8,9 @@
 #include <cctype>
 #include <iterator>
 
-#include "allocator/cuda_check_cuda.hpp"
-#include "allocator/cuda_driver_cuda.hpp"
-#include "allocator/topology.hpp"
+#include "device/cuda/cuda_check_cuda.hpp"
+#include "device/cuda/cuda_driver_cuda.hpp"
+#include "device/topology.hpp"
 
 namespace stowage::detail {
 

@@ -1,13 +1,43 @@
-// The "stowage" spdlog logger, writing to stderr at the configured level.
-#include "allocator/log.hpp"
+// The "stowage" spdlog logger, writing to stderr at the configured level, and the log levels.
+#include "common/log.hpp"
 
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <cstdlib>
 
-#include "stowage/config.hpp"
+#include <fmt/format.h>
+
+#include "common/text.hpp"
+#include "stowage/error.hpp"
+#include "stowage/log_level.hpp"
 
 namespace stowage {
+
+const char* to_string(LogLevel level) {
+  switch (level) {
+    case LogLevel::trace: return "trace";
+    case LogLevel::debug: return "debug";
+    case LogLevel::info: return "info";
+    case LogLevel::warn: return "warn";
+    case LogLevel::error: return "error";
+    case LogLevel::critical: return "critical";
+    case LogLevel::off: return "off";
+  }
+  return "unknown";
+}
+
+LogLevel parse_log_level(std::string_view text, std::string_view what) {
+  std::string t = detail::lower(detail::trim(text));
+  static constexpr struct { const char* name; LogLevel level; } names[] = {
+      {"trace", LogLevel::trace}, {"debug", LogLevel::debug}, {"info", LogLevel::info},
+      {"warn", LogLevel::warn}, {"warning", LogLevel::warn}, {"error", LogLevel::error},
+      {"err", LogLevel::error}, {"critical", LogLevel::critical}, {"off", LogLevel::off},
+      {"", LogLevel::off}};
+  for (const auto& n : names)
+    if (t == n.name) return n.level;
+  throw ParseError(fmt::format("{}: '{}' is not a log level (trace, debug, info, warn, error, critical, off)",
+                               what, text));
+}
 
 static spdlog::level::level_enum to_spdlog(LogLevel level) {
   switch (level) {

@@ -4,7 +4,7 @@
 
 #include <mutex>
 
-#include "allocator/cuda_device_cuda.hpp"
+#include "device/cuda/cuda_device_cuda.hpp"
 
 namespace stowage {
 namespace {

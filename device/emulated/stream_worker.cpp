@@ -1,4 +1,4 @@
-#include "allocator/stream_worker.hpp"
+#include "device/emulated/stream_worker.hpp"
 
 #include <algorithm>
 #include <optional>

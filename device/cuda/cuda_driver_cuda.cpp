@@ -1,4 +1,4 @@
-#include "allocator/cuda_driver_cuda.hpp"
+#include "device/cuda/cuda_driver_cuda.hpp"
 
 #include <cuda_runtime_api.h>
 

@@ -1,4 +1,4 @@
-#include "allocator/emulated_memory.hpp"
+#include "device/emulated/emulated_memory.hpp"
 
 #include <fmt/format.h>
 #include <numa.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "allocator/topology.hpp"
+#include "device/topology.hpp"
 
 namespace stowage::emulated {
 namespace {
