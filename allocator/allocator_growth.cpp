@@ -6,7 +6,7 @@
 #include "allocator/caching_allocator_impl.hpp"
 #include "allocator/size_classes.hpp"
 #include "fmt/format.h"
-#include "spdlog/spdlog.h"
+#include "common/log.hpp"
 
 namespace stowage {
 
@@ -274,9 +274,9 @@ void CachingAllocator::Impl::release_everything() noexcept {
   try {
     device.synchronize();
   } catch (const std::exception& e) {
-    spdlog::warn("stowage: synchronize before releasing the cache failed: {}", e.what());
+    log().warn("synchronize before releasing the cache failed: {}", e.what());
   }
-  if (!live.empty()) spdlog::warn("stowage: allocator destroyed with {} live blocks (leaked)", live.size());
+  if (!live.empty()) log().warn("allocator destroyed with {} live blocks (leaked)", live.size());
   auto drop_blocks = [&](Block* b) {
     while (b) {
       Block* n = b->next;
@@ -289,7 +289,7 @@ void CachingAllocator::Impl::release_everything() noexcept {
     try {
       device.deallocate(reinterpret_cast<void*>(s->base));
     } catch (const std::exception& e) {
-      spdlog::warn("stowage: giving back a segment failed: {}", e.what());
+      log().warn("giving back a segment failed: {}", e.what());
     }
   }
   classic.clear();
@@ -309,7 +309,7 @@ void CachingAllocator::Impl::release_everything() noexcept {
       }
       device.unreserve(reinterpret_cast<void*>(s->base), s->size);
     } catch (const std::exception& e) {
-      spdlog::warn("stowage: giving back an expandable segment failed: {}", e.what());
+      log().warn("giving back an expandable segment failed: {}", e.what());
     }
     s.reset();
   }

@@ -3,7 +3,8 @@
 #include <cmath>
 
 #include "fmt/format.h"
-#include "stowage/allocator.hpp"
+#include "stowage/allocator_options.hpp"
+#include "stowage/error.hpp"
 
 namespace stowage {
 namespace {

@@ -185,7 +185,7 @@ Device& CachingAllocator::device() const { return impl_->device; }
 const AllocatorOptions& CachingAllocator::options() const { return impl_->opts; }
 SegmentMode CachingAllocator::segment_mode() const { return impl_->mode; }
 
-void* CachingAllocator::allocate(std::size_t bytes, Stream stream) {
+void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return nullptr;
   if (bytes > detail::kMaxRequest) {
     throw InvalidArgument(fmt::format("stowage: allocation of {} bytes is larger than any device", bytes));
@@ -199,13 +199,7 @@ void* CachingAllocator::allocate(std::size_t bytes, Stream stream) {
   return m.hand_out(b, bytes, rounded, stream);
 }
 
-void CachingAllocator::deallocate(void* ptr) {
-  if (!ptr) return;
-  deallocate(ptr, 0);
-}
-
-void CachingAllocator::deallocate(void* ptr, std::size_t expected_bytes) {
-  if (!ptr) return;
+void CachingAllocator::do_deallocate(void* ptr, std::size_t expected_bytes) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
@@ -241,7 +235,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t expected_bytes) {
   }
 }
 
-void CachingAllocator::record_stream(void* ptr, Stream stream) {
+void CachingAllocator::do_record_stream(void* ptr, Stream stream) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
   Block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));

@@ -10,7 +10,7 @@
 #include "allocator/block_pool.hpp"
 #include "allocator/segment.hpp"
 #include "allocator/trace_ring.hpp"
-#include "stowage/allocator.hpp"
+#include "stowage/caching_allocator.hpp"
 
 namespace stowage {
 

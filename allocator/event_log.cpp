@@ -1,4 +1,4 @@
-// EventLog (CSV through an spdlog file sink) and the LoggingAllocator adaptor.
+// EventLog: the CSV through an spdlog file sink.
 #include "stowage/event_log.hpp"
 
 #include <chrono>
@@ -47,61 +47,6 @@ void EventLog::record(EventAction action, const void* pointer, std::size_t size,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - impl_->start).count();
   impl_->logger->info("{:.9f},{},{:#x},{},{}", seconds, to_string(action), reinterpret_cast<std::uintptr_t>(pointer),
                       size, static_cast<std::uint64_t>(stream));
-}
-
-struct LoggingAllocator::Impl {
-  CachingAllocator* upstream;
-  std::shared_ptr<EventLog> log;
-  std::mutex mutex;
-  std::unordered_map<const void*, std::pair<std::size_t, Stream>> live;  // requested size, stream
-};
-
-LoggingAllocator::LoggingAllocator(CachingAllocator& upstream, std::shared_ptr<EventLog> log)
-    : impl_(std::make_unique<Impl>()) {
-  if (!log) throw InvalidArgument("LoggingAllocator: no event log");
-  impl_->upstream = &upstream;
-  impl_->log = std::move(log);
-}
-
-LoggingAllocator::~LoggingAllocator() = default;
-
-CachingAllocator& LoggingAllocator::upstream() const { return *impl_->upstream; }
-EventLog& LoggingAllocator::log() const { return *impl_->log; }
-
-void* LoggingAllocator::allocate(std::size_t bytes, Stream stream) {
-  std::lock_guard lock(impl_->mutex);
-  void* p = impl_->upstream->allocate(bytes, stream);
-  if (p != nullptr) {
-    impl_->live[p] = {bytes, stream};
-    impl_->log->record(EventAction::allocate, p, bytes, stream);
-  }
-  return p;
-}
-
-void LoggingAllocator::deallocate(void* ptr) {
-  if (ptr == nullptr) return impl_->upstream->deallocate(ptr);
-  std::lock_guard lock(impl_->mutex);
-  impl_->upstream->deallocate(ptr);  // throws for a foreign pointer: nothing is logged
-  auto it = impl_->live.find(ptr);
-  std::pair<std::size_t, Stream> info{0, kDefaultStream};
-  if (it != impl_->live.end()) {
-    info = it->second;
-    impl_->live.erase(it);
-  }
-  impl_->log->record(EventAction::free, ptr, info.first, info.second);
-}
-
-void LoggingAllocator::deallocate(void* ptr, std::size_t expected_bytes) {
-  if (ptr == nullptr) return impl_->upstream->deallocate(ptr, expected_bytes);
-  std::lock_guard lock(impl_->mutex);
-  impl_->upstream->deallocate(ptr, expected_bytes);
-  auto it = impl_->live.find(ptr);
-  Stream stream = kDefaultStream;
-  if (it != impl_->live.end()) {
-    stream = it->second.second;
-    impl_->live.erase(it);
-  }
-  impl_->log->record(EventAction::free, ptr, expected_bytes, stream);
 }
 
 }  // namespace stowage

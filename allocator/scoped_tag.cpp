@@ -1,5 +1,5 @@
 // The thread's current allocation tag, set by nested ScopedTag objects.
-#include "stowage/allocator.hpp"
+#include "stowage/scoped_tag.hpp"
 
 namespace stowage {
 namespace {

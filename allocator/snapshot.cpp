@@ -6,7 +6,7 @@
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
-#include "stowage/allocator.hpp"
+#include "stowage/snapshot.hpp"
 
 namespace stowage {
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
-#include "stowage/allocator.hpp"
+#include "stowage/caching_allocator.hpp"
 
 namespace stowage {
 
@@ -21,7 +21,7 @@ const char* to_string(StorageState s) {
 }
 
 struct Storage::Impl {
-  CachingAllocator* allocator = nullptr;  // nullptr: wrapped bytes
+  ResourceHandle resource;  // empty: wrapped bytes
   Device* device = nullptr;
   void* data = nullptr;
   std::size_t nbytes = 0;
@@ -33,8 +33,8 @@ struct Storage::Impl {
   ~Impl() {
     // Destructors must not throw: a failure here is a bug elsewhere, so it is logged.
     try {
-      if (allocator != nullptr) {
-        if (state == StorageState::resident && data != nullptr) allocator->deallocate(data);
+      if (resource.valid()) {
+        if (state == StorageState::resident && data != nullptr) resource->deallocate(data, nbytes);
       } else if (deleter) {
         deleter();
       }
@@ -44,13 +44,13 @@ struct Storage::Impl {
   }
 };
 
-Storage Storage::allocate(CachingAllocator& allocator, std::size_t nbytes, Stream stream) {
+Storage Storage::allocate(ResourceHandle resource, std::size_t nbytes, Stream stream) {
   auto impl = std::make_shared<Impl>();
-  impl->allocator = &allocator;
-  impl->device = &allocator.device();
+  impl->device = &resource->device();
   impl->nbytes = nbytes;
   impl->stream = stream;
-  impl->data = allocator.allocate(nbytes, stream);  // records the current ScopedTag itself
+  impl->data = resource->allocate(nbytes, stream);  // the caching allocator records the ScopedTag
+  impl->resource = std::move(resource);
   return Storage(std::move(impl));
 }
 
@@ -85,7 +85,7 @@ StorageState Storage::state() const {
 }
 
 Device& Storage::device() const { return *checked(impl_).device; }
-CachingAllocator* Storage::allocator() const { return checked(impl_).allocator; }
+MemoryResource* Storage::resource() const { return checked(impl_).resource.raw(); }
 
 Stream Storage::stream() const {
   auto& s = checked(impl_);
@@ -98,11 +98,11 @@ void Storage::release(StorageState state) {
   if (state == StorageState::resident)
     throw InvalidArgument("Storage::release: the new state must not be resident");
   std::lock_guard lock(s.mutex);
-  if (s.allocator == nullptr)
+  if (!s.resource.valid())
     throw InvalidArgument("Storage::release: wrapped storage does not own its bytes");
   if (s.state != StorageState::resident)
     throw InvalidArgument(fmt::format("Storage::release: storage is {}, not resident", to_string(s.state)));
-  if (s.data != nullptr) s.allocator->deallocate(s.data);
+  if (s.data != nullptr) s.resource->deallocate(s.data, s.nbytes);
   s.data = nullptr;
   s.state = state;
 }
@@ -110,11 +110,11 @@ void Storage::release(StorageState state) {
 void Storage::materialize(Stream stream) {
   auto& s = checked(impl_);
   std::lock_guard lock(s.mutex);
-  if (s.allocator == nullptr)
-    throw InvalidArgument("Storage::materialize: wrapped storage has no allocator");
+  if (!s.resource.valid())
+    throw InvalidArgument("Storage::materialize: wrapped storage has no memory resource");
   if (s.state == StorageState::resident)
     throw InvalidArgument("Storage::materialize: storage is already resident");
-  s.data = s.allocator->allocate(s.nbytes, stream);  // may throw OutOfMemory: nothing changed
+  s.data = s.resource->allocate(s.nbytes, stream);  // may throw OutOfMemory: nothing changed
   s.stream = stream;
   s.state = StorageState::resident;
 }
@@ -122,16 +122,20 @@ void Storage::materialize(Stream stream) {
 void Storage::adopt(void* data, Stream stream) {
   auto& s = checked(impl_);
   std::lock_guard lock(s.mutex);
-  if (s.allocator == nullptr)
-    throw InvalidArgument("Storage::adopt: wrapped storage has no allocator");
+  if (!s.resource.valid())
+    throw InvalidArgument("Storage::adopt: wrapped storage has no memory resource");
   if (s.state == StorageState::resident)
     throw InvalidArgument("Storage::adopt: storage is already resident");
   if (s.nbytes != 0) {
-    if (data == nullptr || !s.allocator->owns(data))
-      throw InvalidArgument("Storage::adopt: the bytes do not come from this storage's allocator");
-    if (s.allocator->block_size(data) < s.nbytes)
-      throw InvalidArgument(fmt::format("Storage::adopt: block of {} bytes is smaller than the storage ({})",
-                                        s.allocator->block_size(data), s.nbytes));
+    if (data == nullptr) throw InvalidArgument("Storage::adopt: null bytes for a non-empty storage");
+    // The caching allocator under the resource knows its blocks; other resources are trusted.
+    if (const auto* caching = find_resource<CachingAllocator>(s.resource.get())) {
+      if (!caching->owns(data))
+        throw InvalidArgument("Storage::adopt: the bytes do not come from this storage's allocator");
+      if (caching->block_size(data) < s.nbytes)
+        throw InvalidArgument(fmt::format("Storage::adopt: block of {} bytes is smaller than the storage ({})",
+                                          caching->block_size(data), s.nbytes));
+    }
   } else if (data != nullptr) {
     throw InvalidArgument("Storage::adopt: an empty storage takes no bytes");
   }

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "stowage/allocator.hpp"
 
 namespace stowage {
 
@@ -66,11 +65,12 @@ TensorView::TensorView(Storage storage, DType dtype, std::vector<std::int64_t> s
         static_cast<long long>(begin), static_cast<long long>(end), storage_.nbytes()));
 }
 
-TensorView TensorView::empty(CachingAllocator& allocator, DType dtype, std::vector<std::int64_t> shape,
+TensorView TensorView::empty(ResourceHandle resource, DType dtype, std::vector<std::int64_t> shape,
                              Stream stream) {
   const std::size_t item = itemsize(dtype);
   const std::int64_t n = checked_numel(shape, item);
-  return TensorView(Storage::allocate(allocator, static_cast<std::size_t>(n) * item, stream), dtype, std::move(shape));
+  return TensorView(Storage::allocate(std::move(resource), static_cast<std::size_t>(n) * item, stream), dtype,
+                    std::move(shape));
 }
 
 std::int64_t TensorView::numel() const {

@@ -20,6 +20,7 @@
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
 #include "stowage/event_log.hpp"
+#include "stowage/logging_resource.hpp"
 
 using namespace stowage;
 using Clock = std::chrono::steady_clock;
@@ -136,7 +137,7 @@ void synthesize(const std::string& path, int layers, std::int64_t hidden, std::i
   const std::size_t sbh2 = static_cast<std::size_t>(seq * batch * hidden * 2);  // one bf16 activation
   auto device = make_emulated_device(0, EmulatedOptions{.capacity = std::size_t{1} << 40});
   CachingAllocator allocator(*device);
-  LoggingAllocator log(allocator, std::make_shared<EventLog>(path));
+  LoggingResource log(allocator, std::make_shared<EventLog>(path));
   const std::size_t per_layer[] = {sbh2, 3 * sbh2, sbh2, sbh2, 4 * sbh2, 4 * sbh2, sbh2};  // ln, qkv, attn, proj, fc1, act, fc2
   std::vector<std::vector<void*>> saved(static_cast<std::size_t>(layers));
   std::vector<void*> buckets;

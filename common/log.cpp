@@ -72,4 +72,19 @@ spdlog::logger& log() {
   return *logger;
 }
 
+static LogLevel from_spdlog(spdlog::level::level_enum level) {
+  switch (level) {
+    case spdlog::level::trace: return LogLevel::trace;
+    case spdlog::level::debug: return LogLevel::debug;
+    case spdlog::level::info: return LogLevel::info;
+    case spdlog::level::warn: return LogLevel::warn;
+    case spdlog::level::err: return LogLevel::error;
+    case spdlog::level::critical: return LogLevel::critical;
+    default: return LogLevel::off;
+  }
+}
+
+LogLevel log_level() { return from_spdlog(log().level()); }
+void set_log_level(LogLevel level) { log().set_level(to_spdlog(level)); }
+
 }  // namespace stowage

@@ -25,7 +25,7 @@ const char* to_string(StatePlacement p) {
 }
 
 struct OffloadedAdam::Impl {
-  CachingAllocator& allocator;
+  ResourceHandle allocator;
   HostPool& pool;
   Device& dev;
   std::size_t numel;
@@ -43,8 +43,8 @@ struct OffloadedAdam::Impl {
   // different steps, and every later step refuses with this message instead of going on.
   std::string broken;
 
-  Impl(CachingAllocator& a, HostPool& p, std::size_t n, OffloadOptions o)
-      : allocator(a), pool(p), dev(a.device()), numel(n), options(o) {}
+  Impl(ResourceHandle a, HostPool& p, std::size_t n, OffloadOptions o)
+      : allocator(std::move(a)), pool(p), dev(allocator->device()), numel(n), options(o) {}
 
   std::size_t chunk_len(std::size_t i) const {
     return std::min(options.chunk_elements, numel - i * options.chunk_elements);
@@ -187,8 +187,8 @@ struct OffloadedAdam::Impl {
   }
 };
 
-OffloadedAdam::OffloadedAdam(CachingAllocator& allocator, HostPool& pool, std::size_t numel, OffloadOptions options)
-    : impl_(std::make_unique<Impl>(allocator, pool, numel, options)) {
+OffloadedAdam::OffloadedAdam(ResourceHandle allocator, HostPool& pool, std::size_t numel, OffloadOptions options)
+    : impl_(std::make_unique<Impl>(std::move(allocator), pool, numel, options)) {
   if (numel == 0) throw InvalidArgument("offloaded Adam: numel must be positive");
   if (options.chunk_elements == 0 || options.chunk_elements % 64 != 0)
     throw InvalidArgument(fmt::format("offloaded Adam: chunk_elements {} must be a positive multiple of 64",
@@ -206,7 +206,7 @@ OffloadedAdam::OffloadedAdam(CachingAllocator& allocator, HostPool& pool, std::s
   s.step_end = s.dev.create_event(true);
   try {
     for (std::size_t i = 0; i < where.size(); ++i) {
-      s.chunks.push_back(offload::make_home(allocator, pool, where[i], s.chunk_len(i), kDefaultStream));
+      s.chunks.push_back(offload::make_home(impl_->allocator.get(), pool, where[i], s.chunk_len(i), kDefaultStream));
       s.zero(s.chunks.back(), kDefaultStream);
     }
     s.ensure_windows();
@@ -249,7 +249,7 @@ void OffloadedAdam::replace(OffloadOptions options) {
   try {
     for (std::size_t i = 0; i < where.size(); ++i) {
       if (where[i] == s.chunks[i].where) continue;
-      StateHome next = offload::make_home(s.allocator, s.pool, where[i], s.chunks[i].len, kDefaultStream);
+      StateHome next = offload::make_home(s.allocator.get(), s.pool, where[i], s.chunks[i].len, kDefaultStream);
       s.dev.copy_async(next.mv.data(), s.chunks[i].mv.data(), s.chunks[i].len * 8,
                        offload::copy_kind(s.chunks[i].where, where[i]), kDefaultStream);
       s.dev.synchronize(kDefaultStream);  // the old home goes only once its bytes have arrived

@@ -72,7 +72,7 @@ StateHome from_pool(Device& dev, HostPool& pool, StatePlacement where, std::size
 
 std::size_t device_chunk_bytes(std::size_t len) { return round_up(len * 8, 512); }
 
-StateHome make_home(CachingAllocator& allocator, HostPool& pool, StatePlacement where, std::size_t len,
+StateHome make_home(MemoryResource& allocator, HostPool& pool, StatePlacement where, std::size_t len,
                     Stream stream) {
   Device& dev = allocator.device();
   if (where == StatePlacement::device) {

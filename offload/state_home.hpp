@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <string>
 
-#include "stowage/allocator.hpp"
+#include "stowage/memory_resource.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/offload.hpp"
 #include "stowage/tensor.hpp"
@@ -28,7 +28,7 @@ std::size_t device_chunk_bytes(std::size_t len);
 // Makes a home of `len` elements (contents undefined). Throws the device's error (after
 // undoing what it did) when the memory cannot be had; mapped tries driver virtual memory with
 // a host NUMA location first, then pinned host memory with a device address.
-StateHome make_home(CachingAllocator& allocator, HostPool& pool, StatePlacement where, std::size_t len,
+StateHome make_home(MemoryResource& allocator, HostPool& pool, StatePlacement where, std::size_t len,
                     Stream stream);
 
 // The copy direction between two homes' memory.

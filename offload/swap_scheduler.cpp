@@ -19,7 +19,7 @@
 #include "common/log.hpp"
 #include "offload/swap_entry.hpp"
 #include "offload/swap_timing.hpp"
-#include "stowage/allocator.hpp"
+#include "stowage/memory_resource.hpp"
 #include "stowage/host_pool.hpp"
 
 namespace stowage {
@@ -41,8 +41,8 @@ const char* to_string(SwapDecision d) {
 }
 
 struct SwapScheduler::Impl {
-  Impl(CachingAllocator& a, HostPool& p, SwapOptions o)
-      : allocator(a), pool(p), device(a.device()), options(std::move(o)), events(device, false), timer(device) {
+  Impl(ResourceHandle a, HostPool& p, SwapOptions o)
+      : allocator(std::move(a)), pool(p), device(allocator->device()), options(std::move(o)), events(device, false), timer(device) {
     if (&pool.device() != &device)
       throw InvalidArgument("SwapScheduler: the host pool pins memory for another device than the allocator's");
     if (options.prefetch_distance < 0)
@@ -69,7 +69,7 @@ struct SwapScheduler::Impl {
     if (e.phase != SwapEntry::Phase::out) return true;
     void* block = nullptr;
     try {
-      block = allocator.allocate(e.nbytes, options.compute_stream);
+      block = allocator->allocate(e.nbytes, options.compute_stream);
     } catch (const OutOfMemory&) {
       ++st.prefetch_oom;
       return false;
@@ -90,7 +90,7 @@ struct SwapScheduler::Impl {
       // A copy already queued still writes into the block: it goes back only after the copy (if
       // that wait fails too, the block stays allocated rather than be handed out under it).
       if (copying) device.synchronize(h2d);
-      allocator.deallocate(block);
+      allocator->deallocate(block, e.nbytes);
       throw;
     }
     e.h2d_done = arrived;
@@ -111,7 +111,7 @@ struct SwapScheduler::Impl {
   // done (`wait`: wait for them); false when they are still running.
   bool give_back(SwapEntry& e, bool wait) {
     if (!done(e.d2h_done, wait) || !done(e.h2d_done, wait)) return false;
-    if (e.incoming) allocator.deallocate(e.incoming);
+    if (e.incoming) allocator->deallocate(e.incoming, e.nbytes);
     pool.deallocate(e.host);
     if (e.d2h_done != Event{}) events.give(e.d2h_done);
     if (e.h2d_done != Event{}) events.give(e.h2d_done);
@@ -170,7 +170,7 @@ struct SwapScheduler::Impl {
     return false;
   }
 
-  CachingAllocator& allocator;
+  ResourceHandle allocator;
   HostPool& pool;
   Device& device;
   SwapOptions options;
@@ -184,8 +184,8 @@ struct SwapScheduler::Impl {
   mutable std::mutex mutex;
 };
 
-SwapScheduler::SwapScheduler(CachingAllocator& allocator, HostPool& pool, SwapOptions options)
-    : impl_(std::make_unique<Impl>(allocator, pool, std::move(options))) {}
+SwapScheduler::SwapScheduler(ResourceHandle allocator, HostPool& pool, SwapOptions options)
+    : impl_(std::make_unique<Impl>(std::move(allocator), pool, std::move(options))) {}
 
 SwapScheduler::~SwapScheduler() {
   auto& m = *impl_;
@@ -242,7 +242,7 @@ SwapDecision SwapScheduler::offload(const TensorView& view, int layer, std::stri
     ++counter;
     return d;
   };
-  if (s.allocator() != &m.allocator) return keep(SwapDecision::kept_not_ours, m.st.kept_not_ours);
+  if (s.resource() != m.allocator.raw()) return keep(SwapDecision::kept_not_ours, m.st.kept_not_ours);
   if (m.entries.contains(s.id())) return SwapDecision::swapped;  // another view of a swapped storage
   if (!s.resident()) return keep(SwapDecision::kept_not_resident, m.st.kept_not_resident);
   if (!m.tag_selected(tag)) return keep(SwapDecision::kept_tag, m.st.kept_tag);
@@ -269,7 +269,7 @@ SwapDecision SwapScheduler::offload(const TensorView& view, int layer, std::stri
     m.timer.end(m.d2h, SpanKind::d2h);
     e.d2h_done = m.events.take();
     m.device.record(e.d2h_done, m.d2h);
-    m.allocator.record_stream(data, m.d2h);  // the block is reused only after the copy
+    m.allocator->record_stream(data, m.d2h);  // the block is reused only after the copy
   } catch (...) {
     if (e.d2h_done != Event{}) m.events.give(e.d2h_done);
     m.timer.cancel(m.d2h);

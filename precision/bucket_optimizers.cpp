@@ -9,7 +9,7 @@
 
 #include "precision/cuda_kernels.hpp"
 #include "precision/kernel_table.hpp"
-#include "stowage/allocator.hpp"
+#include "stowage/memory_resource.hpp"
 #include "stowage/error.hpp"
 
 namespace stowage {
@@ -63,14 +63,14 @@ float* indexed(const TensorView& t, const ParameterBucket& w, ElementRange r) {
 bool nonfinite_on_device(ParameterBucket& w, const void* grad, bool bf16, ElementRange r) {
   Device& dev = w.device();
   if (dev.kind() == DeviceKind::cuda) {
-    CachingAllocator& alloc = *w.storage().allocator();
+    MemoryResource& alloc = *w.storage().resource();
     void* flag = alloc.allocate(sizeof(int), w.stream());
     dev.fill_async(flag, 0, sizeof(int), w.stream());
     cuda_precision::any_nonfinite(grad, bf16, r.begin, r.end, static_cast<int*>(flag), native(w.stream()));
     int host = 0;
     dev.copy_async(&host, flag, sizeof(int), CopyKind::device_to_host, w.stream());
     dev.synchronize(w.stream());
-    alloc.deallocate(flag);
+    alloc.deallocate(flag, sizeof(int));
     return host != 0;
   }
   bool found = false;

@@ -31,7 +31,7 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 
 }  // namespace
 
-ParameterBucket::ParameterBucket(CachingAllocator& allocator, std::vector<ParameterSpec> params, BucketOptions options,
+ParameterBucket::ParameterBucket(ResourceHandle resource, std::vector<ParameterSpec> params, BucketOptions options,
                                  Stream stream)
     : options_(options), stream_(stream) {
   const std::size_t a = options.align_elements;
@@ -57,7 +57,7 @@ ParameterBucket::ParameterBucket(CachingAllocator& allocator, std::vector<Parame
   }
   numel_ = options.capacity_elements != 0 ? options.capacity_elements : offset;
   if (numel_ == 0) throw InvalidArgument("ParameterBucket: no elements");
-  storage_ = Storage::allocate(allocator, 4 * numel_ + tie_bitmap_bytes(numel_, options.rounding), stream);
+  storage_ = Storage::allocate(std::move(resource), 4 * numel_ + tie_bitmap_bytes(numel_, options.rounding), stream);
   // Zero weights: +0.0 splits into bf16 0, residual 0x8000, tie 0.
   Device& dev = device();
   dev.fill_async(storage_.data(), 0, storage_.nbytes(), stream_);
@@ -127,12 +127,12 @@ void ParameterBucket::write_fp32(std::size_t i, const float* src, std::size_t co
   const std::size_t b = s.offset, e = s.offset + s.numel;
   Device& dev = device();
   if (dev.kind() == DeviceKind::cuda) {
-    CachingAllocator& alloc = *storage_.allocator();
+    MemoryResource& alloc = *storage_.resource();
     void* staging = alloc.allocate(count * 4, stream_);
     dev.copy_async(staging, src, count * 4, CopyKind::host_to_device, stream_);
     cuda_precision::split(static_cast<const float*>(staging) - b, w, b, e, native(stream_));
     dev.synchronize(stream_);
-    alloc.deallocate(staging);
+    alloc.deallocate(staging, count * 4);
   } else {
     dev.launch_host(stream_, [=] { split(src - b, w, b, e); });
     dev.synchronize(stream_);
@@ -147,12 +147,12 @@ void ParameterBucket::read_fp32(std::size_t i, float* dst, std::size_t count) co
   const std::size_t b = s.offset, e = s.offset + s.numel;
   Device& dev = device();
   if (dev.kind() == DeviceKind::cuda) {
-    CachingAllocator& alloc = *storage_.allocator();
+    MemoryResource& alloc = *storage_.resource();
     void* staging = alloc.allocate(count * 4, stream_);
     cuda_precision::merge(w, static_cast<float*>(staging) - b, b, e, native(stream_));
     dev.copy_async(dst, staging, count * 4, CopyKind::device_to_host, stream_);
     dev.synchronize(stream_);
-    alloc.deallocate(staging);
+    alloc.deallocate(staging, count * 4);
   } else {
     dev.launch_host(stream_, [=] { merge(w, dst - b, b, e); });
     dev.synchronize(stream_);

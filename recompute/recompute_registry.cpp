@@ -5,7 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "stowage/allocator.hpp"
+#include "stowage/memory_resource.hpp"
+#include "stowage/scoped_tag.hpp"
 #include "stowage/error.hpp"
 #include "stowage/recompute.hpp"
 
@@ -36,14 +37,14 @@ std::vector<Storage*> distinct_storages(std::vector<TensorView>& views) {
 }  // namespace
 
 struct Recompute::Impl {
-  CachingAllocator& allocator;
+  ResourceHandle resource;
   RecomputeOptions options;
   mutable std::mutex mutex;
   std::map<int, std::vector<std::unique_ptr<Record>>> layers;
   std::uint64_t next_stream = 0;
   RecomputeStats stats;
 
-  Impl(CachingAllocator& a, RecomputeOptions o) : allocator(a), options(o) {}
+  Impl(ResourceHandle r, RecomputeOptions o) : resource(std::move(r)), options(o) {}
 
   template <class Fn>
   void for_each_record(Fn&& fn) {
@@ -65,8 +66,8 @@ struct Recompute::Impl {
     const auto where = [&] { return fmt::format("Recompute::release: {} output {}", rec.tag, index); };
     if (s.state() == StorageState::swapped_out)
       throw InvalidArgument(where() + ": is swapped out; a tensor is either swapped or released, not both");
-    if (s.allocator() != &allocator)
-      throw InvalidArgument(where() + ": its storage is wrapped or from another allocator");
+    if (s.resource() != resource.raw())
+      throw InvalidArgument(where() + ": its storage is wrapped or from another memory resource");
     for_each_record([&](Record& other) {
       for (auto& in : other.inputs)
         if (in.storage().same_as(s))
@@ -122,7 +123,7 @@ struct Recompute::Impl {
       for (; ran < plan.size(); ++ran) {
         auto& p = plan[ran];
         ScopedTag tag(p.rec->tag);  // allocations f makes for scratch show under the layer too
-        p.rec->fn(RecomputeContext{p.rec->inputs, p.rec->outputs, allocator.device(), stream, p.rec->rng, true});
+        p.rec->fn(RecomputeContext{p.rec->inputs, p.rec->outputs, resource->device(), stream, p.rec->rng, true});
         for (Storage* s : p.storages) {
           ++stats.rematerializations;
           stats.bytes_recomputed += s->nbytes();
@@ -158,10 +159,10 @@ struct Recompute::Impl {
   }
 };
 
-Recompute::Recompute(CachingAllocator& allocator, RecomputeOptions options) {
+Recompute::Recompute(ResourceHandle resource, RecomputeOptions options) {
   if (options.prefetch_distance < 0)
     throw InvalidArgument(fmt::format("Recompute: prefetch distance {} is negative", options.prefetch_distance));
-  impl_ = std::make_unique<Impl>(allocator, options);
+  impl_ = std::make_unique<Impl>(std::move(resource), options);
 }
 
 Recompute::~Recompute() = default;
@@ -171,8 +172,8 @@ std::vector<TensorView> Recompute::forward(int layer, const std::string& name, s
   auto rec = impl_->new_record(layer, name, std::move(inputs), std::move(fn));
   const Stream stream = impl_->options.compute_stream;
   ScopedTag tag(rec->tag);
-  for (const auto& spec : outputs) rec->outputs.push_back(TensorView::empty(impl_->allocator, spec.dtype, spec.shape, stream));
-  rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->allocator.device(), stream, rec->rng, false});
+  for (const auto& spec : outputs) rec->outputs.push_back(TensorView::empty(impl_->resource, spec.dtype, spec.shape, stream));
+  rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->resource->device(), stream, rec->rng, false});
   std::vector<TensorView> result = rec->outputs;
   impl_->add(std::move(rec));
   return result;
@@ -184,8 +185,8 @@ void Recompute::forward_into(int layer, const std::string& name, std::vector<Ten
     const auto& o = outputs[i];
     if (!o.defined() || !o.storage().resident())
       throw InvalidArgument(fmt::format("Recompute::forward_into: output {} is undefined or not resident", i));
-    if (o.storage().allocator() != &impl_->allocator)
-      throw InvalidArgument(fmt::format("Recompute::forward_into: output {} is not from this registry's allocator", i));
+    if (o.storage().resource() != impl_->resource.raw())
+      throw InvalidArgument(fmt::format("Recompute::forward_into: output {} is not from this registry's memory resource", i));
     std::lock_guard lock(impl_->mutex);
     if (impl_->known_handles(o.storage()) > 0)
       throw InvalidArgument(fmt::format("Recompute::forward_into: output {}'s storage is already registered", i));
@@ -194,7 +195,7 @@ void Recompute::forward_into(int layer, const std::string& name, std::vector<Ten
   rec->outputs = std::move(outputs);
   const Stream stream = impl_->options.compute_stream;
   ScopedTag tag(rec->tag);
-  rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->allocator.device(), stream, rec->rng, false});
+  rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->resource->device(), stream, rec->rng, false});
   impl_->add(std::move(rec));
 }
 

@@ -15,23 +15,18 @@
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
 #include "stowage/event_log.hpp"
+#include "stowage/logging_resource.hpp"
 
 namespace stowage {
 namespace {
 
 thread_local std::string last_error;
 
+// A device's resources: the caching allocator, and what callers allocate through (the caching
+// allocator itself, or a LoggingResource over it when STOWAGE_EVENT_LOG names a file).
 struct DeviceAllocator {
-  std::unique_ptr<CachingAllocator> allocator;
-  std::unique_ptr<LoggingAllocator> logging;  // set when STOWAGE_EVENT_LOG names a file
-
-  void* allocate(std::size_t bytes, Stream stream) {
-    return logging ? logging->allocate(bytes, stream) : allocator->allocate(bytes, stream);
-  }
-  void deallocate(void* ptr, std::size_t bytes) {
-    if (logging) logging->deallocate(ptr, bytes);
-    else allocator->deallocate(ptr, bytes);
-  }
+  std::shared_ptr<CachingAllocator> allocator;
+  std::shared_ptr<MemoryResource> top;
 };
 
 struct Allocators {
@@ -59,10 +54,11 @@ struct Allocators {
     if (DeviceAllocator* a = slot.load(std::memory_order_relaxed)) return *a;
     const Config& c = config();
     auto made = std::make_unique<DeviceAllocator>();
-    made->allocator = std::make_unique<CachingAllocator>(device(ordinal), c.allocator);
+    made->allocator = std::make_shared<CachingAllocator>(device(ordinal), c.allocator);
+    made->top = made->allocator;
     if (!c.event_log.empty()) {
       if (!event_log) event_log = std::make_shared<EventLog>(c.event_log);
-      made->logging = std::make_unique<LoggingAllocator>(*made->allocator, event_log);
+      made->top = std::make_shared<LoggingResource>(made->allocator, event_log);
     }
     log().info("C ABI: caching allocator for device {} ({})", ordinal, device(ordinal).name());
     slot.store(made.get(), std::memory_order_release);
@@ -108,7 +104,7 @@ extern "C" {
 void* stowage_malloc(ssize_t size, int device, void* stream) {
   return guarded<void*>(nullptr, [&]() -> void* {
     const std::size_t bytes = checked_size(size, "stowage_malloc");
-    return allocators().get(device).allocate(bytes, stream_from_native(stream));
+    return allocators().get(device).top->allocate(bytes, stream_from_native(stream));
   });
 }
 
@@ -123,7 +119,7 @@ void stowage_free(void* ptr, ssize_t size, int device, void* stream) {
         if (DeviceAllocator* o = all.created(other); other != device && o != nullptr && o->allocator->owns(ptr))
           throw InvalidArgument(fmt::format("stowage_free: {} belongs to device {}, not device {}", ptr, other, device));
     }
-    a.deallocate(ptr, bytes);  // InvalidArgument for foreign pointers, double frees, wrong sizes
+    a.top->deallocate(ptr, bytes);  // InvalidArgument for foreign pointers, double frees, wrong sizes
     return 0;
   });
 }
@@ -138,7 +134,7 @@ int stowage_empty_cache(int device) {
 int stowage_record_stream(void* ptr, int device, void* stream) {
   return guarded(-1, [&] {
     if (ptr == nullptr) throw InvalidArgument("stowage_record_stream: null pointer");
-    allocators().get(device).allocator->record_stream(ptr, stream_from_native(stream));
+    allocators().get(device).top->record_stream(ptr, stream_from_native(stream));
     return 0;
   });
 }

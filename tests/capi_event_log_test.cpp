@@ -1,4 +1,4 @@
-// The allocation event log: exact CSV lines from the LoggingAllocator and from the C ABI
+// The allocation event log: exact CSV lines from the LoggingResource and from the C ABI
 // (STOWAGE_EVENT_LOG), a well-formed log under threads, and the reader's errors.
 #include <gtest/gtest.h>
 
@@ -13,7 +13,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "stowage/caching_allocator.hpp"
 #include "stowage/event_log.hpp"
+#include "stowage/logging_resource.hpp"
 #include "stowage/stowage.h"
 
 namespace stowage {
@@ -48,7 +50,7 @@ class EventLogTest : public ::testing::Test {
 TEST_F(EventLogTest, OneLinePerAllocationAndFreeInRmmColumns) {
   const Stream side = device->create_stream();
   {
-    LoggingAllocator logging(allocator, std::make_shared<EventLog>(path));
+    LoggingResource logging(allocator, std::make_shared<EventLog>(path));
     void* a = logging.allocate(1000);
     void* b = logging.allocate(70000, side);
     EXPECT_EQ(logging.allocate(0), nullptr);  // nothing to log
@@ -85,7 +87,7 @@ TEST_F(EventLogTest, OneLinePerAllocationAndFreeInRmmColumns) {
 
 TEST_F(EventLogTest, ConcurrentThreadsWriteAWellFormedLog) {
   {
-    LoggingAllocator logging(allocator, std::make_shared<EventLog>(path));
+    LoggingResource logging(allocator, std::make_shared<EventLog>(path));
     std::vector<std::thread> threads;
     for (int t = 0; t < 4; ++t)
       threads.emplace_back([&, t] {

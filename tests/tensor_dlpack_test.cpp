@@ -73,7 +73,7 @@ TEST_F(DLPackTest, RoundTripSharesBytesAndCallsTheDeleterOnce) {
   EXPECT_EQ(back.data_as<std::int32_t>()[2 * 20 + 3 * 5 + 2], 100 + 2 * 20 + 3 * 5 + 3);
   // The imported storage spans exactly the bytes the view reaches.
   EXPECT_EQ(back.storage().nbytes(), (2u * 20 + 3 * 5 + 2 + 1) * 4);
-  EXPECT_EQ(back.storage().allocator(), nullptr);
+  EXPECT_EQ(back.storage().resource(), nullptr);
   EXPECT_EQ(t.storage().use_count(), 2);  // t and the DLPack context inside `back`
   back.data_as<std::int32_t>()[0] = -7;   // writes land in the original
   EXPECT_EQ(t.data_as<std::int32_t>()[1], -7);

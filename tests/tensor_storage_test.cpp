@@ -27,7 +27,7 @@ TEST_F(StorageTest, AllocatedStorageGivesItsBytesBackWithTheLastHandle) {
     EXPECT_TRUE(s.resident());
     EXPECT_NE(s.data(), nullptr);
     EXPECT_EQ(s.nbytes(), 10000u);
-    EXPECT_EQ(s.allocator(), &allocator);
+    EXPECT_EQ(s.resource(), &allocator);
     EXPECT_EQ(&s.device(), device.get());
     EXPECT_EQ(s.stream(), kDefaultStream);
     EXPECT_TRUE(allocator.owns(s.data()));

@@ -121,7 +121,7 @@ TEST_F(TensorViewTest, WrappedDeleterRunsOnceWhenTheLastHandleGoes) {
     TensorView b = a.slice(0, 4, 8);
     TensorView c = b.reshape({2, 2});
     EXPECT_EQ(a.storage().use_count(), 3);
-    EXPECT_EQ(a.storage().allocator(), nullptr);
+    EXPECT_EQ(a.storage().resource(), nullptr);
     EXPECT_EQ(&a.storage().device(), device.get());
     EXPECT_THROW(a.storage().release(), InvalidArgument);  // wrapped bytes cannot move
     EXPECT_TRUE(a.storage().resident());

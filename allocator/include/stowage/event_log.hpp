@@ -1,7 +1,7 @@
 #pragma once
 // The allocation event log: a CSV file with one line per allocation and free, in the columns of
-// RMM's logging_resource_adaptor (docs/event_log.md). Written by EventLog, replayed by
-// bench/replay_tool and read by `stowage inspect`.
+// RMM's logging_resource_adaptor (docs/event_log.md). Written by EventLog (a LoggingResource
+// feeds it), replayed by bench/replay_tool and read by `stowage inspect`.
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "stowage/allocator.hpp"
+#include "stowage/device.hpp"
 
 namespace stowage {
 
@@ -40,27 +40,6 @@ class EventLog {
 
   void record(EventAction action, const void* pointer, std::size_t size, Stream stream);
   const std::string& path() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
-// An adaptor that logs every allocation and free of a CachingAllocator (RMM-style composition:
-// the allocator itself knows nothing of logging). Calls are serialised so that a free always
-// precedes, in the file, the allocation that reuses its address.
-class LoggingAllocator {
- public:
-  LoggingAllocator(CachingAllocator& upstream, std::shared_ptr<EventLog> log);
-  ~LoggingAllocator();
-  LoggingAllocator(const LoggingAllocator&) = delete;
-  LoggingAllocator& operator=(const LoggingAllocator&) = delete;
-
-  void* allocate(std::size_t bytes, Stream stream = kDefaultStream);
-  void deallocate(void* ptr);
-  void deallocate(void* ptr, std::size_t expected_bytes);
-  CachingAllocator& upstream() const;
-  EventLog& log() const;
 
  private:
   struct Impl;

@@ -8,10 +8,9 @@
 #include <string>
 
 #include "stowage/device.hpp"
+#include "stowage/memory_resource.hpp"
 
 namespace stowage {
-
-class CachingAllocator;
 
 enum class StorageState { resident, released, swapped_out };
 const char* to_string(StorageState s);
@@ -20,9 +19,10 @@ class Storage {
  public:
   Storage() = default;  // an empty handle: valid() is false
 
-  // nbytes from the allocator, usable on `stream`; the tag is recorded with the block.
-  static Storage allocate(CachingAllocator& allocator, std::size_t nbytes,
-                          Stream stream = kDefaultStream);
+  // nbytes from a memory resource (the caching allocator, or any adaptor over it), usable on
+  // `stream`. The storage holds the resource through a ResourceHandle: it keeps a resource owned
+  // by a std::shared_ptr alive, and refuses, with InvalidArgument, to use one destroyed first.
+  static Storage allocate(ResourceHandle resource, std::size_t nbytes, Stream stream = kDefaultStream);
   // Bytes stowage does not own (a DLPack import, a host buffer); `deleter` runs when the last
   // handle goes. Such a storage cannot be released or moved.
   static Storage wrap(Device& device, void* data, std::size_t nbytes, std::function<void()> deleter);
@@ -33,19 +33,19 @@ class Storage {
   StorageState state() const;
   bool resident() const { return state() == StorageState::resident; }
   Device& device() const;
-  CachingAllocator* allocator() const;  // nullptr for wrapped storage
+  MemoryResource* resource() const;     // nullptr for wrapped storage
   Stream stream() const;                // the stream the bytes are used on
   long use_count() const { return impl_.use_count(); }
   bool same_as(const Storage& other) const { return impl_ == other.impl_; }
   const void* id() const { return impl_.get(); }
 
   // --- for techniques that move bytes (recompute, swap); not for ordinary users ---
-  // Gives the bytes back to the allocator (stream-ordered on stream()), keeping nbytes; the
+  // Gives the bytes back to the resource (stream-ordered on stream()), keeping nbytes; the
   // state becomes `state`. InvalidArgument when not resident or wrapped.
   void release(StorageState state = StorageState::released);
-  // Fresh bytes from the allocator on `stream` (contents undefined); state becomes resident.
+  // Fresh bytes from the resource on `stream` (contents undefined); state becomes resident.
   void materialize(Stream stream);
-  // Puts bytes the caller allocated from allocator() (nbytes() long, usable on `stream`) in
+  // Puts bytes the caller allocated from resource() (nbytes() long, usable on `stream`) in
   // place; InvalidArgument when already resident.
   void adopt(void* data, Stream stream);
 

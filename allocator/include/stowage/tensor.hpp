@@ -17,8 +17,8 @@ class TensorView {
   TensorView(Storage storage, DType dtype, std::vector<std::int64_t> shape,
              std::vector<std::int64_t> strides = {}, std::size_t byte_offset = 0);
 
-  // A new contiguous tensor from the allocator.
-  static TensorView empty(CachingAllocator& allocator, DType dtype, std::vector<std::int64_t> shape,
+  // A new contiguous tensor from a memory resource.
+  static TensorView empty(ResourceHandle resource, DType dtype, std::vector<std::int64_t> shape,
                           Stream stream = kDefaultStream);
 
   const Storage& storage() const { return storage_; }

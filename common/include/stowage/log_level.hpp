@@ -11,4 +11,8 @@ const char* to_string(LogLevel level);
 // case. ParseError mentioning `what` on anything else.
 LogLevel parse_log_level(std::string_view text, std::string_view what = "log level");
 
+// The level of stowage's log (stderr): STOWAGE_LOG_LEVEL until set here.
+LogLevel log_level();
+void set_log_level(LogLevel level);
+
 }  // namespace stowage

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "stowage/allocator.hpp"
+#include "stowage/memory_resource.hpp"
 #include "stowage/bucket_optimizers.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/optimizers.hpp"
@@ -53,7 +53,7 @@ struct OffloadReport {
 class OffloadedAdam {
  public:
   // Zero states placed as `options` say. Throws (nothing kept) when the memory cannot be had.
-  OffloadedAdam(CachingAllocator& allocator, HostPool& pool, std::size_t numel, OffloadOptions options);
+  OffloadedAdam(ResourceHandle allocator, HostPool& pool, std::size_t numel, OffloadOptions options);
   ~OffloadedAdam();
   OffloadedAdam(const OffloadedAdam&) = delete;
   OffloadedAdam& operator=(const OffloadedAdam&) = delete;

@@ -49,7 +49,7 @@ enum class SwapDecision {
   kept_host_cap,      // policy.host_cap_bytes would be exceeded
   kept_pool_full,     // the host pool refused (its cap, or the system)
   kept_not_resident,  // released for recomputation (a tensor is never both)
-  kept_not_ours,      // wrapped storage, or from another allocator
+  kept_not_ours,      // wrapped storage, or from another memory resource
 };
 const char* to_string(SwapDecision d);
 
@@ -72,7 +72,8 @@ struct SwapStats {
 class SwapScheduler {
  public:
   // InvalidArgument when the pool serves another device or the distance is negative.
-  SwapScheduler(CachingAllocator& allocator, HostPool& pool, SwapOptions options = {});
+  // Device blocks come from `allocator` (the caching allocator, or an adaptor over it).
+  SwapScheduler(ResourceHandle allocator, HostPool& pool, SwapOptions options = {});
   // Brings every tensor still swapped and still referenced back to the device (synchronously).
   ~SwapScheduler();
   SwapScheduler(const SwapScheduler&) = delete;

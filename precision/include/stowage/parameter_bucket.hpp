@@ -39,7 +39,7 @@ class ParameterBucket {
  public:
   // Allocates the bucket (zero weights) on `stream`. InvalidArgument for bad shapes, bad
   // alignment or parameters that overflow capacity_elements; nothing is allocated then.
-  ParameterBucket(CachingAllocator& allocator, std::vector<ParameterSpec> params, BucketOptions options = {},
+  ParameterBucket(ResourceHandle resource, std::vector<ParameterSpec> params, BucketOptions options = {},
                   Stream stream = kDefaultStream);
 
   std::size_t size() const { return slots_.size(); }

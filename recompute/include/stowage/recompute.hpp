@@ -22,7 +22,7 @@
 // Functions must therefore not hold output views in queued work: capture pointers, as kernels do;
 // and they must not call back into the registry (it runs them under its lock).
 // The bytes go back stream-ordered on the output's stream (the compute stream): a consumer on
-// another stream that may still be reading them needs CachingAllocator::record_stream first,
+// another stream that may still be reading them needs MemoryResource::record_stream first,
 // as with any free.
 #include <cstddef>
 #include <cstdint>
@@ -37,7 +37,6 @@
 
 namespace stowage {
 
-class CachingAllocator;
 
 // What a registered function is given, in forward and in every recomputation.
 struct RecomputeContext {
@@ -84,7 +83,8 @@ struct RecomputeEntry {
 class Recompute {
  public:
   // InvalidArgument for a negative prefetch distance.
-  explicit Recompute(CachingAllocator& allocator, RecomputeOptions options = {});
+  // Outputs come from `resource` (the caching allocator, or an adaptor over it).
+  explicit Recompute(ResourceHandle resource, RecomputeOptions options = {});
   ~Recompute();
   Recompute(const Recompute&) = delete;
   Recompute& operator=(const Recompute&) = delete;

@@ -1,0 +1,32 @@
+#pragma once
+// The caching allocator's options, and their PyTorch-style text form.
+#include <cstddef>
+#include <string>
+
+namespace stowage {
+
+enum class SegmentMode { classic, expandable };
+
+struct AllocatorOptions {
+  // Expandable segments where the device supports virtual memory (else classic).
+  SegmentMode segments = SegmentMode::expandable;
+  // A cap on reserved bytes: absolute bytes, or a fraction of capacity (0 = none).
+  std::size_t memory_cap_bytes = 0;
+  double memory_cap_fraction = 0.0;
+  // When reserved bytes exceed this fraction of the cap (or capacity), free cached blocks that
+  // have not been used recently before growing (0 = off). PyTorch's garbage_collection_threshold.
+  double gc_threshold = 0.0;
+  // Blocks this large or larger are never split (0 = no limit). PyTorch's max_split_size_mb.
+  std::size_t max_split_size = 0;
+  // Record a trace of allocator events for snapshots; ring size in events (0 = off).
+  std::size_t trace_entries = 0;
+  // Reserve this much address space per expandable pool (default: 2x device capacity).
+  std::size_t expandable_reserve = 0;
+};
+
+// Parses PyTorch-style configuration text, e.g.
+// "expandable_segments:True,max_split_size_mb:512,garbage_collection_threshold:0.8",
+// plus stowage's keys (memory_cap_mb, memory_cap_fraction, trace_entries). ParseError on bad input.
+AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptions base = {});
+
+}  // namespace stowage

@@ -1,0 +1,34 @@
+#include "stowage/logging_resource.hpp"
+
+#include "stowage/error.hpp"
+
+namespace stowage {
+
+LoggingResource::LoggingResource(ResourceHandle upstream, std::shared_ptr<EventLog> log)
+    : upstream_(std::move(upstream)), log_(std::move(log)) {
+  if (!log_) throw InvalidArgument("LoggingResource: no event log");
+}
+
+void* LoggingResource::do_allocate(std::size_t bytes, Stream stream) {
+  std::lock_guard lock(mutex_);
+  void* p = upstream_->allocate(bytes, stream);
+  if (p != nullptr) {
+    live_[p] = {bytes, stream};
+    log_->record(EventAction::allocate, p, bytes, stream);
+  }
+  return p;
+}
+
+void LoggingResource::do_deallocate(void* ptr, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  upstream_->deallocate(ptr, bytes);  // throws for a foreign pointer: nothing is logged
+  std::pair<std::size_t, Stream> info{bytes, kDefaultStream};
+  if (auto it = live_.find(ptr); it != live_.end()) {
+    if (bytes == 0) info.first = it->second.first;
+    info.second = it->second.second;
+    live_.erase(it);
+  }
+  log_->record(EventAction::free, ptr, info.first, info.second);
+}
+
+}  // namespace stowage
