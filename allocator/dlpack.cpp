@@ -73,8 +73,9 @@ DLManagedTensor* to_dlpack(const TensorView& view) {
   ctx->strides = view.strides();
   const Device& device = view.storage().device();
   DLTensor& t = ctx->managed.dl_tensor;
-  // Emulated device memory is ordinary host memory, so consumers see it as CPU data.
-  t.device = device.kind() == DeviceKind::cuda ? DLDevice{kDLCUDA, device.ordinal()} : DLDevice{kDLCPU, 0};
+  // Memory the host addresses as its own (the emulated device's) is CPU data to consumers.
+  const auto type = static_cast<DLDeviceType>(device.properties().dlpack_device_type);
+  t.device = type == kDLCPU ? DLDevice{kDLCPU, 0} : DLDevice{type, device.ordinal()};
   t.data = view.data();  // the first element; byte_offset 0 is what most consumers expect
   t.byte_offset = 0;
   t.ndim = view.dim();
@@ -96,7 +97,7 @@ TensorView from_dlpack(DLManagedTensor* tensor, Device& device) {
       break;
     case kDLCUDA:
     case kDLCUDAManaged:
-      if (device.kind() != DeviceKind::cuda || device.ordinal() != t.device.device_id)
+      if (device.properties().dlpack_device_type != kDLCUDA || device.ordinal() != t.device.device_id)
         throw InvalidArgument(fmt::format("from_dlpack: CUDA device {} data given for {} device {}",
                                           t.device.device_id, to_string(device.kind()), device.ordinal()));
       break;

@@ -14,6 +14,8 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 #if defined(STOWAGE_HAVE_CUDA)
 #include <cuda_runtime.h>

@@ -7,6 +7,7 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/stowage.h"
+#include "stowage/emulated_device.hpp"
 
 namespace {
 

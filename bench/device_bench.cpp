@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace {
 

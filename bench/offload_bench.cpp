@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "stowage/host_pool.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 #if defined(STOWAGE_HAVE_CUDA)
 #include <cuda_runtime.h>

@@ -19,6 +19,7 @@
 #include "stowage/host_pool.hpp"
 #include "stowage/offload.hpp"
 #include "stowage/parameter_bucket.hpp"
+#include "stowage/emulated_device.hpp"
 
 using namespace stowage;
 using Clock = std::chrono::steady_clock;

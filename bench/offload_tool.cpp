@@ -25,6 +25,8 @@
 #include "stowage/allocator.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 using namespace stowage;
 using Clock = std::chrono::steady_clock;

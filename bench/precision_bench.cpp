@@ -14,6 +14,7 @@
 #include "stowage/optimizers.hpp"
 #include "stowage/precision.hpp"
 #include "stowage/simd_level.hpp"
+#include "stowage/cuda_device.hpp"
 
 #if defined(STOWAGE_HAVE_CUDA)
 #include <memory>

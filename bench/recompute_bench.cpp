@@ -15,6 +15,7 @@
 #include "stowage/activations.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/recompute.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace {
 

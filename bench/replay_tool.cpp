@@ -21,6 +21,7 @@
 #include "stowage/config.hpp"
 #include "stowage/event_log.hpp"
 #include "stowage/logging_resource.hpp"
+#include "stowage/emulated_device.hpp"
 
 using namespace stowage;
 using Clock = std::chrono::steady_clock;

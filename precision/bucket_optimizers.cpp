@@ -7,8 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "precision/cuda_kernels.hpp"
-#include "precision/kernel_table.hpp"
+#include "precision/device_kernels.hpp"
 #include "stowage/memory_resource.hpp"
 #include "stowage/error.hpp"
 
@@ -59,24 +58,24 @@ float* indexed(const TensorView& t, const ParameterBucket& w, ElementRange r) {
   return static_cast<std::size_t>(t.numel()) == w.numel() ? p : p - r.begin;
 }
 
-// Runs the finite check on the stream and waits for it.
+// Runs the finite check on the stream into a flag in device memory and waits for it.
 bool nonfinite_on_device(ParameterBucket& w, const void* grad, bool bf16, ElementRange r) {
   Device& dev = w.device();
-  if (dev.kind() == DeviceKind::cuda) {
-    MemoryResource& alloc = *w.storage().resource();
-    void* flag = alloc.allocate(sizeof(int), w.stream());
+  MemoryResource& alloc = *w.storage().resource();
+  void* flag = alloc.allocate(sizeof(int), w.stream());
+  int host = 0;
+  try {
     dev.fill_async(flag, 0, sizeof(int), w.stream());
-    cuda_precision::any_nonfinite(grad, bf16, r.begin, r.end, static_cast<int*>(flag), native(w.stream()));
-    int host = 0;
+    detail::device_kernels(dev).any_nonfinite(dev, w.stream(), grad, bf16, r.begin, r.end, static_cast<int*>(flag));
     dev.copy_async(&host, flag, sizeof(int), CopyKind::device_to_host, w.stream());
     dev.synchronize(w.stream());
+  } catch (...) {
+    dev.synchronize(w.stream());
     alloc.deallocate(flag, sizeof(int));
-    return host != 0;
+    throw;
   }
-  bool found = false;
-  dev.launch_host(w.stream(), [&] { found = detail::kernels().any_nonfinite(grad, bf16, r.begin, r.end); });
-  dev.synchronize(w.stream());
-  return found;
+  alloc.deallocate(flag, sizeof(int));
+  return host != 0;
 }
 
 }  // namespace
@@ -99,11 +98,7 @@ StepResult adam_step(ParameterBucket& w, const TensorView& grad, const TensorVie
     return result;
   }
   Device& dev = w.device();
-  if (dev.kind() == DeviceKind::cuda) {
-    cuda_precision::adam(args, r.begin, r.end, native(w.stream()));
-  } else {
-    dev.launch_host(w.stream(), [args, r] { detail::kernels().adam(args, r.begin, r.end); });
-  }
+  detail::device_kernels(dev).adam(dev, w.stream(), args, r.begin, r.end);
   result.applied = true;
   result.step = ++state.step;
   return result;
@@ -126,11 +121,7 @@ StepResult sgd_step(ParameterBucket& w, const TensorView& grad, const TensorView
     return result;
   }
   Device& dev = w.device();
-  if (dev.kind() == DeviceKind::cuda) {
-    cuda_precision::sgd(args, r.begin, r.end, native(w.stream()));
-  } else {
-    dev.launch_host(w.stream(), [args, r] { detail::kernels().sgd(args, r.begin, r.end); });
-  }
+  detail::device_kernels(dev).sgd(dev, w.stream(), args, r.begin, r.end);
   result.applied = true;
   result.step = ++state.step;
   return result;

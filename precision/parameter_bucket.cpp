@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "precision/cuda_kernels.hpp"
-#include "stowage/allocator.hpp"
+#include "precision/device_kernels.hpp"
+#include "stowage/memory_resource.hpp"
 #include "stowage/error.hpp"
 
 namespace stowage {
@@ -63,11 +63,7 @@ ParameterBucket::ParameterBucket(ResourceHandle resource, std::vector<ParameterS
   dev.fill_async(storage_.data(), 0, storage_.nbytes(), stream_);
   auto* residual = reinterpret_cast<std::uint16_t*>(static_cast<char*>(storage_.data()) + 2 * numel_);
   const std::size_t n = numel_;
-  if (dev.kind() == DeviceKind::cuda) {
-    cuda_precision::fill_u16(residual, 0x8000, n, native(stream_));
-  } else {
-    dev.launch_host(stream_, [=] { std::fill(residual, residual + n, std::uint16_t{0x8000}); });
-  }
+  detail::device_kernels(dev).fill_u16(dev, stream_, residual, 0x8000, n);
   dev.synchronize(stream_);
 }
 
@@ -126,17 +122,19 @@ void ParameterBucket::write_fp32(std::size_t i, const float* src, std::size_t co
   const SplitPlanes w = planes();
   const std::size_t b = s.offset, e = s.offset + s.numel;
   Device& dev = device();
-  if (dev.kind() == DeviceKind::cuda) {
-    MemoryResource& alloc = *storage_.resource();
-    void* staging = alloc.allocate(count * 4, stream_);
-    dev.copy_async(staging, src, count * 4, CopyKind::host_to_device, stream_);
-    cuda_precision::split(static_cast<const float*>(staging) - b, w, b, e, native(stream_));
+  const auto& kernels = detail::device_kernels(dev);
+  if (dev.properties().host_accessible) {
+    kernels.split(dev, stream_, src - b, w, b, e);
     dev.synchronize(stream_);
-    alloc.deallocate(staging, count * 4);
-  } else {
-    dev.launch_host(stream_, [=] { split(src - b, w, b, e); });
-    dev.synchronize(stream_);
+    return;
   }
+  // The kernels read device memory only: stage the host values there first.
+  MemoryResource& alloc = *storage_.resource();
+  void* staging = alloc.allocate(count * 4, stream_);
+  dev.copy_async(staging, src, count * 4, CopyKind::host_to_device, stream_);
+  kernels.split(dev, stream_, static_cast<const float*>(staging) - b, w, b, e);
+  dev.synchronize(stream_);
+  alloc.deallocate(staging, count * 4);
 }
 
 void ParameterBucket::read_fp32(std::size_t i, float* dst, std::size_t count) const {
@@ -146,17 +144,18 @@ void ParameterBucket::read_fp32(std::size_t i, float* dst, std::size_t count) co
   const SplitPlanes w = planes();
   const std::size_t b = s.offset, e = s.offset + s.numel;
   Device& dev = device();
-  if (dev.kind() == DeviceKind::cuda) {
-    MemoryResource& alloc = *storage_.resource();
-    void* staging = alloc.allocate(count * 4, stream_);
-    cuda_precision::merge(w, static_cast<float*>(staging) - b, b, e, native(stream_));
-    dev.copy_async(dst, staging, count * 4, CopyKind::device_to_host, stream_);
+  const auto& kernels = detail::device_kernels(dev);
+  if (dev.properties().host_accessible) {
+    kernels.merge(dev, stream_, w, dst - b, b, e);
     dev.synchronize(stream_);
-    alloc.deallocate(staging, count * 4);
-  } else {
-    dev.launch_host(stream_, [=] { merge(w, dst - b, b, e); });
-    dev.synchronize(stream_);
+    return;
   }
+  MemoryResource& alloc = *storage_.resource();
+  void* staging = alloc.allocate(count * 4, stream_);
+  kernels.merge(dev, stream_, w, static_cast<float*>(staging) - b, b, e);
+  dev.copy_async(dst, staging, count * 4, CopyKind::device_to_host, stream_);
+  dev.synchronize(stream_);
+  alloc.deallocate(staging, count * 4);
 }
 
 std::pair<std::size_t, std::size_t> ParameterBucket::shard(int rank, int world) const {

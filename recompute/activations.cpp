@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "recompute/device_kernels.hpp"
 #include "stowage/error.hpp"
 #include "stowage/tensor.hpp"
 
@@ -72,15 +73,6 @@ std::size_t row_stride(const char* fn, const TensorView& t) {
   return static_cast<std::size_t>(st[d - 2]);
 }
 
-template <class CpuFn, class CudaFn>
-void launch(Device& device, Stream stream, CpuFn&& cpu_fn, CudaFn&& cuda_fn) {
-  if (device.kind() == DeviceKind::cuda) {
-    cuda_fn(native(stream));
-  } else {
-    device.launch_host(stream, std::forward<CpuFn>(cpu_fn));
-  }
-}
-
 }  // namespace
 
 void activation_forward(Activation a, const TensorView& x, const TensorView& y, Stream stream) {
@@ -93,8 +85,7 @@ void activation_forward(Activation a, const TensorView& x, const TensorView& y, 
   const void* xp = x.data();
   void* yp = y.data();
   cpu::activation_forward(a, t, 0, xp, yp);  // argument checks now, not on the worker thread
-  launch(dev, stream, [=] { cpu::activation_forward(a, t, n, xp, yp); },
-         [&](void* s) { cuda::activation_forward(a, t, n, xp, yp, s); });
+  detail::activation_kernels(dev).forward(dev, stream, a, t, n, xp, yp);
 }
 
 void activation_backward(Activation a, const TensorView& x, const TensorView& dy,
@@ -109,8 +100,7 @@ void activation_backward(Activation a, const TensorView& x, const TensorView& dy
   const void *xp = x.data(), *dyp = dy.data();
   void* dxp = dx.data();
   cpu::activation_backward(a, t, 0, xp, dyp, dxp);
-  launch(dev, stream, [=] { cpu::activation_backward(a, t, n, xp, dyp, dxp); },
-         [&](void* s) { cuda::activation_backward(a, t, n, xp, dyp, dxp, s); });
+  detail::activation_kernels(dev).backward(dev, stream, a, t, n, xp, dyp, dxp);
 }
 
 void bias_activation_forward(Activation a, const TensorView& x, const TensorView& bias,
@@ -127,8 +117,7 @@ void bias_activation_forward(Activation a, const TensorView& x, const TensorView
   const void *xp = x.data(), *bp = bias.data();
   void* yp = y.data();
   cpu::bias_activation_forward(a, t, 0, 0, xp, bp, yp);
-  launch(dev, stream, [=] { cpu::bias_activation_forward(a, t, rows, cols, xp, bp, yp); },
-         [&](void* s) { cuda::bias_activation_forward(a, t, rows, cols, xp, bp, yp, s); });
+  detail::activation_kernels(dev).bias_forward(dev, stream, a, t, rows, cols, xp, bp, yp);
 }
 
 void bias_activation_backward(Activation a, const TensorView& x, const TensorView& bias,
@@ -153,8 +142,7 @@ void bias_activation_backward(Activation a, const TensorView& x, const TensorVie
   void* dxp = dx.data();
   void* dbp = dbias.defined() ? dbias.data() : nullptr;
   cpu::bias_activation_backward(a, t, 0, 0, xp, bp, dyp, dxp, dbp);
-  launch(dev, stream, [=] { cpu::bias_activation_backward(a, t, rows, cols, xp, bp, dyp, dxp, dbp); },
-         [&](void* s) { cuda::bias_activation_backward(a, t, rows, cols, xp, bp, dyp, dxp, dbp, s); });
+  detail::activation_kernels(dev).bias_backward(dev, stream, a, t, rows, cols, xp, bp, dyp, dxp, dbp);
 }
 
 void gated_activation_forward(Activation a, const TensorView& gate, const TensorView& up,
@@ -171,8 +159,7 @@ void gated_activation_forward(Activation a, const TensorView& gate, const Tensor
   const void *gp = gate.data(), *up_ = up.data();
   void* yp = y.data();
   cpu::gated_activation_forward(a, t, 0, 0, gp, gld, up_, uld, yp);
-  launch(dev, stream, [=] { cpu::gated_activation_forward(a, t, rows, cols, gp, gld, up_, uld, yp); },
-         [&](void* s) { cuda::gated_activation_forward(a, t, rows, cols, gp, gld, up_, uld, yp, s); });
+  detail::activation_kernels(dev).gated_forward(dev, stream, a, t, rows, cols, gp, gld, up_, uld, yp);
 }
 
 void gated_activation_backward(Activation a, const TensorView& gate, const TensorView& up,
@@ -194,9 +181,7 @@ void gated_activation_backward(Activation a, const TensorView& gate, const Tenso
   const void *gp = gate.data(), *up_ = up.data(), *dyp = dy.data();
   void *dgp = dgate.data(), *dup_ = dup.data();
   cpu::gated_activation_backward(a, t, 0, 0, gp, gld, up_, uld, dyp, dgp, dup_);
-  launch(dev, stream,
-         [=] { cpu::gated_activation_backward(a, t, rows, cols, gp, gld, up_, uld, dyp, dgp, dup_); },
-         [&](void* s) { cuda::gated_activation_backward(a, t, rows, cols, gp, gld, up_, uld, dyp, dgp, dup_, s); });
+  detail::activation_kernels(dev).gated_backward(dev, stream, a, t, rows, cols, gp, gld, up_, uld, dyp, dgp, dup_);
 }
 
 #if !defined(STOWAGE_HAVE_CUDA)

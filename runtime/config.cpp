@@ -2,6 +2,7 @@
 #include "stowage/config.hpp"
 
 #include "common/text.hpp"
+#include "stowage/backends.hpp"
 
 #include <cctype>
 #include <charconv>
@@ -17,15 +18,6 @@ namespace stowage {
 using detail::lower;
 using detail::parse_number;
 using detail::trim;
-
-const char* to_string(DeviceChoice choice) {
-  switch (choice) {
-    case DeviceChoice::automatic: return "auto";
-    case DeviceChoice::cuda: return "cuda";
-    case DeviceChoice::emulated: return "emulated";
-  }
-  return "unknown";
-}
 
 static int parse_count(std::string_view text, std::string_view what, int min, int max) {
   std::string_view t = trim(text);
@@ -46,10 +38,10 @@ Config load_config(const EnvLookup& lookup) {
   if (auto v = get("STOWAGE_LOG_LEVEL")) c.log_level = parse_log_level(*v, "STOWAGE_LOG_LEVEL");
   if (auto v = get("STOWAGE_DEVICE")) {
     std::string t = lower(trim(*v));
-    if (t == "auto" || t.empty()) c.device = DeviceChoice::automatic;
-    else if (t == "cuda") c.device = DeviceChoice::cuda;
-    else if (t == "emulated") c.device = DeviceChoice::emulated;
-    else throw ParseError(fmt::format("STOWAGE_DEVICE: '{}' is not one of auto, cuda, emulated", *v));
+    if (t.empty()) t = "auto";
+    if (t != "auto" && find_backend(t) == nullptr)
+      throw ParseError(fmt::format("STOWAGE_DEVICE: '{}' is not one of auto, {}", *v, backend_names()));
+    c.device = t;
   }
   if (auto v = get("STOWAGE_EMULATED_DEVICES"))
     c.emulated_devices = parse_count(*v, "STOWAGE_EMULATED_DEVICES", 1, 64);

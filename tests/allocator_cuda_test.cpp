@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "allocator_test_util.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

@@ -4,6 +4,7 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage::test {
 

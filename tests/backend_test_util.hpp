@@ -4,6 +4,8 @@
 #include <memory>
 
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage::testing {
 

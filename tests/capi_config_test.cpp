@@ -31,7 +31,7 @@ std::string parse_error_of(std::map<std::string, std::string> env) {
 TEST(Config, DefaultsWhenNothingIsSet) {
   Config c = load({});
   EXPECT_EQ(c.log_level, LogLevel::off);
-  EXPECT_EQ(c.device, DeviceChoice::automatic);
+  EXPECT_EQ(c.device, "auto");
   EXPECT_EQ(c.emulated_devices, 1);
   EXPECT_EQ(c.emulated.capacity, std::size_t{8} << 30);
   EXPECT_EQ(c.emulated.link_bandwidth_gbps, 0.0);
@@ -75,15 +75,22 @@ TEST(Config, EveryVariable) {
                    {"STOWAGE_ALLOC_CONF", "expandable_segments:False,max_split_size_mb:256"},
                    {"STOWAGE_EVENT_LOG", "/tmp/events.csv"}});
   EXPECT_EQ(c.log_level, LogLevel::info);
-  EXPECT_EQ(c.device, DeviceChoice::emulated);
+  EXPECT_EQ(c.device, "emulated");
   EXPECT_EQ(c.emulated_devices, 3);
   EXPECT_EQ(c.emulated.capacity, 512u << 20);
   EXPECT_EQ(c.emulated.link_bandwidth_gbps, 32.5);
   EXPECT_EQ(c.allocator.segments, SegmentMode::classic);
   EXPECT_EQ(c.allocator.max_split_size, 256u << 20);
   EXPECT_EQ(c.event_log, "/tmp/events.csv");
-  EXPECT_EQ(load({{"STOWAGE_DEVICE", "CUDA"}}).device, DeviceChoice::cuda);
-  EXPECT_EQ(load({{"STOWAGE_DEVICE", "auto"}}).device, DeviceChoice::automatic);
+  EXPECT_EQ(load({{"STOWAGE_DEVICE", "CUDA"}}).device, "cuda");
+  EXPECT_EQ(load({{"STOWAGE_DEVICE", "auto"}}).device, "auto");
+  EXPECT_EQ(load({{"STOWAGE_DEVICE", " "}}).device, "auto");
+}
+
+TEST(Config, AnUnknownDeviceNamesTheBackendsOfThisBuild) {
+  EXPECT_NE(parse_error_of({{"STOWAGE_DEVICE", "tpu"}}).find("'tpu' is not one of auto, cuda, emulated"),
+            std::string::npos)
+      << parse_error_of({{"STOWAGE_DEVICE", "tpu"}});
 }
 
 TEST(Config, MalformedValuesNameTheirVariable) {
@@ -101,7 +108,8 @@ TEST(Config, MalformedValuesNameTheirVariable) {
 
 TEST(Config, NamesOfEnums) {
   EXPECT_STREQ(to_string(LogLevel::critical), "critical");
-  EXPECT_STREQ(to_string(DeviceChoice::automatic), "auto");
+  EXPECT_STREQ(to_string(DeviceKind::cuda), "cuda");
+  EXPECT_STREQ(to_string(DeviceKind::emulated), "emulated");
 }
 
 }  // namespace

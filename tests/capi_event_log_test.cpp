@@ -17,6 +17,7 @@
 #include "stowage/event_log.hpp"
 #include "stowage/logging_resource.hpp"
 #include "stowage/stowage.h"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

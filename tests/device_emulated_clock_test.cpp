@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "stowage/fault_injection.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

@@ -9,6 +9,7 @@
 #include "device/topology.hpp"
 #include "stowage/device.hpp"
 #include "stowage/topology.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

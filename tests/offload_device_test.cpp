@@ -8,6 +8,7 @@
 #include "stowage/allocator.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

@@ -10,6 +10,7 @@
 
 #include "offload/extent_source.hpp"
 #include "stowage/host_pool.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

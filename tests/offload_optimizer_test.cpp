@@ -20,6 +20,8 @@
 #include "stowage/offload.hpp"
 #include "stowage/optimizers.hpp"
 #include "stowage/parameter_bucket.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

@@ -13,6 +13,7 @@
 #include "stowage/fault_injection.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

@@ -12,6 +12,7 @@
 #include "stowage/allocator.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

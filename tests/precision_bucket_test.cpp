@@ -15,6 +15,8 @@
 #include "stowage/device.hpp"
 #include "stowage/error.hpp"
 #include "stowage/parameter_bucket.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

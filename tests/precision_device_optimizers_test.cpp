@@ -16,6 +16,8 @@
 #include "stowage/device.hpp"
 #include "stowage/dlpack.hpp"
 #include "stowage/parameter_bucket.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

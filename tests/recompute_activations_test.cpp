@@ -14,6 +14,7 @@
 #include "recompute_reference.hpp"
 #include "stowage/activations.hpp"
 #include "stowage/device.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "recompute_test_util.hpp"
 #include "stowage/activations.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

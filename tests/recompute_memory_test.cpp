@@ -8,6 +8,7 @@
 #include "recompute_test_util.hpp"
 #include "stowage/activations.hpp"
 #include "stowage/recompute.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

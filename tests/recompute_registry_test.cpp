@@ -13,6 +13,7 @@
 #include "stowage/activations.hpp"
 #include "stowage/counter_rng.hpp"
 #include "stowage/recompute.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

@@ -14,6 +14,7 @@
 #include "stowage/device.hpp"
 #include "stowage/error.hpp"
 #include "stowage/tensor.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage::testing {
 

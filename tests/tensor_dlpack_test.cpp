@@ -8,6 +8,8 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/dlpack.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

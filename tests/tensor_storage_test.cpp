@@ -6,6 +6,7 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/tensor.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
 #include "tools/demo/configurations.hpp"
 #include "tools/demo/estimate_bridge.hpp"
 #include "tools/demo/report.hpp"

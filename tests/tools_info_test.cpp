@@ -9,6 +9,7 @@
 #include <string>
 
 #include "stowage/device.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace {
 

@@ -11,6 +11,7 @@
 #include "stowage/allocator.hpp"
 #include "stowage/device.hpp"
 #include "stowage/error.hpp"
+#include "stowage/emulated_device.hpp"
 #include "tools/common/json_input.hpp"
 #include "tools/inspect/inspect_report.hpp"
 

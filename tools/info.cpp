@@ -14,6 +14,7 @@
 #include "stowage/config.hpp"
 #include "stowage/device.hpp"
 #include "stowage/topology.hpp"
+#include "stowage/cuda_device.hpp"
 #include "stowage_build_info.hpp"
 #include "tools/command.hpp"
 #include "tools/common/byte_size.hpp"
@@ -77,7 +78,7 @@ nlohmann::ordered_json collect() {
   nlohmann::ordered_json j = {{"build", build_facts()},
                               {"cuda", cuda},
                               {"host", {{"numa_nodes", numa_node_count()}}},
-                              {"device_selection", to_string(config().device)}};
+                              {"device_selection", config().device}};
   // A device that cannot be opened (STOWAGE_DEVICE=cuda without a GPU, a failing driver) is
   // reported with everything else rather than hiding the build facts.
   nlohmann::ordered_json devices = nlohmann::ordered_json::array();

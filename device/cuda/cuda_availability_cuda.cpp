@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "device/cuda/cuda_device_cuda.hpp"
+#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

@@ -43,6 +43,7 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   props_.name = prop.name;
   props_.capacity = total;
   props_.host_accessible = false;
+  props_.dlpack_device_type = 2;  // kDLCUDA
   props_.pci_bus_id = bus;
   std::transform(props_.pci_bus_id.begin(), props_.pci_bus_id.end(), props_.pci_bus_id.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });

@@ -19,6 +19,7 @@
 #include "device/emulated/emulated_memory.hpp"
 #include "device/emulated/stream_worker.hpp"
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {
@@ -316,7 +317,6 @@ std::unique_ptr<Device> make_emulated_device(int ordinal, const EmulatedOptions&
   return std::make_unique<EmulatedDevice>(ordinal, options);
 }
 
-const char* to_string(DeviceKind kind) { return kind == DeviceKind::cuda ? "cuda" : "emulated"; }
 
 const char* to_string(CopyKind kind) {
   switch (kind) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "stowage/allocator.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace {
 

@@ -16,6 +16,7 @@
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
 #include "stowage/fault_injection.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace {
 

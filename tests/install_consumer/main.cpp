@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
+#include "stowage/emulated_device.hpp"
 
 int main() {
   stowage::EmulatedOptions options;

@@ -10,6 +10,7 @@
 #include "stowage/allocator.hpp"
 #include "stowage/dlpack.hpp"
 #include "stowage/parameter_bucket.hpp"
+#include "stowage/emulated_device.hpp"
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
 #include "stowage/fault_injection.hpp"
+#include "stowage/emulated_device.hpp"
 #include "tools/demo/adamw.hpp"
 #include "tools/demo/baseline_store.hpp"
 #include "tools/demo/corpus.hpp"
@@ -128,7 +129,7 @@ std::vector<ConfigResult> run_demo(const DemoOptions& o, const Progress& progres
   DemoOptions opts = o;
   opts.shape = shape;
   Device& dev = o.device ? *o.device : demo_device();
-  if (!dev.properties().host_accessible && dev.kind() != DeviceKind::emulated)
+  if (!dev.properties().host_accessible)
     throw Unsupported("demo: the CPU kernels need a device whose memory the host can address");
   const ParameterLayout layout = make_layout(shape);
   const std::vector<float> init = initial_parameters(layout, shape);

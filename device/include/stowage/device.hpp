@@ -1,6 +1,6 @@
 #pragma once
-// The device layer: one interface, implemented by the emulated backend (host memory, worker
-// threads) and the CUDA backend. Everything above it (allocator, techniques) speaks only this.
+// The device layer: one interface, implemented by each backend (device/emulated/, device/cuda/;
+// stowage/backends.hpp lists them). Everything above it (allocator, techniques) speaks only this.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -59,6 +59,9 @@ struct DeviceProperties {
                                     // the CUDA driver maps chunks whole
   bool host_numa_memory = false;    // create_physical(Location::host_numa) supported
   bool host_accessible = false;     // the host can read/write device pointers directly
+  // How DLPack names this device's memory (a DLDeviceType: 1 = kDLCPU for memory the host
+  // addresses as its own, 2 = kDLCUDA, ...): what other frameworks see in stowage's exports.
+  int dlpack_device_type = 1;
   std::string pci_bus_id;           // "0000:17:00.0" (CUDA), empty when emulated
   std::vector<int> numa_nodes;      // the host NUMA node(s) nearest this device
 };
@@ -138,26 +141,5 @@ class Device {
  protected:
   Device() = default;
 };
-
-struct EmulatedOptions {
-  std::size_t capacity = std::size_t{8} << 30;   // STOWAGE_EMULATED_CAPACITY
-  double link_bandwidth_gbps = 0.0;               // 0 = unthrottled; STOWAGE_EMULATED_LINK_GBPS
-  std::size_t granularity = std::size_t{2} << 20; // VMM granule
-  std::string name = "emulated";
-  // Streams keep the device's own clock (event times, when queued work may start): the host
-  // threads that run them lose time to wake-ups a GPU does not, and up to this much of it per
-  // stream is not counted as device time. Copies never beat the link either way.
-  double scheduling_slack_ms = 1.0;
-};
-
-// Makes an emulated device with the given ordinal.
-std::unique_ptr<Device> make_emulated_device(int ordinal, const EmulatedOptions& options = {});
-
-// Number of CUDA devices usable now (0 when built without CUDA, or with no driver/GPU).
-int cuda_device_count();
-// Why cuda_device_count() is 0, e.g. "built without CUDA" or "no CUDA driver (libcuda.so.1)".
-std::string cuda_unavailable_reason();
-// Opens CUDA device `ordinal` (throws Unsupported when unavailable).
-std::unique_ptr<Device> make_cuda_device(int ordinal);
 
 }  // namespace stowage

@@ -10,18 +10,16 @@
 #include "stowage/byte_size.hpp"
 #include "stowage/device.hpp"
 #include "stowage/fault_injection.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/log_level.hpp"
 
 namespace stowage {
 
-
-// Which devices the process-wide registry (stowage::device) opens.
-enum class DeviceChoice { automatic, cuda, emulated };
-const char* to_string(DeviceChoice choice);
-
 struct Config {
   LogLevel log_level = LogLevel::off;             // STOWAGE_LOG_LEVEL
-  DeviceChoice device = DeviceChoice::automatic;  // STOWAGE_DEVICE: auto | cuda | emulated
+  // STOWAGE_DEVICE: which backend the process-wide devices come from: "auto" (the first
+  // accelerator backend that has a device, else emulated) or a backend's name (backends.hpp).
+  std::string device = "auto";
   int emulated_devices = 1;                       // STOWAGE_EMULATED_DEVICES
   EmulatedOptions emulated;                       // STOWAGE_EMULATED_CAPACITY, _LINK_GBPS
   AllocatorOptions allocator;                     // STOWAGE_ALLOC_CONF

@@ -1,0 +1,30 @@
+// The CUDA backend's table: the kernels of split_cuda.cu and optimizers_cuda.cu on the stream
+// (a cudaStream_t). Built without CUDA they throw Unsupported (cuda_stubs.cpp).
+#include "precision/cuda_kernels.hpp"
+#include "precision/device_kernels.hpp"
+
+namespace stowage::detail {
+
+const DeviceKernels& cuda_device_kernels() {
+  static const DeviceKernels table{
+      [](Device&, Stream s, std::uint16_t* dst, std::uint16_t value, std::size_t n) {
+        cuda_precision::fill_u16(dst, value, n, native(s));
+      },
+      [](Device&, Stream s, const float* src, const SplitPlanes& dst, std::size_t b, std::size_t e) {
+        cuda_precision::split(src, dst, b, e, native(s));
+      },
+      [](Device&, Stream s, const SplitPlanes& src, float* dst, std::size_t b, std::size_t e) {
+        cuda_precision::merge(src, dst, b, e, native(s));
+      },
+      [](Device&, Stream s, const void* grad, bool bf16, std::size_t b, std::size_t e, int* flag) {
+        cuda_precision::any_nonfinite(grad, bf16, b, e, flag, native(s));
+      },
+      [](Device&, Stream s, const AdamArgs& a, std::size_t b, std::size_t e) {
+        cuda_precision::adam(a, b, e, native(s));
+      },
+      [](Device&, Stream s, const SgdArgs& a, std::size_t b, std::size_t e) { cuda_precision::sgd(a, b, e, native(s)); },
+  };
+  return table;
+}
+
+}  // namespace stowage::detail
