@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd/bf16.hpp"
 #include "stowage/activations.hpp"
 #if !defined(__CUDACC__)
 #include "recompute/simd8.hpp"  // declared first: the templates below find its overloads
@@ -189,14 +190,8 @@ template <class F>
 STOWAGE_HD F relu_grad_times(const F& x, const F& dy) { return select(x <= 0.0f, splat<F>(0.0f), dy); }
 
 // ---- bf16 bit patterns: widen exactly; narrow round-to-nearest-even, NaN kept quiet ----
-STOWAGE_HD float bf16_to_f32(std::uint16_t h) {
-  return from_bits(static_cast<std::int32_t>(static_cast<std::uint32_t>(h) << 16));
-}
-STOWAGE_HD std::uint16_t f32_to_bf16(float f) {
-  const auto u = static_cast<std::uint32_t>(bits(f));
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+STOWAGE_HD float bf16_to_f32(std::uint16_t h) { return bf16::to_f32(h); }
+STOWAGE_HD std::uint16_t f32_to_bf16(float f) { return bf16::from_f32(f); }
 
 // ---- by activation: f(x), and w * f'(x) ----
 template <Activation A, class F>

@@ -11,6 +11,7 @@
 #include "recompute/activation_args.hpp"
 #include "recompute/activation_math.hpp"
 #include "stowage/activations.hpp"
+#include "stowage/simd_level.hpp"
 #include "stowage/error.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -140,10 +141,8 @@ STOWAGE_INLINE void gated_bwd(std::size_t rows, std::size_t cols, const T* g, st
 
 #define STOWAGE_UNPAREN(...) __VA_ARGS__
 #if STOWAGE_X86_AVX2
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
-}
+// The SIMD level every host kernel dispatches on (STOWAGE_SIMD or set_simd_level() can lower it).
+bool have_avx2() { return simd_level() >= SimdLevel::avx2; }
 // name_avx2 and name_base hold the same code for two instruction sets; name picks one.
 // (params: the entry's parameters, `Activation a` first; args: the kernel's arguments.)
 #define STOWAGE_ENTRY(name, params, args, kernel)                                              \

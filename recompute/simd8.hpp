@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd/bf16.hpp"
+
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"  // 32-byte vectors only pass between inlined functions
 
@@ -35,11 +37,7 @@ STOWAGE_SIMD v8f load8(const std::uint16_t* p) {
 }
 STOWAGE_SIMD void store8(float* p, const v8f& v) { std::memcpy(p, &v, sizeof v); }
 STOWAGE_SIMD void store8(std::uint16_t* p, const v8f& v) {
-  const v8u u = reinterpret_cast<v8u>(v);
-  const v8u rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const v8u quiet_nan = (u >> 16) | 0x40u;
-  const v8u r = ((u & 0x7FFFFFFFu) > 0x7F800000u) ? quiet_nan : rounded;
-  const v8h h = __builtin_convertvector(r, v8h);
+  const v8h h = __builtin_convertvector(bf16::round_bits(reinterpret_cast<v8u>(v)), v8h);
   std::memcpy(p, &h, sizeof h);
 }
 // The last 1..7 elements: padded with zeros, so they run the very same vector code.

@@ -7,14 +7,14 @@
 #include "stowage/bucket_optimizers.hpp"
 #include "stowage/error.hpp"
 #include "tools/demo/adamw.hpp"
-#include "tools/demo/bf16.hpp"
+#include "simd/bf16.hpp"
 
 namespace stowage::demo {
 
 namespace {
 
 void refresh_copy(const float* master, std::uint16_t* copy, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) copy[i] = to_bf16_rne(master[i]);
+  for (std::size_t i = 0; i < n; ++i) copy[i] = bf16::from_f32(master[i]);
 }
 
 class SeparateCopyStore final : public ParameterStore {
