@@ -9,6 +9,7 @@
 #include <string>
 
 #include "offload/state_home.hpp"
+#include "stowage/device_handles.hpp"
 #include "stowage/offload.hpp"
 
 namespace stowage {
@@ -35,9 +36,9 @@ struct OffloadedAdam::Impl {
   // of chunk k and the D2H of chunk k-1 all proceed at once.
   static constexpr int kWindows = 3;
   TensorView windows[kWindows];
-  Stream h2d{}, d2h{};
-  Event h2d_done[kWindows]{}, compute_done[kWindows]{}, slot_free[kWindows]{};
-  Event step_begin{}, step_end{};  // timing events around the latest step
+  OwnedStream h2d, d2h;
+  OwnedEvent h2d_done[kWindows], compute_done[kWindows], slot_free[kWindows];
+  OwnedEvent step_begin, step_end;  // timing events around the latest step
   std::int64_t steps = 0;
   // Set when a step failed after it had updated some chunks: weights and states then belong to
   // different steps, and every later step refuses with this message instead of going on.
@@ -195,15 +196,15 @@ OffloadedAdam::OffloadedAdam(ResourceHandle allocator, HostPool& pool, std::size
                                       options.chunk_elements));
   Impl& s = *impl_;
   const auto where = s.plan(options);
-  s.h2d = s.dev.create_stream();
-  s.d2h = s.dev.create_stream();
+  s.h2d = OwnedStream(s.dev);
+  s.d2h = OwnedStream(s.dev);
   for (int k = 0; k < Impl::kWindows; ++k) {
-    s.h2d_done[k] = s.dev.create_event();
-    s.compute_done[k] = s.dev.create_event();
-    s.slot_free[k] = s.dev.create_event();
+    s.h2d_done[k] = OwnedEvent(s.dev);
+    s.compute_done[k] = OwnedEvent(s.dev);
+    s.slot_free[k] = OwnedEvent(s.dev);
   }
-  s.step_begin = s.dev.create_event(true);
-  s.step_end = s.dev.create_event(true);
+  s.step_begin = OwnedEvent(s.dev, true);
+  s.step_end = OwnedEvent(s.dev, true);
   try {
     for (std::size_t i = 0; i < where.size(); ++i) {
       s.chunks.push_back(offload::make_home(impl_->allocator.get(), pool, where[i], s.chunk_len(i), kDefaultStream));
@@ -226,13 +227,7 @@ OffloadedAdam::~OffloadedAdam() {
   }
   s.chunks.clear();
   for (auto& w : s.windows) w = TensorView();
-  for (int k = 0; k < Impl::kWindows; ++k)
-    for (Event e : {s.h2d_done[k], s.compute_done[k], s.slot_free[k]}) s.dev.destroy_event(e);
-  s.dev.destroy_event(s.step_begin);
-  s.dev.destroy_event(s.step_end);
-  s.dev.destroy_stream(s.h2d);
-  s.dev.destroy_stream(s.d2h);
-}
+}  // the streams and events go with impl_
 
 void OffloadedAdam::replace(OffloadOptions options) {
   Impl& s = *impl_;

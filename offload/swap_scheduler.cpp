@@ -20,6 +20,7 @@
 #include "offload/swap_entry.hpp"
 #include "offload/swap_timing.hpp"
 #include "stowage/memory_resource.hpp"
+#include "stowage/device_handles.hpp"
 #include "stowage/host_pool.hpp"
 
 namespace stowage {
@@ -47,13 +48,8 @@ struct SwapScheduler::Impl {
       throw InvalidArgument("SwapScheduler: the host pool pins memory for another device than the allocator's");
     if (options.prefetch_distance < 0)
       throw InvalidArgument(fmt::format("SwapScheduler: prefetch distance {} is negative", options.prefetch_distance));
-    d2h = device.create_stream(options.copy_stream_priority);
-    try {
-      h2d = device.create_stream(options.copy_stream_priority);
-    } catch (...) {
-      device.destroy_stream(d2h);
-      throw;
-    }
+    d2h = OwnedStream(device, options.copy_stream_priority);
+    h2d = OwnedStream(device, options.copy_stream_priority);
   }
 
   // `waiter` does not run ahead of what `producer` has been given so far.
@@ -174,7 +170,7 @@ struct SwapScheduler::Impl {
   HostPool& pool;
   Device& device;
   SwapOptions options;
-  Stream d2h{}, h2d{};
+  OwnedStream d2h, h2d;
   offload::EventPool events;
   offload::SpanTimer timer;
   std::unordered_map<const void*, SwapEntry> entries;  // swapped storages, by identity
@@ -224,14 +220,7 @@ SwapScheduler::~SwapScheduler() {
   } catch (const std::exception& ex) {
     log().error("swap: shutting down failed: {}", ex.what());
   }
-  for (Stream s : {m.d2h, m.h2d}) {
-    try {
-      m.device.destroy_stream(s);
-    } catch (const std::exception& ex) {
-      log().error("swap: destroying a copy stream failed: {}", ex.what());
-    }
-  }
-}
+}  // the copy streams go with impl_
 
 SwapDecision SwapScheduler::offload(const TensorView& view, int layer, std::string_view tag) {
   auto& m = *impl_;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "stowage/device_handles.hpp"
 #include "stowage/runtime.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
@@ -74,7 +75,7 @@ ConfigResult run_one(const Configuration& config, const DemoOptions& o, Device& 
   r.must_match = !(config.techniques.shared_storage && o.rounding == Rounding::half_up);
   // A fresh allocator per configuration: its peak statistics are this configuration's alone.
   CachingAllocator allocator(dev);
-  const Stream compute = dev.create_stream();
+  const OwnedStream compute(dev);
   {
     Context ctx{&dev, &allocator, compute};
     Setup s = make_setup(ctx, config.techniques, init, o);
@@ -101,7 +102,6 @@ ConfigResult run_one(const Configuration& config, const DemoOptions& o, Device& 
   r.peak_reserved = stats.reserved_bytes.all.peak;
   r.peak_requested = stats.requested_bytes.all.peak;
   r.left_allocated = stats.allocated_bytes.all.current;
-  dev.destroy_stream(compute);
   return r;
 }
 
