@@ -11,7 +11,7 @@ using detail::Block;
 using detail::BlockUse;
 
 CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
-    : device(d), opts(std::move(o)), trace(opts.trace_entries) {
+    : device(d), opts(o), trace(opts.trace_entries) {
   if (opts.max_split_size > 0 && opts.max_split_size <= detail::kLargeBuffer) {
     throw InvalidArgument(fmt::format("stowage: max_split_size must be 0 or above {} bytes (20 MiB), got {}",
                                       detail::kLargeBuffer, opts.max_split_size));
@@ -178,7 +178,7 @@ Block* CachingAllocator::Impl::slow_find(std::size_t bytes, std::size_t rounded,
 // ---------------------------------------------------------------------------------------------
 
 CachingAllocator::CachingAllocator(Device& device, AllocatorOptions options)
-    : impl_(std::make_unique<Impl>(device, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(device, options)) {}
 CachingAllocator::~CachingAllocator() = default;
 
 Device& CachingAllocator::device() const { return impl_->device; }

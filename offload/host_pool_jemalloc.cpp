@@ -55,7 +55,8 @@ class JemallocBackend final : public HostBackend {
   void create_arena_locked() {
     extent_hooks_t* hooks = &hooks_.hooks;
     std::size_t len = sizeof(arena_);
-    if (api_.ctl("arenas.create", &arena_, &len, &hooks, sizeof(hooks)) != 0)
+    // mallctl takes the address of the hooks pointer and that pointer's size.
+    if (api_.ctl("arenas.create", &arena_, &len, &hooks, sizeof(hooks)) != 0)  // NOLINT(bugprone-sizeof-expression)
       throw OutOfMemory("host pool: jemalloc refused to create an arena (arenas.create)");
     have_arena_ = true;
     ssize_t never = -1;

@@ -301,7 +301,7 @@ void SwapScheduler::prefetch(int layer) {
 
 TensorView SwapScheduler::acquire(const TensorView& view) {
   auto& m = *impl_;
-  Storage s = view.storage();
+  const Storage& s = view.storage();
   if (!s.valid()) throw InvalidArgument("SwapScheduler::acquire: an undefined tensor");
   std::lock_guard lock(m.mutex);
   auto it = m.entries.find(s.id());

@@ -65,7 +65,7 @@ STOWAGE_HD ExpParts<F> exp_parts(const F& x_in) {
   x = select(x < -125.0f, splat<F>(-125.0f), x);
   const F t = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to an integer
   F n = t - 12582912.0f;
-  n = select(n == n, n, splat<F>(0.0f));  // NaN input: keep the integer path defined
+  n = select(n == n, n, splat<F>(0.0f));  // NOLINT(misc-redundant-expression): false for NaN input only
   F r = x - n * 0.693359375f;             // exact: 9-bit constant times |n| <= 181
   r = r - n * -2.12194440e-4f;
   F p = splat<F>(1.9875691500e-4f);

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/log.hpp"
 #include "device/topology.hpp"
 
 namespace stowage::emulated {
@@ -217,7 +218,10 @@ void Memory::unmap(void* va_ptr, std::size_t bytes) {
     at += it->second.size;
     ++it;
   }
-  ::mmap(va_ptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  // Back to an inaccessible reservation; the range stays ours either way, so a refusal (the
+  // kernel out of map entries) only leaves the pages readable until the range is unreserved.
+  if (::mmap(va_ptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+    log().warn("{}: could not make [{:#x}, +{}) inaccessible again: {}", where(), va, bytes, std::strerror(errno));
   for (auto m = first; m != it;) {
     const auto chunk = m->second.chunk;
     m = r.mappings.erase(m);
