@@ -131,10 +131,13 @@ TEST(EstimateInput, MegatronArgumentsAsPasted) {
   EXPECT_EQ(c.recompute.granularity, Recompute::selective);
   EXPECT_FALSE(c.model.dropout);
   EXPECT_EQ(total_params(c.model), total_params(preset("llama3-8b")));
-  ASSERT_EQ(ignored.size(), 3u);
-  EXPECT_EQ(ignored[0], "--lr 3e-4");
-  EXPECT_EQ(ignored[1], "--data-path /data/my corpus");
-  EXPECT_EQ(ignored[2], "--use-mcore-models");
+  // Megatron arguments that do not change memory are accepted and counted, not applied.
+  ASSERT_EQ(ignored.no_effect.size(), 3u);
+  EXPECT_EQ(ignored.no_effect[0], "--lr 3e-4");
+  EXPECT_EQ(ignored.no_effect[1], "--data-path /data/my corpus");
+  EXPECT_EQ(ignored.no_effect[2], "--use-mcore-models");
+  EXPECT_TRUE(ignored.unknown.empty());
+  EXPECT_TRUE(c.warnings.empty());
   EXPECT_THROW(apply_megatron_args("--num-layers", c), InvalidArgument);
   EXPECT_THROW(apply_megatron_args("--num-layers x32", c), InvalidArgument);
   EXPECT_THROW(apply_megatron_args("--data-path 'open", c), ParseError);
@@ -185,12 +188,113 @@ TEST(EstimateCommand, ExitCodesAndMessages) {
   EXPECT_NE(heads.output.find("num_attention_heads"), std::string::npos);
   auto megatron = run_cli("estimate --megatron-args \"--num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
                           "--seq-length 4096 --bf16 --swiglu --foo 3\"");
-  EXPECT_EQ(megatron.exit_code, 0) << megatron.output;
-  EXPECT_NE(megatron.output.find("ignored megatron arguments: --foo 3"), std::string::npos);
+  EXPECT_EQ(megatron.exit_code, 2) << megatron.output;
+  EXPECT_NE(megatron.output.find("unknown argument '--foo'"), std::string::npos) << megatron.output;
+  EXPECT_NE(megatron.output.find("--ignore-unknown-megatron-args"), std::string::npos);
+  auto skipped = run_cli("estimate --ignore-unknown-megatron-args --megatron-args \"--num-layers 32 --hidden-size 4096 "
+                         "--num-attention-heads 32 --seq-length 4096 --bf16 --swiglu --foo 3\"");
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find("ignored unknown arguments: --foo 3"), std::string::npos) << skipped.output;
   auto fit_run = run_cli("estimate --model llama2-7b --tp 8 --fit 80GiB --json");
   EXPECT_EQ(fit_run.exit_code, 0) << fit_run.output;
   EXPECT_NE(fit_run.output.find("with_stowage"), std::string::npos);
   auto bad_fit = run_cli("estimate --fit 80XB");
   EXPECT_EQ(bad_fit.exit_code, 2);
   EXPECT_NE(bad_fit.output.find("--fit"), std::string::npos);
+}
+
+// Issue 23: sizes of 0 are errors (0 used to mean "not given" and was silently ignored), a device
+// budget needs a unit, the Megatron text may not be empty. Issue 20: --allocator-overhead -5 and
+// nan were accepted. Each of these exited 0 before the fix.
+TEST(EstimateCommand, ZeroSizesUnitlessBudgetsAndBadOverheadsAreErrors) {
+  for (const char* opt : {"--tp", "--dp", "--pp", "--micro-batch", "--seq", "--cp", "--ep", "--vpp"}) {
+    auto r = run_cli(std::string("estimate ") + opt + " 0");
+    EXPECT_EQ(r.exit_code, 2) << opt << ": " << r.output;
+    EXPECT_NE(r.output.find(std::string(opt) + " must be a positive integer, got 0"), std::string::npos) << r.output;
+  }
+  auto unitless = run_cli("estimate --model llama2-7b --tp 8 --fit 80");
+  EXPECT_EQ(unitless.exit_code, 2);
+  EXPECT_NE(unitless.output.find("'80' has no unit"), std::string::npos) << unitless.output;
+  EXPECT_EQ(run_cli("estimate --model llama2-7b --tp 8 --fit 80GiB").exit_code, 0);
+  auto empty = run_cli("estimate --megatron-args \"\"");
+  EXPECT_EQ(empty.exit_code, 2);
+  EXPECT_NE(empty.output.find("megatron-args: empty"), std::string::npos) << empty.output;
+  auto blank = run_cli("estimate --megatron-args \"   \"");
+  EXPECT_EQ(blank.exit_code, 2);
+  for (const char* v : {"-5", "nan", "inf", "4.5"}) {
+    auto r = run_cli(std::string("estimate --allocator-overhead ") + v);
+    EXPECT_EQ(r.exit_code, 2) << v << ": " << r.output;
+    EXPECT_NE(r.output.find("--allocator-overhead must be a fraction between 0 and 4"), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(run_cli("estimate --allocator-overhead 0").exit_code, 0);
+}
+
+// One spelling of the shared-storage rounding modes across the tool: the library's (half_up,
+// nearest_even), as `stowage demo` prints them.
+TEST(EstimateCommand, RoundingUsesTheLibrarySpelling) {
+  auto ok = run_cli("estimate --shared-storage --rounding nearest_even --json");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("\"rounding\": \"nearest_even\""), std::string::npos);
+  auto old = run_cli("estimate --shared-storage --rounding half-away");
+  EXPECT_EQ(old.exit_code, 2);
+  EXPECT_NE(old.output.find("expected one of: half_up, nearest_even"), std::string::npos) << old.output;
+  EXPECT_EQ(parse_rounding("half_up"), Rounding::half_up);
+}
+
+TEST(EstimateInput, UnknownMegatronArgumentsSuggestKnownOnes) {
+  RunConfig c;
+  try {
+    apply_megatron_args("--num-layers 2 --hiden-size 64", c);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown argument '--hiden-size' (did you mean '--hidden-size'?)"),
+              std::string::npos)
+        << e.what();
+  }
+  RunConfig d;
+  const auto r = apply_megatron_args("--num-layers 2 --hiden-size 64 --zzzzzzzzzzzz", d, UnknownArguments::ignore);
+  ASSERT_EQ(r.unknown.size(), 2u);
+  EXPECT_EQ(r.unknown[0], "--hiden-size 64");
+  EXPECT_EQ(d.model.num_layers, 2);
+  EXPECT_THROW(apply_megatron_args("   ", d), InvalidArgument);
+  EXPECT_THROW(apply_megatron_args("num-layers 2", d), InvalidArgument);  // not an argument
+  EXPECT_THROW(apply_megatron_args("--hidden-dropout 1.5", d), InvalidArgument);
+}
+
+// Known Megatron arguments that change memory but are not modelled warn (config.warnings);
+// modelled ones change the estimate.
+TEST(EstimateInput, MegatronArgumentsModelledOrWarned) {
+  RunConfig c;
+  const auto r = apply_megatron_args("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --fp8-format hybrid "
+                                     "--tp-comm-overlap --lr 1e-4",
+                                     c);
+  ASSERT_EQ(r.unmodelled.size(), 2u);
+  EXPECT_EQ(r.unmodelled[0], "--fp8-format hybrid");
+  ASSERT_EQ(c.warnings.size(), 2u);
+  EXPECT_NE(c.warnings[0].find("--fp8-format changes memory"), std::string::npos);
+  // Megatron-LM arguments.py: SwiGLU without --ffn-hidden-size is int(4h·2/3 / 64)·64.
+  RunConfig s;
+  apply_megatron_args("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --swiglu", s);
+  EXPECT_EQ(s.model.ffn_hidden_size, 1344);  // 4·512·2/3 = 1365.3 → 21·64
+  RunConfig g;
+  apply_megatron_args("--num-layers 2 --hidden-size 4096 --num-attention-heads 32 --swiglu", g);
+  EXPECT_EQ(g.model.ffn_hidden_size, 10880);  // 10922.7 → 170·64
+  RunConfig n;
+  apply_megatron_args("--num-layers 2 --hidden-size 512 --num-attention-heads 8", n);
+  EXPECT_EQ(n.model.ffn_hidden_size, 2048);
+  // --recompute-method is read (it was dropped silently before); unfused attention stores s².
+  RunConfig u;
+  apply_megatron_args("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --recompute-granularity full "
+                      "--recompute-method uniform --recompute-num-layers 2 --attention-backend unfused",
+                      u);
+  EXPECT_EQ(u.recompute.method, RecomputeMethod::uniform);
+  EXPECT_FALSE(u.training.flash_attention);
+  RunConfig l;
+  apply_megatron_args("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --transformer-impl local", l);
+  EXPECT_FALSE(l.training.flash_attention);
+  EXPECT_EQ(l.framework.te_workspace, 0);
+  RunConfig te;
+  apply_megatron_args("--num-layers 4 --hidden-size 512 --num-attention-heads 8", te);
+  EXPECT_TRUE(te.training.flash_attention);
+  EXPECT_EQ(te.framework.te_workspace, std::int64_t{32} << 20);
 }

@@ -33,7 +33,7 @@ std::int64_t estimated_saving(const Techniques& t, const ModelShape& shape, Roun
   estimate::RunConfig with = base;
   with.techniques.shared_storage = t.shared_storage;
   with.techniques.rounding =
-      rounding == Rounding::nearest_even ? estimate::Rounding::nearest_even : estimate::Rounding::half_away;
+      rounding == Rounding::nearest_even ? estimate::Rounding::nearest_even : estimate::Rounding::half_up;
   with.techniques.act_fn_recompute = t.recompute;
   with.techniques.swap_attention = t.swap_attention;
   with.techniques.prefetch_window = 1 + kSwapPrefetchDistance;  // the layer in backward, plus the distance

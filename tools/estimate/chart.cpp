@@ -21,6 +21,7 @@ const Segment kSegments[] = {
     {"optimizer states", "#e15759", [](const StageMemory& m) { return m.optimizer_states; }},
     {"activations", "#76b7b2", [](const StageMemory& m) { return m.activation_total(); }},
     {"communication", "#59a14f", [](const StageMemory& m) { return m.communication; }},
+    {"framework workspaces", "#edc948", [](const StageMemory& m) { return m.framework; }},
     {"allocator overhead", "#bab0ac", [](const StageMemory& m) { return m.allocator_overhead; }},
 };
 }  // namespace

@@ -1,7 +1,9 @@
 // `stowage estimate`: will this configuration fit, and what does each technique save?
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
+#include <optional>
 #include <fstream>
 #include <iostream>
 
@@ -19,17 +21,33 @@ namespace stowage::estimate {
 namespace {
 
 struct Options {
-  std::string model, model_json, megatron_args, deepspeed_config;
-  std::int64_t seq = 0, micro_batch = 0, grad_accum = 0, global_batch = 0;
-  std::string precision, optimizer, recompute, accounting, offload, rounding;
-  std::int64_t recompute_layers = -1, tp = 0, pp = 0, vpp = 0, dp = 0, cp = 0, ep = 0, zero = -1, grad_bytes = 0;
-  bool sp = false, no_flash = false, unfused_swiglu = false, dist_opt = false;
+  std::string model, model_json, deepspeed_config;
+  std::optional<std::string> megatron_args;
+  std::optional<std::int64_t> seq, micro_batch, grad_accum, global_batch, tp, pp, vpp, dp, cp, ep, stage;
+  std::string precision, optimizer, recompute, recompute_method, accounting, offload, rounding;
+  std::int64_t recompute_layers = -1, zero = -1, grad_bytes = 0;
+  bool sp = false, no_flash = false, unfused_swiglu = false, dist_opt = false, ignore_unknown = false;
   bool shared = false, act_fn = false, swap = false;
   std::int64_t prefetch_window = -1, stream_window = 0;
-  double overhead = -1;
+  std::optional<double> overhead;
+  std::string cublas_workspace, te_workspace;
   bool json = false;
   std::string svg, fit, fit_dim = "micro-batch";
 };
+
+// A size given on the command line must be positive: 0 is not "unset".
+std::int64_t positive(const std::optional<std::int64_t>& v, const char* option) {
+  if (*v <= 0) throw InvalidArgument(fmt::format("{} must be a positive integer, got {}", option, *v));
+  return *v;
+}
+
+// A device budget needs its unit: "80" alone is 80 bytes to the parser and never what is meant.
+std::int64_t budget_with_unit(const std::string& text, const char* option) {
+  const auto last = text.find_last_not_of(" \t");
+  if (last == std::string::npos || (text[last] >= '0' && text[last] <= '9') || text[last] == '.')
+    throw InvalidArgument(fmt::format("{}: '{}' has no unit; write e.g. 80GiB (binary) or 80GB (decimal)", option, text));
+  return tools::parse_byte_size(text, option);
+}
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
@@ -40,32 +58,34 @@ RunConfig build_config(const Options& o) {
   RunConfig c;
   if (!o.model_json.empty()) c.model = model_from_hf_json(tools::read_file(o.model_json), o.model_json);
   else if (!o.model.empty()) c.model = preset(o.model);
-  else if (o.megatron_args.empty()) c.model = preset("llama2-7b");
-  if (!o.megatron_args.empty()) apply_megatron_args(o.megatron_args, c);
+  else if (!o.megatron_args) c.model = preset("llama2-7b");
+  if (o.megatron_args)
+    apply_megatron_args(*o.megatron_args, c, o.ignore_unknown ? UnknownArguments::ignore : UnknownArguments::error);
   if (!o.deepspeed_config.empty()) apply_deepspeed_config(tools::read_file(o.deepspeed_config), c, o.deepspeed_config);
   // Explicit options win over both files.
   auto& t = c.training;
   auto& p = c.parallel;
-  if (o.seq) t.seq_length = o.seq;
-  if (o.micro_batch) t.micro_batch = o.micro_batch;
-  if (o.grad_accum) t.grad_accumulation = o.grad_accum;
-  if (o.global_batch) t.global_batch = o.global_batch;
+  if (o.seq) t.seq_length = positive(o.seq, "--seq");
+  if (o.micro_batch) t.micro_batch = positive(o.micro_batch, "--micro-batch");
+  if (o.grad_accum) t.grad_accumulation = positive(o.grad_accum, "--grad-accum");
+  if (o.global_batch) t.global_batch = positive(o.global_batch, "--global-batch");
   if (!o.precision.empty()) t.precision = parse_precision(o.precision);
   if (!o.optimizer.empty()) t.optimizer = parse_optimizer(o.optimizer);
   if (o.grad_bytes) t.grad_bytes = static_cast<int>(o.grad_bytes);
   if (o.no_flash) t.flash_attention = false;
   if (o.unfused_swiglu) t.fused_swiglu = false;
-  if (o.tp) p.tp = o.tp;
-  if (o.pp) p.pp = o.pp;
-  if (o.vpp) p.vpp = o.vpp;
-  if (o.dp) p.dp = o.dp;
-  if (o.cp) p.cp = o.cp;
-  if (o.ep) p.ep = o.ep;
+  if (o.tp) p.tp = positive(o.tp, "--tp");
+  if (o.pp) p.pp = positive(o.pp, "--pp");
+  if (o.vpp) p.vpp = positive(o.vpp, "--vpp");
+  if (o.dp) p.dp = positive(o.dp, "--dp");
+  if (o.cp) p.cp = positive(o.cp, "--cp");
+  if (o.ep) p.ep = positive(o.ep, "--ep");
   if (o.sp) p.sequence_parallel = true;
   if (o.zero >= 0) p.zero_stage = static_cast<int>(o.zero);
   if (o.dist_opt) p.zero_stage = std::max(p.zero_stage, 1);
   if (!o.accounting.empty()) p.accounting = parse_accounting(o.accounting);
   if (!o.recompute.empty()) c.recompute.granularity = parse_recompute(o.recompute);
+  if (!o.recompute_method.empty()) c.recompute.method = parse_recompute_method(o.recompute_method);
   if (o.recompute_layers >= 0) c.recompute.num_layers = o.recompute_layers;
   auto& k = c.techniques;
   if (o.shared) k.shared_storage = true;
@@ -75,7 +95,17 @@ RunConfig build_config(const Options& o) {
   if (o.prefetch_window >= 0) k.prefetch_window = o.prefetch_window;
   if (!o.offload.empty()) k.optimizer_offload = parse_offload(o.offload);
   if (o.stream_window) k.stream_window_layers = o.stream_window;
-  if (o.overhead >= 0) c.allocator_overhead = o.overhead;
+  if (o.overhead) {
+    if (!std::isfinite(*o.overhead) || *o.overhead < 0.0 || *o.overhead > 4.0)
+      throw InvalidArgument(fmt::format("--allocator-overhead must be a fraction between 0 and 4, got {}", *o.overhead));
+    c.allocator_overhead = *o.overhead;
+  }
+  if (!o.cublas_workspace.empty()) c.framework.cublas_workspace = tools::parse_byte_size(o.cublas_workspace, "--cublas-workspace");
+  if (!o.te_workspace.empty()) c.framework.te_workspace = tools::parse_byte_size(o.te_workspace, "--te-workspace");
+  if (o.stage) {
+    if (*o.stage < 0) throw InvalidArgument(fmt::format("--stage must be 0 or more, got {}", *o.stage));
+    c.stage = *o.stage;
+  }
   if (k.shared_storage && k.optimizer_offload != OffloadMode::none)
     c.notes.push_back("shared storage needs the fp32 master on the device; with optimizer offload it saves nothing");
   finalize(c);
@@ -86,7 +116,7 @@ RunConfig build_config(const Options& o) {
 int run(const Options& o) {
   const RunConfig c = build_config(o);
   if (!o.fit.empty()) {
-    const auto budget = tools::parse_byte_size(o.fit, "--fit");
+    const auto budget = budget_with_unit(o.fit, "--fit");
     FitDim dim;
     if (o.fit_dim == "micro-batch" || o.fit_dim == "batch") dim = FitDim::micro_batch;
     else if (o.fit_dim == "seq" || o.fit_dim == "seq-length") dim = FitDim::seq_length;
@@ -119,6 +149,7 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_option("--model", o->model, "preset (default llama2-7b): " + fmt::format("{}", fmt::join(preset_names(), ", ")));
   cmd->add_option("--model-json", o->model_json, "a Hugging Face config.json");
   cmd->add_option("--megatron-args", o->megatron_args, "Megatron-LM launch arguments, as pasted");
+  cmd->add_flag("--ignore-unknown-megatron-args", o->ignore_unknown, "skip arguments Megatron-LM does not have (default: error)");
   cmd->add_option("--deepspeed-config", o->deepspeed_config, "DeepSpeed config JSON (ZeRO stage, offload)");
   cmd->add_option("--seq", o->seq, "sequence length");
   cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size");
@@ -140,15 +171,19 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_flag("--distributed-optimizer", o->dist_opt, "Megatron distributed optimizer (ZeRO-1)");
   cmd->add_option("--accounting", o->accounting, "zero-paper, deepspeed or megatron model-state bookkeeping");
   cmd->add_option("--recompute", o->recompute, "none, selective, full or activation-function");
-  cmd->add_option("--recompute-num-layers", o->recompute_layers, "layers per stage recomputed (0 = all)");
+  cmd->add_option("--recompute-method", o->recompute_method, "full recompute: block (first n layers) or uniform (chunks of n)");
+  cmd->add_option("--recompute-num-layers", o->recompute_layers, "block: layers per model chunk recomputed (0 = all); uniform: layers per chunk");
   cmd->add_flag("--shared-storage", o->shared, "bf16 weights inside the fp32 master");
-  cmd->add_option("--rounding", o->rounding, "shared storage rounding: half-away or nearest-even");
+  cmd->add_option("--rounding", o->rounding, "shared storage rounding: half_up or nearest_even");
   cmd->add_flag("--act-fn-recompute", o->act_fn, "release and recompute the MLP activation output");
   cmd->add_flag("--swap-attention", o->swap, "move attention activations to host memory");
   cmd->add_option("--prefetch-window", o->prefetch_window, "layers prefetched ahead of backward");
   cmd->add_option("--optimizer-offload", o->offload, "none, mapped or streamed");
   cmd->add_option("--stream-window", o->stream_window, "streamed offload: layers per buffer");
-  cmd->add_option("--allocator-overhead", o->overhead, "reserved − allocated as a fraction (default 0.05)");
+  cmd->add_option("--allocator-overhead", o->overhead, "reserved − allocated as a fraction of peak allocated, 0..4 (default 0.05)");
+  cmd->add_option("--cublas-workspace", o->cublas_workspace, "PyTorch's cuBLAS workspace per thread (default 32MiB, Hopper)");
+  cmd->add_option("--te-workspace", o->te_workspace, "TransformerEngine's cuBLAS workspace (default 32MiB with Megatron's TE, else 0)");
+  cmd->add_option("--stage", o->stage, "pipeline stage to report (default: the most loaded; Megatron logs the last)");
   cmd->add_flag("--json", o->json, "JSON output (schema in docs/estimate.md)");
   cmd->add_option("--svg", o->svg, "write a stacked-bar chart to this file");
   cmd->add_option("--fit", o->fit, "device memory, e.g. 80GiB: largest micro-batch (or --fit-dim seq) that fits");

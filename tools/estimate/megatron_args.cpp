@@ -5,8 +5,10 @@
 #include <charconv>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "stowage/error.hpp"
+#include "tools/estimate/megatron_arg_names.hpp"
 
 namespace stowage::estimate {
 
@@ -54,27 +56,70 @@ double to_double(const std::string& arg, const std::string& value) {
   try {
     std::size_t used = 0;
     double v = std::stod(value, &used);
-    if (used == value.size()) return v;
+    if (used == value.size() && v >= 0.0 && v <= 1.0) return v;
   } catch (const std::exception&) {
   }
-  throw InvalidArgument(fmt::format("megatron-args: {} expects a number, got '{}'", arg, value));
+  throw InvalidArgument(fmt::format("megatron-args: {} expects a probability in [0, 1], got '{}'", arg, value));
 }
+
+// Megatron arguments that change what a training step allocates in ways the model does not
+// represent: the estimate warns that it ignores them.
+const std::map<std::string_view, std::string_view> kUnmodelled{
+    {"--fp8-format", "fp8 keeps 1-byte copies of linear inputs and weights"},
+    {"--fp8-param-gather", "fp8 parameter all-gather buffers"},
+    {"--fp4-format", "fp4 copies of linear inputs and weights"},
+    {"--tp-comm-overlap", "TransformerEngine userbuffers for overlapped TP communication"},
+    {"--use-megatron-fsdp", "FSDP shards weights and gradients and gathers them per layer"},
+    {"--use-torch-fsdp2", "FSDP shards weights and gradients and gathers them per layer"},
+    {"--multi-latent-attention", "MLA's compressed key/value projections"},
+    {"--decoder-first-pipeline-num-layers", "an uneven pipeline split"},
+    {"--decoder-last-pipeline-num-layers", "an uneven pipeline split"},
+    {"--account-for-embedding-in-pipeline-split", "an uneven pipeline split"},
+    {"--account-for-loss-in-pipeline-split", "an uneven pipeline split"},
+    {"--pipeline-model-parallel-layout", "an uneven pipeline split"},
+    {"--recompute-modules", "selective recompute of chosen modules"},
+    {"--cpu-offloading", "activation offload to host memory"},
+    {"--fine-grained-activation-offloading", "activation offload to host memory"},
+    {"--mtp-num-layers", "multi-token-prediction layers and their logits"},
+    {"--optimizer-cpu-offload", "optimizer states on the host"},
+    {"--use-precision-aware-optimizer", "reduced-precision optimizer states"},
+    {"--main-grads-dtype", "reduced-precision main gradients"},
+    {"--main-params-dtype", "reduced-precision main parameters"},
+    {"--exp-avg-dtype", "reduced-precision Adam moments"},
+    {"--exp-avg-sq-dtype", "reduced-precision Adam moments"},
+    {"--expert-tensor-parallel-size", "experts split by a tensor-parallel size of their own"},
+    {"--moe-ffn-hidden-size", "an expert ffn size other than --ffn-hidden-size"},
+    {"--moe-shared-expert-intermediate-size", "shared experts"},
+    {"--moe-layer-freq", "dense and MoE layers mixed"},
+    {"--moe-expert-capacity-factor", "expert capacity padding and dropped tokens"},
+    {"--moe-pad-expert-input-to-capacity", "expert capacity padding"},
+    {"--overlap-moe-expert-parallel-comm", "one more micro-batch in the pipeline warm-up"},
+    {"--enable-cuda-graph", "CUDA graphs keep static input and output buffers"},
+    {"--cuda-graph-impl", "CUDA graphs keep static input and output buffers"},
+    {"--external-cuda-graph", "CUDA graphs keep static input and output buffers"},
+};
 
 }  // namespace
 
-std::vector<std::string> apply_megatron_args(const std::string& text, RunConfig& c) {
+MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, UnknownArguments unknown) {
   const auto args = split_arguments(text);
+  if (args.empty())
+    throw InvalidArgument("megatron-args: empty; pass Megatron-LM's launch arguments, e.g. \"--num-layers 32 "
+                          "--hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --bf16\"");
   auto& m = c.model;
   auto& t = c.training;
   auto& p = c.parallel;
   // Megatron-LM's defaults where a launch line leaves something out (arguments.py): LayerNorm,
-  // GeLU, tied embeddings, biases, learned absolute positions, dropout 0.1.
+  // GeLU, tied embeddings, biases, learned absolute positions, dropout 0.1, TransformerEngine.
   if (m.name.empty()) m.name = "megatron-args";
   bool gqa = false, untie = false, swiglu = false, rmsnorm = false, no_bias = false, rope = false;
-  bool bf16 = false, fp16 = false, fp32_grads = false, dropout_set = false, local_impl = false, flash = false;
+  bool bf16 = false, fp16 = false, fp32_grads = false, local_impl = false, flash = false, gpt2_bpe = false;
+  std::string attention_backend = "auto", ce_impl = "native";
+  bool ce_fusion = false, defer_wgrad = false;
+  std::int64_t wgrad_limit = 0;
   double attn_dropout = 0.1, hidden_dropout = 0.1;
   std::int64_t query_groups = 0, global_batch = 0, layers_per_virtual = 0, max_positions = 0;
-  std::vector<std::string> ignored;
+  MegatronArgsReport report;
 
   using Handler = std::function<void(const std::string& arg, const std::string& value)>;
   const std::map<std::string, Handler> with_value{
@@ -87,8 +132,10 @@ std::vector<std::string> apply_megatron_args(const std::string& text, RunConfig&
       {"--vocab-size", [&](auto& a, auto& v) { m.vocab_size = to_int(a, v); }},
       {"--padded-vocab-size", [&](auto& a, auto& v) { m.vocab_size = to_int(a, v); t.vocab_divisor = 1; }},
       {"--make-vocab-size-divisible-by", [&](auto& a, auto& v) { t.vocab_divisor = to_int(a, v); }},
+      {"--tokenizer-type", [&](auto&, auto& v) { gpt2_bpe = v == "GPT2BPETokenizer"; }},
+      {"--vocab-file", [&](auto&, auto&) { gpt2_bpe = true; }},
       {"--max-position-embeddings", [&](auto& a, auto& v) { max_positions = to_int(a, v); }},
-      {"--position-embedding-type", [&](auto&, auto& v) { rope = v == "rope" || v == "none"; }},
+      {"--position-embedding-type", [&](auto&, auto& v) { rope = v != "learned_absolute"; }},
       {"--normalization", [&](auto&, auto& v) { rmsnorm = v == "RMSNorm"; }},
       {"--num-experts", [&](auto& a, auto& v) { m.num_experts = to_int(a, v); }},
       {"--moe-router-topk", [&](auto& a, auto& v) { m.experts_per_token = to_int(a, v); }},
@@ -98,17 +145,23 @@ std::vector<std::string> apply_megatron_args(const std::string& text, RunConfig&
       {"--tensor-model-parallel-size", [&](auto& a, auto& v) { p.tp = to_int(a, v); }},
       {"--pipeline-model-parallel-size", [&](auto& a, auto& v) { p.pp = to_int(a, v); }},
       {"--virtual-pipeline-model-parallel-size", [&](auto& a, auto& v) { p.vpp = to_int(a, v); }},
+      {"--num-virtual-stages-per-pipeline-rank", [&](auto& a, auto& v) { p.vpp = to_int(a, v); }},
       {"--num-layers-per-virtual-pipeline-stage", [&](auto& a, auto& v) { layers_per_virtual = to_int(a, v); }},
+      {"--microbatch-group-size-per-virtual-pipeline-stage", [&](auto& a, auto& v) { p.microbatch_group = to_int(a, v); }},
       {"--context-parallel-size", [&](auto& a, auto& v) { p.cp = to_int(a, v); }},
       {"--expert-model-parallel-size", [&](auto& a, auto& v) { p.ep = to_int(a, v); }},
       {"--recompute-granularity", [&](auto&, auto& v) { c.recompute.granularity = parse_recompute(v); }},
-      {"--recompute-method", [&](auto&, auto&) {}},
+      {"--recompute-method", [&](auto&, auto& v) { c.recompute.method = parse_recompute_method(v); }},
       {"--recompute-num-layers", [&](auto& a, auto& v) { c.recompute.num_layers = to_int(a, v); }},
       {"--recompute-activation-function-num-layers", [&](auto& a, auto& v) { c.recompute.num_layers = to_int(a, v); }},
-      {"--attention-dropout", [&](auto& a, auto& v) { attn_dropout = to_double(a, v); dropout_set = true; }},
-      {"--hidden-dropout", [&](auto& a, auto& v) { hidden_dropout = to_double(a, v); dropout_set = true; }},
+      {"--attention-dropout", [&](auto& a, auto& v) { attn_dropout = to_double(a, v); }},
+      {"--hidden-dropout", [&](auto& a, auto& v) { hidden_dropout = to_double(a, v); }},
       {"--optimizer", [&](auto&, auto& v) { t.optimizer = parse_optimizer(v); }},
       {"--transformer-impl", [&](auto&, auto& v) { local_impl = v == "local"; }},
+      {"--attention-backend", [&](auto&, auto& v) { attention_backend = v; }},
+      {"--cross-entropy-fusion-impl", [&](auto&, auto& v) { ce_impl = v; }},
+      {"--wgrad-deferral-limit", [&](auto& a, auto& v) { wgrad_limit = to_int(a, v); }},
+      {"--num-distributed-optimizer-instances", [&](auto& a, auto& v) { p.optimizer_instances = to_int(a, v); }},
   };
   const std::map<std::string, std::function<void()>> flags{
       {"--group-query-attention", [&] { gqa = true; }},
@@ -126,6 +179,15 @@ std::vector<std::string> apply_megatron_args(const std::string& text, RunConfig&
       {"--recompute-activation-function", [&] { c.techniques.act_fn_recompute = true; }},
       {"--swap-attention", [&] { c.techniques.swap_attention = true; }},
       {"--reuse-fp32-param", [&] { c.techniques.shared_storage = true; }},
+      {"--cross-entropy-loss-fusion", [&] { ce_fusion = true; }},
+      {"--defer-embedding-wgrad-compute", [&] { defer_wgrad = true; }},
+      {"--qk-layernorm", [&] { m.qk_layernorm = true; }},
+  };
+  // The values that follow an argument the estimate does not read: everything up to the next "--".
+  auto skip_values = [&](std::size_t& i, bool inline_value) {
+    std::string skipped = args[i];
+    while (!inline_value && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) skipped += " " + args[++i];
+    return skipped;
   };
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -135,6 +197,8 @@ std::vector<std::string> apply_megatron_args(const std::string& text, RunConfig&
       name = arg.substr(0, arg.find('='));
       value = arg.substr(arg.find('=') + 1);
     }
+    if (name.rfind("--", 0) != 0)
+      throw InvalidArgument(fmt::format("megatron-args: '{}' is not an argument (arguments start with --)", arg));
     if (auto it = with_value.find(name); it != with_value.end()) {
       if (!inline_value) {
         if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)
@@ -142,13 +206,22 @@ std::vector<std::string> apply_megatron_args(const std::string& text, RunConfig&
         value = args[++i];
       }
       it->second(name, value);
+      report.modelled.push_back(name);
     } else if (auto f = flags.find(name); f != flags.end()) {
       f->second();
+      report.modelled.push_back(name);
+    } else if (auto u = kUnmodelled.find(name); u != kUnmodelled.end()) {
+      report.unmodelled.push_back(skip_values(i, inline_value));
+      c.warnings.push_back(fmt::format("{} changes memory ({}); the estimate does not model it", name, u->second));
+    } else if (is_megatron_argument(name)) {
+      report.no_effect.push_back(skip_values(i, inline_value));
+    } else if (unknown == UnknownArguments::ignore) {
+      report.unknown.push_back(skip_values(i, inline_value));
     } else {
-      // Unknown: skip it and the values that follow it.
-      std::string skipped = arg;
-      while (!inline_value && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) skipped += " " + args[++i];
-      ignored.push_back(skipped);
+      const std::string near = nearest_megatron_argument(name);
+      throw InvalidArgument(fmt::format(
+          "megatron-args: unknown argument '{}'{}; --ignore-unknown-megatron-args skips arguments Megatron-LM does not have",
+          name, near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
     }
   }
   if (gqa && query_groups > 0) m.num_kv_heads = query_groups;
@@ -158,29 +231,53 @@ std::vector<std::string> apply_megatron_args(const std::string& text, RunConfig&
   m.rms_norm = rmsnorm;
   m.linear_bias = !no_bias;
   m.learned_positions = rope ? 0 : max_positions;
-  m.dropout = dropout_set ? (attn_dropout > 0 || hidden_dropout > 0) : true;
-  if (m.ffn_hidden_size == 0 && m.hidden_size > 0) m.ffn_hidden_size = 4 * m.hidden_size;  // Megatron default
+  m.dropout = hidden_dropout > 0;
+  m.attention_dropout = attn_dropout > 0;
+  // Megatron-LM arguments.py: without --ffn-hidden-size, 4h, or for SwiGLU int(4h·2/3 / 64)·64
+  // (two fc1 projections; a multiple of 64 keeps parameters near the 4h MLP's).
+  if (m.ffn_hidden_size == 0 && m.hidden_size > 0)
+    m.ffn_hidden_size = swiglu ? static_cast<std::int64_t>(4.0 * double(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64
+                               : 4 * m.hidden_size;
   if (layers_per_virtual > 0 && p.pp > 0) {
-    if (layers_per_virtual <= 0 || m.num_layers % (p.pp * layers_per_virtual) != 0)
+    if (m.num_layers % (p.pp * layers_per_virtual) != 0)
       throw InvalidArgument("megatron-args: --num-layers-per-virtual-pipeline-stage does not divide the layers per stage");
     p.vpp = m.num_layers / (p.pp * layers_per_virtual);
+  } else if (layers_per_virtual < 0) {
+    throw InvalidArgument("megatron-args: --num-layers-per-virtual-pipeline-stage must be positive");
   }
   if (fp16) t.precision = Precision::fp16;
   if (bf16) t.precision = Precision::bf16;
   if (!bf16 && !fp16) t.precision = Precision::fp32;
   // Megatron-LM turns on accumulate_allreduce_grads_in_fp32 with --bf16 (arguments.py), so its
-  // gradient buffers hold fp32 main grads: 4 B/param.
+  // gradient buffers hold fp32 main grads: 4 B/param; fp16 keeps 2-byte grads unless asked.
   t.grad_bytes = (bf16 || fp32_grads || t.precision == Precision::fp32) ? 4 : 2;
   p.accounting = Accounting::megatron;
-  // Transformer Engine (the default) and --use-flash-attn use fused attention: no s² scores.
-  t.flash_attention = flash || !local_impl;
+  // Attention: TransformerEngine (the default implementation) picks flash or cuDNN fused
+  // attention (--attention-backend auto/flash/fused): no s² scores. `unfused` and `local`, and
+  // the local implementation without --use-flash-attn, store the s×s softmax (and dropout).
+  const bool unfused_backend = attention_backend == "unfused" || attention_backend == "local";
+  t.flash_attention = !unfused_backend && (flash || !local_impl);
+  // TransformerEngine's own cuBLAS workspace (32 MiB on Hopper); the local implementation has none.
+  c.framework.te_workspace = local_impl ? 0 : std::int64_t{32} << 20;
   if (global_batch > 0) t.global_batch = global_batch;
-  if (m.vocab_size == 0) {
+  if (ce_fusion && ce_impl == "native") t.loss_bytes_per_logit = 10.0;
+  else if (ce_fusion)
+    c.warnings.push_back(fmt::format("--cross-entropy-fusion-impl {}: the estimate models the native fused loss only", ce_impl));
+  if (wgrad_limit < 0) throw InvalidArgument("megatron-args: --wgrad-deferral-limit must not be negative");
+  // 0 defers every micro-batch of the step; the global batch fixes how many that is (finalize).
+  if (defer_wgrad) t.deferred_wgrad_microbatches = wgrad_limit > 0 ? wgrad_limit : std::int64_t{1} << 30;
+  if (m.vocab_size == 0 && gpt2_bpe) {
+    m.vocab_size = 50257;  // GPT-2's byte-pair vocabulary (Radford et al. 2019)
+    c.notes.push_back("megatron-args: GPT-2 BPE tokenizer, vocabulary 50257");
+  } else if (m.vocab_size == 0) {
     m.vocab_size = 32000;
     c.notes.push_back("megatron-args give no vocabulary size; assumed 32000 (pass --vocab-size)");
   }
-  if (!ignored.empty()) c.notes.push_back(fmt::format("ignored megatron arguments: {}", fmt::join(ignored, " ")));
-  return ignored;
+  if (!report.no_effect.empty())
+    c.notes.push_back(fmt::format("{} Megatron arguments accepted without effect on memory", report.no_effect.size()));
+  if (!report.unknown.empty())
+    c.notes.push_back(fmt::format("ignored unknown arguments: {}", fmt::join(report.unknown, " ")));
+  return report;
 }
 
 }  // namespace stowage::estimate

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 #include <fmt/format.h>
 
 #include "stowage/error.hpp"
+#include "tools/estimate/model_states.hpp"
 
 namespace stowage::estimate {
 
@@ -35,6 +35,20 @@ double deepspeed_zero3_gpu_bytes(double params, double largest, double gpus, boo
   if (offload_optimizer && offload_params) return gather;
   if (offload_optimizer) return gather + std::floor(2.0 * params / gpus);
   return gather + std::floor(18.0 * params / gpus);
+}
+
+std::int64_t padded_vocab(const RunConfig& c) {
+  const std::int64_t div = c.training.vocab_divisor * c.parallel.tp;
+  return (c.model.vocab_size + div - 1) / div * div;
+}
+
+std::int64_t chunks_in_flight(const RunConfig& c, std::int64_t stage) {
+  const auto& p = c.parallel;
+  const std::int64_t total = c.training.grad_accumulation * p.vpp;
+  if (p.pp == 1) return 1;
+  std::int64_t warmup = p.pp - stage - 1;
+  if (p.vpp > 1) warmup = 2 * (p.pp - stage - 1) + (p.vpp - 1) * (p.microbatch_group > 0 ? p.microbatch_group : p.pp);
+  return std::min(warmup + 1, total);
 }
 
 namespace {
@@ -70,13 +84,16 @@ LayerBytes layer_bytes_per_token(const RunConfig& c) {
   // self_attention, post_attention_norm): LN1 input 2h, QKV input 2h, Q 2ad, K and V 2·kv·d each,
   // output-projection input 2ad, dropout mask h, LN2 input 2h.
   l.attention = (2 * h + 2 * h + mask * h + 2 * h) / rep + (2 * a * d + 4 * kv * d + 2 * a * d) / t;
-  // Core attention: softmax 2·a·s, its dropout mask a·s and output 2·a·s per token (5as);
-  // selective recompute drops them, flash attention never stores them (only fp32 log-sum-exp).
+  // QK layernorm keeps the normalised queries and keys as well as their inputs: 2ad + 2·kv·d.
+  if (m.qk_layernorm) l.attention += (2 * a * d + 2 * kv * d) / t;
+  // Core attention: softmax 2·a·s, its dropout mask a·s and the dropout output 2·a·s per token
+  // (5as; 2as without attention dropout); selective recompute drops them, flash attention never
+  // stores them (only the fp32 log-sum-exp).
   const double s = double(c.training.seq_length);
   if (c.training.flash_attention)
     l.core_attention = 4 * a / t;
   else if (c.recompute.granularity != Recompute::selective)
-    l.core_attention = a * s * (2 + 3 * mask) / t;
+    l.core_attention = a * s * (m.attention_dropout ? 5.0 : 2.0) / t;
   // MLP: fc1 input 2h (per routed copy for MoE), activation input 2·F (4·F gated), dropout mask h.
   l.mlp = (k * 2 * h + mask * h) / rep + k * 2 * F * (m.gated_mlp ? 2 : 1) / t;
   // Activation output (fc2's input) 2·F; unfused SwiGLU also keeps silu(x1) for the product.
@@ -90,125 +107,89 @@ struct StageParams {
 };
 
 StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bool last, std::int64_t vocab) {
+  const auto& m = c.model;
   const auto& p = c.parallel;
-  const ParameterCounts pc = count_parameters(c.model, vocab);
-  const double t = double(p.tp);
+  const ParameterCounts pc = count_parameters(m, vocab);
+  const double t = double(p.tp), h = double(m.hidden_size);
   StageParams s;
-  // Megatron-LM's theoretical memory report: every parameter of a stage split by TP; the first
-  // stage holds the embedding, the last the output layer (a copy of the tied embedding when PP > 1).
-  double dense = double(pc.attention + pc.mlp_dense + pc.norms) * double(layers);
-  if (first) dense += double(pc.embedding);
-  if (last) {
-    dense += double(pc.final_norm);
-    if (!c.model.tie_embeddings || p.pp > 1) dense += double(vocab) * double(c.model.hidden_size);
+  // Megatron-LM: column- and row-parallel weights, column-parallel biases and the vocabulary
+  // split by TP; norms, row-parallel biases (output projection, fc2) and learned position
+  // embeddings replicated on every TP rank. The first stage holds the embedding, the last the
+  // output layer (a copy of the tied embedding when PP > 1).
+  // An MoE layer's dense MLP part is its router, replicated too.
+  const double bias = m.linear_bias ? h : 0.0;
+  const double replicated_layer = double(pc.norms) + bias + (m.moe() ? double(pc.mlp_dense) : bias);
+  double sharded = (double(pc.attention) - bias + (m.moe() ? 0.0 : double(pc.mlp_dense) - bias)) * double(layers);
+  double replicated = replicated_layer * double(layers);
+  if (first) {
+    sharded += double(vocab) * h;
+    replicated += double(m.learned_positions) * h;
   }
-  s.dense = dense / t;
+  if (last) {
+    replicated += double(pc.final_norm);
+    if (!m.tie_embeddings || p.pp > 1) sharded += double(vocab) * h;
+  }
+  s.dense = sharded / t + replicated;
   s.expert = double(pc.mlp_experts) * double(layers) / (t * double(p.ep));
-  const double h = double(c.model.hidden_size);
   const double emb = (first || last) ? double(vocab) * h / t : 0.0;
   // DeepSpeed's "largest layer" is the largest single module (nn.Linear / nn.Embedding).
-  const double per_linear = h * std::max(double(c.model.num_heads * c.model.head_size()), double(c.model.ffn_hidden_size)) / t;
+  const double per_linear = h * std::max(double(m.num_heads * m.head_size()), double(m.ffn_hidden_size)) / t;
   s.largest_layer = std::max(emb, per_linear);
   return s;
 }
 
-struct States {
-  double weights = 0, gradients = 0, optimizer = 0, host = 0;
+// Layers of one model chunk that full recompute rematerialises, the checkpointed inputs it keeps
+// per chunk, and the layers rematerialised at once in backward (Megatron-LM
+// transformer_block.py _checkpointed_forward).
+struct FullRecompute {
+  double recomputed = 0, inputs = 0, working_layers = 0;
 };
 
-// Model states for `params` parameters sharded over `n` ranks.
-// ZeRO paper (Rajbhandari et al. 2020, Section 3 / Figure 1): mixed-precision Adam keeps
-// 2Ψ (16-bit weights) + 2Ψ (16-bit grads) + KΨ (K = 12: fp32 master, momentum, variance);
-// stage 1 shards KΨ, stage 2 also the gradients, stage 3 also the weights (each ÷ N).
-// Megatron-LM keeps fp32 main gradients (4 B; 18 B/param, or 6 + 12/d with the distributed
-// optimizer — theoretical_memory_usage.py). DeepSpeed's estimator keeps the 16-bit gradients
-// whole and an fp32 gradient partition: 4Ψ + 16Ψ/N (stage 2), 18Ψ/N + 4·largest layer (stage 3).
-States model_states(const RunConfig& c, double params, double n, double largest_layer) {
-  const auto& tr = c.training;
-  const auto& p = c.parallel;
-  const auto& tech = c.techniques;
-  const bool mixed = tr.precision != Precision::fp32;
-  const double W = mixed ? 2 : 4;
-  double G = tr.grad_bytes ? tr.grad_bytes : (mixed ? 2 : 4);
-  if (p.accounting == Accounting::megatron && !tr.grad_bytes) G = 4;
-  const double master = mixed ? 4 : 0, moments = tr.optimizer == Optimizer::adam ? 8 : 4;
-  const double K = master + moments;
-  const int z = p.zero_stage;
-  States s;
-  if (p.accounting == Accounting::deepspeed) {
-    const double n_opt = z >= 1 ? n : 1;
-    if (z == 3) {
-      s.weights = (p.offload_param_deepspeed ? 0 : W * params / n) + W * largest_layer;
-      s.gradients = (p.offload_optimizer_deepspeed ? 0 : 4 * params / n) + W * largest_layer;
-    } else {
-      s.weights = W * params;
-      s.gradients = p.offload_optimizer_deepspeed ? 0 : W * params + 4 * params / n_opt;
-    }
-    s.optimizer = p.offload_optimizer_deepspeed ? 0 : K * params / n_opt;
-    if (p.offload_optimizer_deepspeed) s.host += (K + 4) * params / n_opt;
-    if (z == 3 && p.offload_param_deepspeed) s.host += W * params / n;
+FullRecompute full_recompute(const RunConfig& c, double chunk_layers) {
+  FullRecompute f;
+  if (c.recompute.granularity != Recompute::full) return f;
+  const double n = double(c.recompute.num_layers);
+  if (c.recompute.method == RecomputeMethod::uniform) {
+    const double group = n > 0 ? std::min(n, chunk_layers) : 1.0;
+    f.recomputed = chunk_layers;
+    f.inputs = std::ceil(chunk_layers / group);
+    f.working_layers = group;
   } else {
-    s.weights = (z >= 3 ? W * params / n : W * params) + (z >= 3 ? W * largest_layer : 0);
-    s.gradients = (z >= 2 ? G * params / n : G * params) + (z >= 3 ? G * largest_layer : 0);
-    s.optimizer = z >= 1 ? K * params / n : K * params;
+    f.recomputed = n > 0 ? std::min(n, chunk_layers) : chunk_layers;
+    f.inputs = f.recomputed;
+    f.working_layers = f.recomputed > 0 ? 1.0 : 0.0;
   }
-  const double local_master = (z >= 1 ? params / n : params);
-  // stowage optimizer offload (DESIGN.md; MindSpeed virtual optimizer / swap-optimizer): the
-  // optimizer states leave the device. Mapped: kernels address host memory directly, nothing
-  // stays; streamed: a double-buffered window of `stream_window_layers` layers' states.
-  const bool master_on_host = tech.optimizer_offload != OffloadMode::none || p.offload_optimizer_deepspeed;
-  if (tech.optimizer_offload != OffloadMode::none && !p.offload_optimizer_deepspeed) {
-    s.host += s.optimizer;
-    const double window = tech.optimizer_offload == OffloadMode::streamed ? 2.0 * double(tech.stream_window_layers) : 0.0;
-    const double per_layer_share = c.model.num_layers > 0 ? s.optimizer / double(std::max<std::int64_t>(1, c.model.num_layers / c.parallel.pp)) : 0;
-    s.optimizer = std::min(s.optimizer, window * per_layer_share);
-  }
-  // Shared fp32/bf16 storage (MindSpeed --reuse-fp32-param): the 16-bit weight of every
-  // parameter whose fp32 master is on this device lives inside the master: −2 B per such
-  // parameter. Round-to-nearest-even needs one extra bit per parameter (DESIGN.md).
-  if (tech.shared_storage && mixed && !master_on_host) {
-    s.weights -= W * local_master;
-    if (tech.rounding == Rounding::nearest_even) s.weights += local_master / 8.0;
-  }
-  return s;
+  return f;
 }
 
-StageMemory evaluate_stage(const RunConfig& c, bool first, bool last, std::int64_t vocab) {
+StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t vocab) {
   const auto& m = c.model;
   const auto& p = c.parallel;
   const auto& tr = c.training;
   const auto& tech = c.techniques;
+  const bool first = stage == 0, last = stage == p.pp - 1;
   StageMemory out;
-  out.stage = first ? 0 : p.pp - 1;
+  out.stage = stage;
   out.layers = m.num_layers / p.pp;
-  const double Ls = double(out.layers);
-
-  // Micro-batches whose activations the stage holds at its peak. Megatron-LM's report (after
-  // Korthikanti et al. Section 4.2.3): the first stage of 1F1B holds min(p, m) micro-batches of
-  // L/p layers; the interleaved schedule multiplies by 1 + (p − 1)/(p·v). The last stage holds one.
-  double in_flight = 1.0;
-  if (first && p.pp > 1) {
-    if (p.vpp > 1)
-      in_flight = double(p.pp) * (1.0 + double(p.pp - 1) / double(p.pp * p.vpp));
-    else
-      in_flight = double(std::min(p.pp, tr.grad_accumulation));
-  }
-  out.microbatches_in_flight = in_flight;
+  const double chunk_layers = double(m.num_layers) / double(p.pp * p.vpp);
+  // Layer-micro-batches whose activations the stage holds at its peak (schedule, see
+  // chunks_in_flight); reported as micro-batches of the stage's layers.
+  const double chunks = double(chunks_in_flight(c, stage));
+  const double units = chunks * chunk_layers;
+  out.microbatches_in_flight = units / double(out.layers);
 
   const double T = double(tr.micro_batch) * double(tr.seq_length) / double(p.cp);  // tokens on this rank
   const double h = double(m.hidden_size), t = double(p.tp), rep = p.sequence_parallel ? t : 1.0;
   const LayerBytes per = layer_bytes_per_token(c);
 
-  // Full recompute (Korthikanti Section 4): a recomputed layer keeps only its input, 2·s·b·h
-  // (÷ t with SP). MindSpeed: full-recompute layers come first, activation-function recompute
-  // covers the rest; both rematerialise one layer at a time in backward (the working set).
-  const bool full = c.recompute.granularity == Recompute::full;
+  // Full recompute keeps each checkpointed chunk's input, 2·s·b·h (÷ t with SP) (Korthikanti §4);
+  // MindSpeed: activation-function recompute covers the layers full recompute leaves stored.
+  const FullRecompute full = full_recompute(c, chunk_layers);
+  const double stored_units = (chunk_layers - full.recomputed) * chunks;
   const bool act_fn = tech.act_fn_recompute || c.recompute.granularity == Recompute::activation_function;
-  const double full_layers = full ? (c.recompute.num_layers ? std::min<double>(Ls, double(c.recompute.num_layers)) : Ls) : 0.0;
-  const double stored_layers = Ls - full_layers;
-  double act_fn_layers = act_fn ? stored_layers : 0.0;
-  if (act_fn && !full && c.recompute.num_layers) act_fn_layers = std::min<double>(Ls, double(c.recompute.num_layers));
-  const double stored_units = stored_layers * in_flight, act_fn_units = act_fn_layers * in_flight;
+  double act_fn_units = act_fn ? stored_units : 0.0;
+  if (act_fn && full.recomputed == 0 && c.recompute.num_layers)
+    act_fn_units = std::min<double>(double(c.recompute.num_layers), double(out.layers)) * out.microbatches_in_flight;
 
   double attention = T * (per.attention + per.core_attention) * stored_units;
   double core = 0.0;  // reported with attention when swapped; kept apart otherwise
@@ -216,16 +197,13 @@ StageMemory evaluate_stage(const RunConfig& c, bool first, bool last, std::int64
     attention = T * per.attention * stored_units;
     core = T * per.core_attention * stored_units;
   }
-  double mlp = T * per.mlp * stored_units;
+  double mlp = T * per.mlp * stored_units + T * 2.0 * h / rep * full.inputs * chunks;
   // Activation-function recompute (MindSpeed, docs/features/activation-function-recompute.md):
   // the activation output is released after fc2's forward and recomputed before fc2's backward.
   double act_out = T * per.act_output * (stored_units - act_fn_units);
   double router = T * per.router * stored_units;
-  double working = 0.0;
-  if (full_layers > 0) {
-    mlp += T * 2.0 * h / rep * full_layers * in_flight;  // each recomputed layer's input
-    working = std::max(working, T * per.total());
-  }
+  // Rematerialised in backward: the layers full recompute runs at once, or one activation output.
+  double working = full.working_layers * T * per.total();
   if (act_fn_units > 0) working = std::max(working, T * per.act_output);
   // Swap-attention (MindSpeed --swap-attention): attention activations go to pinned host memory
   // after forward and come back ahead of backward; the prefetch window's layers stay resident.
@@ -237,20 +215,36 @@ StageMemory evaluate_stage(const RunConfig& c, bool first, bool last, std::int64
   }
   // Embedding input (8 B per token) and its dropout mask, for every micro-batch in flight
   // (Megatron-LM theoretical_memory_usage.py).
-  double embedding = first ? in_flight * T * (8.0 + (m.dropout ? h / rep : 0.0)) : 0.0;
-  // Output layer and loss (Megatron-LM): 4·s·b·h·(1 + V/h) / t — the final norm and output
-  // inputs (2h + 2h) and fp32 logits (4V), one micro-batch.
-  double logits = last ? T * (4.0 * h / rep + 4.0 * double(vocab) / t) : 0.0;
+  const double embedding = first ? out.microbatches_in_flight * T * (8.0 + (m.dropout ? h / rep : 0.0)) : 0.0;
+  // Output layer and loss, one micro-batch (the last chunk computes it once per 1F1B step):
+  // final-norm input and output-layer input (2h + 2h, ÷ t with SP), the logits (2 B each, V/t
+  // per TP rank) and the fp32 copy Megatron's vocab-parallel cross-entropy makes and keeps as
+  // the softmax for backward (4 B) — both alive while the loss runs (cross_entropy.py).
+  const bool mixed = tr.precision != Precision::fp32;
+  const double logit_bytes = mixed ? tr.loss_bytes_per_logit : 4.0;
+  const double loss_peak = last ? T * logit_bytes * double(vocab) / t : 0.0;
+  double output_inputs = last ? T * 4.0 * h / rep : 0.0;
+  // Deferred output-layer weight gradients: each waiting micro-batch's logits gradient and input.
+  if (last && tr.deferred_wgrad_microbatches > 0)
+    output_inputs += double(std::min(tr.deferred_wgrad_microbatches, tr.grad_accumulation)) * T *
+                     (2.0 * double(vocab) / t + 2.0 * h / rep);
+  // The loss's peak and the backward rematerialisation do not overlap: the softmax is consumed
+  // before the first layer's backward. The stage's peak is the larger one on top of what is stored.
+  const double working_extra = std::max(0.0, working - loss_peak);
 
-  out.activations = {{"attention", to_bytes(attention, "attention")},   {"core_attention", to_bytes(core, "core_attention")},
-                     {"mlp", to_bytes(mlp, "mlp")},               {"mlp_activation_output", to_bytes(act_out, "mlp_activation_output")},
-                     {"moe_router", to_bytes(router, "moe_router")},     {"embedding", to_bytes(embedding, "embedding")},
-                     {"output_logits", to_bytes(logits, "output_logits")},  {"recompute_working_set", to_bytes(working, "recompute_working_set")}};
+  out.activations = {{"attention", to_bytes(attention, "attention")},
+                     {"core_attention", to_bytes(core, "core_attention")},
+                     {"mlp", to_bytes(mlp, "mlp")},
+                     {"mlp_activation_output", to_bytes(act_out, "mlp_activation_output")},
+                     {"moe_router", to_bytes(router, "moe_router")},
+                     {"embedding", to_bytes(embedding, "embedding")},
+                     {"output_logits", to_bytes(output_inputs + loss_peak, "output_logits")},
+                     {"recompute_working_set", to_bytes(working_extra, "recompute_working_set")}};
 
   // Model states: dense parameters shard over DP·CP, experts over the expert-data-parallel group.
   const StageParams sp = stage_params(c, out.layers, first, last, vocab);
   out.parameters = to_bytes(sp.dense + sp.expert, "parameters");
-  const double n_dense = double(p.dp * p.cp), n_expert = double(p.dp * p.cp / p.ep);
+  const double n_dense = double(p.dp * p.cp / p.optimizer_instances), n_expert = double(p.dp * p.cp / p.ep);
   const States dense = model_states(c, sp.dense, n_dense, sp.largest_layer);
   const States expert = model_states(c, sp.expert, n_expert, 0.0);
   out.weights = to_bytes(dense.weights + expert.weights, "weights");
@@ -258,18 +252,19 @@ StageMemory evaluate_stage(const RunConfig& c, bool first, bool last, std::int64
   out.optimizer_states = to_bytes(dense.optimizer + expert.optimizer, "optimizer states");
   out.host_bytes += to_bytes(dense.host + expert.host, "host bytes");
 
-  // Communication buffers: the sequence-parallel all-gather of a layer input (2·s·b·h), the
-  // pipeline send/receive pair in both directions, the MoE all-to-all send/receive of the routed
-  // tokens, and DeepSpeed's reduce/all-gather buckets (reduce_bucket_size, allgather_bucket_size).
+  // Communication buffers alive at the peak: the pipeline receive of the next micro-batch's
+  // input (2·s·b·h, ÷ t with SP), the MoE all-to-all send/receive of the routed tokens, and
+  // DeepSpeed's reduce/all-gather buckets (reduce_bucket_size, allgather_bucket_size).
+  // Megatron's gradient buckets are views into the gradient buffer (counted with the gradients).
   double comm = 0.0;
-  if (p.sequence_parallel && p.tp > 1) comm += T * 2.0 * h;
-  if (p.pp > 1) comm += 4.0 * T * 2.0 * h / rep;
+  if (p.pp > 1) comm += T * 2.0 * h / rep;
   if (m.moe() && p.ep > 1) comm += 2.0 * T * double(m.experts_per_token) * 2.0 * h / rep;
-  const double W = tr.precision == Precision::fp32 ? 4.0 : 2.0;
+  const double W = mixed ? 2.0 : 4.0;
   comm += W * double(p.reduce_bucket_elements + p.allgather_bucket_elements);
   out.communication = to_bytes(comm, "communication buffers");
+  out.framework = c.framework.total();
 
-  double total = double(out.model_states()) + double(out.communication);
+  double total = double(out.model_states()) + double(out.communication) + double(out.framework);
   for (const auto& a : out.activations) total += double(a.bytes);
   out.peak_allocated = to_bytes(total, "peak allocated");
   // Caching-allocator overhead (reserved − allocated): a fraction of the peak, 5 % by default
@@ -281,15 +276,21 @@ StageMemory evaluate_stage(const RunConfig& c, bool first, bool last, std::int64
 
 }  // namespace
 
+StageMemory estimate_stage(const RunConfig& config, std::int64_t stage) {
+  validate(config);
+  if (stage < 0 || stage >= config.parallel.pp)
+    throw InvalidArgument(fmt::format("stage must be 0..{}, got {}", config.parallel.pp - 1, stage));
+  return evaluate_stage(config, stage, padded_vocab(config));
+}
+
 StageMemory estimate_memory(const RunConfig& config) {
   validate(config);
+  const std::int64_t vocab = padded_vocab(config);
+  if (config.stage >= 0) return evaluate_stage(config, config.stage, vocab);
   const auto& p = config.parallel;
-  // Megatron pads the vocabulary to a multiple of make-vocab-size-divisible-by × TP.
-  const std::int64_t div = config.training.vocab_divisor * p.tp;
-  const std::int64_t vocab = (config.model.vocab_size + div - 1) / div * div;
-  if (p.pp == 1) return evaluate_stage(config, true, true, vocab);
-  StageMemory first = evaluate_stage(config, true, false, vocab);
-  StageMemory last = evaluate_stage(config, false, true, vocab);
+  if (p.pp == 1) return evaluate_stage(config, 0, vocab);
+  StageMemory first = evaluate_stage(config, 0, vocab);
+  StageMemory last = evaluate_stage(config, p.pp - 1, vocab);
   return last.peak_reserved > first.peak_reserved ? last : first;
 }
 

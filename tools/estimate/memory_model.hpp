@@ -24,6 +24,7 @@ struct StageMemory {
   std::int64_t optimizer_states = 0;
   std::vector<NamedBytes> activations;  // by kind, fixed order (see kActivationKinds)
   std::int64_t communication = 0;
+  std::int64_t framework = 0;           // cuBLAS / TransformerEngine workspaces (RunConfig::framework)
   std::int64_t peak_allocated = 0;      // everything above
   std::int64_t allocator_overhead = 0;  // reserved − allocated
   std::int64_t peak_reserved = 0;
@@ -39,13 +40,22 @@ inline constexpr const char* kActivationKinds[] = {
     "mlp_activation_output",  // activation-function output: fc2's input (and silu(x1) unfused)
     "moe_router",        // router probabilities (MoE only)
     "embedding",         // token ids and embedding dropout mask (first stage)
-    "output_logits",     // final norm, output-layer input and fp32 logits for the loss (last stage)
-    "recompute_working_set",  // one layer rematerialised during backward
+    "output_logits",     // final norm and output-layer inputs, bf16 logits and the loss's fp32 copy (last stage)
+    "recompute_working_set",  // layers rematerialised in backward, beyond the loss's peak
 };
 
-// The memory of the most loaded stage (largest peak_reserved of first and last stage).
-// InvalidArgument from validate() for nonsensical configurations.
+// The memory of config.stage, or of the most loaded stage (largest peak_reserved of the first and
+// the last) when it is −1. InvalidArgument from validate() for nonsensical configurations.
 StageMemory estimate_memory(const RunConfig& config);
+// The memory of pipeline stage `stage` (0..pp−1).
+StageMemory estimate_stage(const RunConfig& config, std::int64_t stage);
+// The vocabulary as Megatron pads it: a multiple of make-vocab-size-divisible-by × TP.
+std::int64_t padded_vocab(const RunConfig& config);
+// Chunk-forwards (one micro-batch through one model chunk) a pipeline rank holds at its peak:
+// 1F1B warms up pp − rank − 1 micro-batches; the interleaved schedule (pp − rank − 1)·2 +
+// (vp − 1)·group (Megatron-LM schedules.py get_pp_rank_microbatches); one more runs; at most
+// all micro-batches × chunks of the step.
+std::int64_t chunks_in_flight(const RunConfig& config, std::int64_t stage);
 
 // The Korthikanti et al. (2022) per-layer activation bytes, Table 2, for checks and docs:
 // s·b·h·(34 + 5·a·s/h) without parallelism, and its TP / SP / selective variants.

@@ -23,7 +23,7 @@ ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
     p.mlp_dense = mlp;
   }
   const std::int64_t norm = m.rms_norm ? h : 2 * h;
-  p.norms = 2 * norm;
+  p.norms = 2 * norm + (m.qk_layernorm ? 2 * (m.rms_norm ? 1 : 2) * m.head_size() : 0);
   p.final_norm = norm;
   p.embedding = vocab * h + m.learned_positions * h;
   p.output = m.tie_embeddings ? 0 : vocab * h;
@@ -94,6 +94,7 @@ std::vector<ModelConfig> presets() {
   gpt3.rms_norm = false;
   gpt3.linear_bias = true;
   gpt3.dropout = true;
+  gpt3.attention_dropout = true;
   gpt3.learned_positions = 2048;
   all.push_back(gpt3);
   ModelConfig mixtral = llama("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000);
@@ -147,8 +148,8 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name)
   const std::string act = get_string_or(j, "hidden_act", "silu", what);
   m.gated_mlp = act == "silu" || act == "swiglu" || act == "swish";
   m.rms_norm = j.contains("rms_norm_eps") || !j.contains("layer_norm_epsilon");
-  m.dropout = tools::get_number_or(j, "attention_dropout", 0.0, what) > 0.0 ||
-              tools::get_number_or(j, "hidden_dropout", 0.0, what) > 0.0;
+  m.attention_dropout = tools::get_number_or(j, "attention_dropout", 0.0, what) > 0.0;
+  m.dropout = tools::get_number_or(j, "hidden_dropout", 0.0, what) > 0.0;
   m.linear_bias = get_bool_or(j, "attention_bias", false, what) || get_bool_or(j, "mlp_bias", false, what);
   validate(m);
   return m;

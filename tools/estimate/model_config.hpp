@@ -21,7 +21,9 @@ struct ModelConfig {
   bool gated_mlp = true;            // SwiGLU: fc1 has 2·ffn outputs
   bool rms_norm = true;             // RMSNorm (1 vector) or LayerNorm (weight + bias)
   bool linear_bias = false;         // biases in the linear layers (GPT-3)
-  bool dropout = false;             // dropout after attention and MLP (stores 1-byte masks)
+  bool dropout = false;             // hidden dropout after attention and MLP (stores 1-byte masks)
+  bool attention_dropout = false;   // dropout on the attention probabilities (unfused: a 1-byte s×s mask)
+  bool qk_layernorm = false;        // norms on queries and keys (Megatron --qk-layernorm)
   std::int64_t learned_positions = 0;  // rows of a learned position embedding (0: RoPE)
   // Mixture of experts: 0 experts = dense MLP.
   std::int64_t num_experts = 0;

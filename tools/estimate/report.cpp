@@ -21,6 +21,7 @@ nlohmann::json to_json(const StageMemory& m) {
           {"activations", acts},
           {"activations_total", m.activation_total()},
           {"communication", m.communication},
+          {"framework", m.framework},
           {"allocator_overhead", m.allocator_overhead},
           {"peak_allocated", m.peak_allocated},
           {"peak_reserved", m.peak_reserved},
@@ -53,7 +54,9 @@ nlohmann::json to_json(const EstimateResult& r) {
                       {"sequence_parallel", c.parallel.sequence_parallel},
                       {"zero_stage", c.parallel.zero_stage},
                       {"accounting", to_string(c.parallel.accounting)}};
-  j["recompute"] = {{"granularity", to_string(c.recompute.granularity)}, {"num_layers", c.recompute.num_layers}};
+  j["recompute"] = {{"granularity", to_string(c.recompute.granularity)},
+                    {"method", to_string(c.recompute.method)},
+                    {"num_layers", c.recompute.num_layers}};
   j["techniques"] = {{"shared_storage", c.techniques.shared_storage},
                      {"rounding", to_string(c.techniques.rounding)},
                      {"act_fn_recompute", c.techniques.act_fn_recompute},
@@ -61,6 +64,9 @@ nlohmann::json to_json(const EstimateResult& r) {
                      {"prefetch_window", c.techniques.prefetch_window},
                      {"optimizer_offload", to_string(c.techniques.optimizer_offload)}};
   j["allocator_overhead_fraction"] = c.allocator_overhead;
+  j["framework"] = {{"cublas_workspace", c.framework.cublas_workspace},
+                    {"cublas_workspaces", c.framework.cublas_workspaces},
+                    {"te_workspace", c.framework.te_workspace}};
   j["per_device"] = to_json(r.configured);
   j["predicted_peak_allocated_bytes"] = r.configured.peak_allocated;
   j["baseline"] = to_json(r.baseline);
@@ -70,6 +76,7 @@ nlohmann::json to_json(const EstimateResult& r) {
   savings.push_back({{"technique", "all"}, {"peak_reserved", r.all.memory.peak_reserved}, {"saving", r.all.saving}});
   j["savings"] = savings;
   j["notes"] = c.notes;
+  j["warnings"] = c.warnings;
   return j;
 }
 
@@ -99,6 +106,7 @@ std::string to_table(const EstimateResult& r) {
     if (m.activations[i].bytes || r.baseline.activations[i].bytes)
       row("activations: " + m.activations[i].name, m.activations[i].bytes, r.baseline.activations[i].bytes);
   row("communication buffers", m.communication, r.baseline.communication);
+  row("framework workspaces", m.framework, r.baseline.framework);
   row("peak allocated", m.peak_allocated, r.baseline.peak_allocated);
   row("allocator overhead", m.allocator_overhead, r.baseline.allocator_overhead);
   row("peak reserved", m.peak_reserved, r.baseline.peak_reserved);
@@ -107,6 +115,7 @@ std::string to_table(const EstimateResult& r) {
   for (const auto& v : r.alone) out += fmt::format("  {:<36}{:>14}\n", v.name, format_bytes(v.saving));
   out += fmt::format("  {:<36}{:>14}\n", "all together", format_bytes(r.all.saving));
   for (const auto& n : c.notes) out += "note: " + n + "\n";
+  for (const auto& w : c.warnings) out += "warning: " + w + "\n";
   return out;
 }
 

@@ -69,7 +69,20 @@ void validate(const RunConfig& c) {
   if (c.techniques.prefetch_window < 0) throw InvalidArgument("prefetch-window must not be negative");
   if (c.techniques.stream_window_layers <= 0) throw InvalidArgument("stream-window must be positive");
   if (!(c.allocator_overhead >= 0.0 && c.allocator_overhead <= 4.0))
-    throw InvalidArgument("allocator-overhead must be a fraction between 0 and 4");
+    throw InvalidArgument(fmt::format("allocator-overhead must be a fraction between 0 and 4, got {}", c.allocator_overhead));
+  if (c.framework.cublas_workspace < 0 || c.framework.cublas_workspaces < 0 || c.framework.te_workspace < 0 ||
+      c.framework.cublas_workspace > (std::int64_t{1} << 40) || c.framework.te_workspace > (std::int64_t{1} << 40) ||
+      c.framework.cublas_workspaces > 1024)
+    throw InvalidArgument("framework workspaces must be between 0 and 1 TiB (count 0..1024)");
+  if (c.stage < -1 || c.stage >= p.pp)
+    throw InvalidArgument(fmt::format("stage must be 0..{} (pipeline-parallel {}), got {}", p.pp - 1, p.pp, c.stage));
+  if (p.microbatch_group < 0) throw InvalidArgument("microbatch-group-size must not be negative");
+  if (p.optimizer_instances <= 0 || (p.dp * p.cp) % p.optimizer_instances != 0)
+    throw InvalidArgument(fmt::format("distributed-optimizer instances ({}) must divide data × context parallel ({})",
+                                      p.optimizer_instances, p.dp * p.cp));
+  if (!(t.loss_bytes_per_logit >= 0.0 && t.loss_bytes_per_logit <= 64.0))
+    throw InvalidArgument("loss bytes per logit must be between 0 and 64");
+  if (t.deferred_wgrad_microbatches < 0) throw InvalidArgument("deferred wgrad micro-batches must not be negative");
 }
 
 namespace {
@@ -105,8 +118,14 @@ OffloadMode parse_offload(std::string_view s) {
   return parse_enum(s, "optimizer-offload", n);
 }
 Rounding parse_rounding(std::string_view s) {
-  static const std::pair<const char*, Rounding> n[] = {{"half-away", Rounding::half_away}, {"nearest-even", Rounding::nearest_even}};
-  return parse_enum(s, "shared-storage rounding", n);
+  // The library's spelling (stowage::to_string(Rounding)), the same in every subcommand.
+  for (Rounding r : {Rounding::half_up, Rounding::nearest_even})
+    if (s == stowage::to_string(r)) return r;
+  throw InvalidArgument(fmt::format("shared-storage rounding: unknown value '{}' (expected one of: half_up, nearest_even)", s));
+}
+RecomputeMethod parse_recompute_method(std::string_view s) {
+  static const std::pair<const char*, RecomputeMethod> n[] = {{"block", RecomputeMethod::block}, {"uniform", RecomputeMethod::uniform}};
+  return parse_enum(s, "recompute-method", n);
 }
 Accounting parse_accounting(std::string_view s) {
   static const std::pair<const char*, Accounting> n[] = {{"zero-paper", Accounting::zero_paper}, {"deepspeed", Accounting::deepspeed},
@@ -125,7 +144,7 @@ const char* to_string(Recompute r) {
   return "?";
 }
 const char* to_string(OffloadMode m) { return m == OffloadMode::none ? "none" : m == OffloadMode::mapped ? "mapped" : "streamed"; }
-const char* to_string(Rounding r) { return r == Rounding::half_away ? "half-away" : "nearest-even"; }
+const char* to_string(RecomputeMethod m) { return m == RecomputeMethod::block ? "block" : "uniform"; }
 const char* to_string(Accounting a) {
   return a == Accounting::zero_paper ? "zero-paper" : a == Accounting::deepspeed ? "deepspeed" : "megatron";
 }

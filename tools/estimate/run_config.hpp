@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "stowage/precision.hpp"
 #include "tools/estimate/model_config.hpp"
 
 namespace stowage::estimate {
@@ -14,7 +15,12 @@ enum class Precision { bf16, fp16, fp32 };
 enum class Optimizer { adam, sgd };
 enum class Recompute { none, selective, full, activation_function };
 enum class OffloadMode { none, mapped, streamed };
-enum class Rounding { half_away, nearest_even };
+// Shared-storage rounding: the library's own enum and spelling (half_up, nearest_even).
+using stowage::Rounding;
+// How full recompute picks its layers (Megatron-LM --recompute-method): `uniform` checkpoints the
+// input of every chunk of num_layers layers and recomputes all of them, a chunk at a time;
+// `block` recomputes the first num_layers layers of each model chunk and stores the rest.
+enum class RecomputeMethod { block, uniform };
 // Whose bookkeeping the model states follow: the ZeRO paper's, DeepSpeed's estimator's (fp16
 // grads kept whole plus an fp32 grad partition), or Megatron-LM's (fp32 main grads).
 enum class Accounting { zero_paper, deepspeed, megatron };
@@ -30,6 +36,29 @@ struct Training {
   bool flash_attention = true;  // no s² attention scores stored (FlashAttention / fused attention)
   bool fused_swiglu = true;     // fused SwiGLU stores its input only; unfused also keeps silu(x1)
   std::int64_t vocab_divisor = 128;  // Megatron pads the vocabulary to a multiple of this × TP
+  // Bytes per logit alive while the loss runs (16-bit training; fp32 training keeps 4).
+  // Megatron's vocab-parallel cross-entropy upcasts the bf16 logits to fp32 and keeps that copy
+  // as the softmax for backward: 2 + 4 (tensor_parallel/cross_entropy.py). Its fused version
+  // (--cross-entropy-loss-fusion, native) runs the steps as separate jit-fused functions, so the
+  // fp32 logits and the fp32 exp(logits) exist together: 2 + 4 + 4 (fusions/fused_cross_entropy.py).
+  double loss_bytes_per_logit = 6.0;
+  // Megatron --defer-embedding-wgrad-compute: the output layer's weight gradient waits, keeping
+  // each micro-batch's logits gradient (2 B per logit) and input (2h) for up to this many
+  // micro-batches (--wgrad-deferral-limit; 0 there means the whole step). 0: not deferred.
+  std::int64_t deferred_wgrad_microbatches = 0;
+};
+
+// Memory a training process allocates besides the model (PyTorch's caching allocator counts it).
+struct Framework {
+  // PyTorch keeps one cuBLAS workspace per (handle, stream); handles are per thread, so the
+  // forward thread and autograd's device thread each have one (aten/src/ATen/cuda/
+  // CublasHandlePool.cpp: 4096·8 KiB = 32 MiB on sm90 by default, CUBLAS_WORKSPACE_CONFIG sets it).
+  std::int64_t cublas_workspace = std::int64_t{32} << 20;
+  std::int64_t cublas_workspaces = 2;
+  // TransformerEngine allocates its own cuBLAS workspace once (transformer_engine/pytorch/module/
+  // base.py get_cublas_workspace_size_bytes: 32 MiB on Hopper, 4 MiB before); 0 without TE.
+  std::int64_t te_workspace = 0;
+  std::int64_t total() const { return cublas_workspace * cublas_workspaces + te_workspace; }
 };
 
 struct Parallelism {
@@ -39,19 +68,28 @@ struct Parallelism {
   Accounting accounting = Accounting::zero_paper;
   bool offload_optimizer_deepspeed = false;  // DeepSpeed offload_optimizer.device == cpu
   bool offload_param_deepspeed = false;      // DeepSpeed offload_param.device == cpu (stage 3)
+  // Interleaved schedule: micro-batches a rank runs through one model chunk before the next
+  // (Megatron --microbatch-group-size-per-virtual-pipeline-stage); 0 = pp, Megatron's default.
+  std::int64_t microbatch_group = 0;
+  // Megatron --num-distributed-optimizer-instances: the distributed optimizer shards over
+  // DP·CP / instances ranks (one replica per instance).
+  std::int64_t optimizer_instances = 1;
   std::int64_t reduce_bucket_elements = 0;   // DeepSpeed reduce_bucket_size (0: not DeepSpeed)
   std::int64_t allgather_bucket_elements = 0;
 };
 
 struct RecomputeSettings {
   Recompute granularity = Recompute::none;
-  std::int64_t num_layers = 0;  // full/activation-function: layers per stage recomputed (0 = all)
+  RecomputeMethod method = RecomputeMethod::block;
+  // full: block — layers per model chunk recomputed (0 = all); uniform — layers per checkpointed
+  // chunk (0 = 1). activation-function: layers per stage (0 = all).
+  std::int64_t num_layers = 0;
 };
 
 // stowage's own techniques (DESIGN.md).
 struct Techniques {
   bool shared_storage = false;  // bf16 weights live inside the fp32 master
-  Rounding rounding = Rounding::half_away;
+  Rounding rounding = Rounding::half_up;
   bool act_fn_recompute = false;  // storage-release recompute of the MLP activation output
   bool swap_attention = false;
   std::int64_t prefetch_window = 1;  // layers whose attention activations stay on the device
@@ -66,8 +104,13 @@ struct RunConfig {
   Parallelism parallel;
   RecomputeSettings recompute;
   Techniques techniques;
+  Framework framework;
   double allocator_overhead = 0.05;  // reserved − allocated, as a fraction of peak allocated
-  std::vector<std::string> notes;    // what the reader of the estimate should know (ignored args…)
+  // Pipeline stage to report: -1 the most loaded (largest peak), else that stage (0..pp−1).
+  // Megatron logs memory from the last rank, which is the last stage.
+  std::int64_t stage = -1;
+  std::vector<std::string> notes;     // what the reader of the estimate should know
+  std::vector<std::string> warnings;  // settings that change memory but the model does not represent
 };
 
 // Derives what follows from the settings once every source is applied (grad accumulation from
@@ -84,11 +127,12 @@ Optimizer parse_optimizer(std::string_view s);
 Recompute parse_recompute(std::string_view s);
 OffloadMode parse_offload(std::string_view s);
 Rounding parse_rounding(std::string_view s);
+RecomputeMethod parse_recompute_method(std::string_view s);
 Accounting parse_accounting(std::string_view s);
 const char* to_string(Precision p);
 const char* to_string(Recompute r);
 const char* to_string(OffloadMode m);
-const char* to_string(Rounding r);
+const char* to_string(RecomputeMethod m);
 const char* to_string(Accounting a);
 
 }  // namespace stowage::estimate

@@ -1,0 +1,63 @@
+#include "tools/estimate/model_states.hpp"
+
+#include <algorithm>
+
+namespace stowage::estimate {
+
+// ZeRO paper (Rajbhandari et al. 2020, Section 3 / Figure 1): mixed-precision Adam keeps
+// 2Ψ (16-bit weights) + 2Ψ (16-bit grads) + KΨ (K = 12: fp32 master, momentum, variance);
+// stage 1 shards KΨ, stage 2 also the gradients, stage 3 also the weights (each ÷ N).
+// Megatron-LM keeps fp32 main gradients (4 B; 18 B/param, or 6 + 12/d with the distributed
+// optimizer — theoretical_memory_usage.py). DeepSpeed's estimator keeps the 16-bit gradients
+// whole and an fp32 gradient partition: 4Ψ + 16Ψ/N (stage 2), 18Ψ/N + 4·largest layer (stage 3).
+States model_states(const RunConfig& c, double params, double n, double largest_layer) {
+  const auto& tr = c.training;
+  const auto& p = c.parallel;
+  const auto& tech = c.techniques;
+  const bool mixed = tr.precision != Precision::fp32;
+  const double W = mixed ? 2 : 4;
+  double G = tr.grad_bytes ? tr.grad_bytes : (mixed ? 2 : 4);
+  if (p.accounting == Accounting::megatron && !tr.grad_bytes) G = 4;
+  const double master = mixed ? 4 : 0, moments = tr.optimizer == Optimizer::adam ? 8 : 4;
+  const double K = master + moments;
+  const int z = p.zero_stage;
+  States s;
+  if (p.accounting == Accounting::deepspeed) {
+    const double n_opt = z >= 1 ? n : 1;
+    if (z == 3) {
+      s.weights = (p.offload_param_deepspeed ? 0 : W * params / n) + W * largest_layer;
+      s.gradients = (p.offload_optimizer_deepspeed ? 0 : 4 * params / n) + W * largest_layer;
+    } else {
+      s.weights = W * params;
+      s.gradients = p.offload_optimizer_deepspeed ? 0 : W * params + 4 * params / n_opt;
+    }
+    s.optimizer = p.offload_optimizer_deepspeed ? 0 : K * params / n_opt;
+    if (p.offload_optimizer_deepspeed) s.host += (K + 4) * params / n_opt;
+    if (z == 3 && p.offload_param_deepspeed) s.host += W * params / n;
+  } else {
+    s.weights = (z >= 3 ? W * params / n : W * params) + (z >= 3 ? W * largest_layer : 0);
+    s.gradients = (z >= 2 ? G * params / n : G * params) + (z >= 3 ? G * largest_layer : 0);
+    s.optimizer = z >= 1 ? K * params / n : K * params;
+  }
+  const double local_master = (z >= 1 ? params / n : params);
+  // stowage optimizer offload (DESIGN.md; MindSpeed virtual optimizer / swap-optimizer): the
+  // optimizer states leave the device. Mapped: kernels address host memory directly, nothing
+  // stays; streamed: a double-buffered window of `stream_window_layers` layers' states.
+  const bool master_on_host = tech.optimizer_offload != OffloadMode::none || p.offload_optimizer_deepspeed;
+  if (tech.optimizer_offload != OffloadMode::none && !p.offload_optimizer_deepspeed) {
+    s.host += s.optimizer;
+    const double window = tech.optimizer_offload == OffloadMode::streamed ? 2.0 * double(tech.stream_window_layers) : 0.0;
+    const double stage_layers = double(std::max<std::int64_t>(1, c.model.num_layers / c.parallel.pp));
+    s.optimizer = std::min(s.optimizer, window * s.optimizer / stage_layers);
+  }
+  // Shared fp32/bf16 storage (MindSpeed --reuse-fp32-param): the 16-bit weight of every
+  // parameter whose fp32 master is on this device lives inside the master: −2 B per such
+  // parameter. Round-to-nearest-even needs one extra bit per parameter (DESIGN.md).
+  if (tech.shared_storage && mixed && !master_on_host) {
+    s.weights -= W * local_master;
+    if (tech.rounding == Rounding::nearest_even) s.weights += local_master / 8.0;
+  }
+  return s;
+}
+
+}  // namespace stowage::estimate
