@@ -15,6 +15,7 @@
 #include "tools/estimate/deepspeed_config.hpp"
 #include "tools/estimate/fit.hpp"
 #include "tools/estimate/megatron_args.hpp"
+#include "tools/estimate/memory_size.hpp"
 #include "tools/estimate/report.hpp"
 
 namespace stowage::estimate {
@@ -41,13 +42,6 @@ std::int64_t positive(const std::optional<std::int64_t>& v, const char* option) 
   return *v;
 }
 
-// A device budget needs its unit: "80" alone is 80 bytes to the parser and never what is meant.
-std::int64_t budget_with_unit(const std::string& text, const char* option) {
-  const auto last = text.find_last_not_of(" \t");
-  if (last == std::string::npos || (text[last] >= '0' && text[last] <= '9') || text[last] == '.')
-    throw InvalidArgument(fmt::format("{}: '{}' has no unit; write e.g. 80GiB (binary) or 80GB (decimal)", option, text));
-  return tools::parse_byte_size(text, option);
-}
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
@@ -116,7 +110,7 @@ RunConfig build_config(const Options& o) {
 int run(const Options& o) {
   const RunConfig c = build_config(o);
   if (!o.fit.empty()) {
-    const auto budget = budget_with_unit(o.fit, "--fit");
+    const auto budget = parse_memory_size(o.fit, "--fit");
     FitDim dim;
     if (o.fit_dim == "micro-batch" || o.fit_dim == "batch") dim = FitDim::micro_batch;
     else if (o.fit_dim == "seq" || o.fit_dim == "seq-length") dim = FitDim::seq_length;

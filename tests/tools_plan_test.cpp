@@ -1,0 +1,212 @@
+// `stowage plan`: the time model's terms hand-derived, the per-layer choices of the search, its
+// determinism across threads, the Megatron arguments it prints (parsed back), its outputs and
+// its input errors.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "stowage/error.hpp"
+#include "tools/estimate/megatron_args.hpp"
+#include "tools/plan/plan_report.hpp"
+
+using namespace stowage;
+using namespace stowage::plan;
+using estimate::RunConfig;
+
+namespace {
+
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+
+CommandResult run_cli(const std::string& args) {
+  const std::string cmd = std::string(STOWAGE_CLI) + " " + args + " 2>&1";
+  CommandResult r{-1, {}};
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe)) r.output += buf.data();
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+RunConfig gpt(std::int64_t tp, std::int64_t pp, std::int64_t vpp, std::int64_t dp, std::int64_t micro_batches) {
+  RunConfig c;
+  estimate::apply_megatron_args("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+                                "--max-position-embeddings 2048 --vocab-size 51200 --bf16 --use-distributed-optimizer",
+                                c);
+  c.parallel.tp = tp;
+  c.parallel.pp = pp;
+  c.parallel.vpp = vpp;
+  c.parallel.dp = dp;
+  c.parallel.sequence_parallel = tp > 1;
+  c.training.grad_accumulation = micro_batches;
+  return c;
+}
+
+}  // namespace
+
+// Narayanan et al. 2021 §2.2: the bubble is (p − 1)/v micro-batch slots; the interleaved
+// schedule with v chunks divides it by v.
+TEST(PlanTimeModel, PipelineBubble) {
+  Cluster cl;
+  cl.gpus = 4;
+  RunConfig c = gpt(1, 4, 1, 1, 8);
+  const StepTime t = step_time(c, cl, estimate::estimate_memory(c));
+  const double per_mb = (t.compute + t.recompute + t.tp_comm + t.cp_comm + t.swap) / 8;
+  EXPECT_NEAR(t.pp_bubble, 3.0 * per_mb, 1e-12);
+  RunConfig v = gpt(1, 4, 2, 1, 8);
+  const StepTime tv = step_time(v, cl, estimate::estimate_memory(v));
+  EXPECT_NEAR(tv.pp_bubble, t.pp_bubble / 2, 1e-12);
+  EXPECT_GT(tv.pp_comm, t.pp_comm);  // twice the sends
+}
+
+// Compute: 6 FLOPs per weight per token plus causal attention 6·a·d·s and the output layer
+// 6·h·V, spread over TP and run at peak × efficiency; TP with SP: per layer 4 collectives of
+// (t−1)/t × s·b·h·2 bytes each way.
+TEST(PlanTimeModel, ComputeAndTensorParallelCollectives) {
+  Cluster cl;
+  cl.gpus = 2;
+  RunConfig c = gpt(2, 1, 1, 1, 1);
+  const StepTime t = step_time(c, cl, estimate::estimate_memory(c));
+  const double h = 2048, s = 2048, L = 24, V = 51200;
+  const double flops = 3.0 * s * (L * 2.0 * (12 * h * h + h * s) + 2.0 * h * V);
+  EXPECT_NEAR(model_flops_per_step(c), flops, flops * 1e-12);
+  EXPECT_NEAR(t.compute, flops / 2 / (cl.peak_tflops * 1e12 * cl.efficiency), 1e-12);
+  const double tp = 4.0 * 0.5 * s * h * 2 / (cl.intra_node_gbps * 1e9) * 2 * L;
+  EXPECT_NEAR(t.tp_comm, tp, 1e-12);
+}
+
+// The distributed optimizer's reduce-scatter (4 B fp32 gradients) and all-gather (2 B weights)
+// are exposed beyond the backward and forward of the micro-batch they overlap.
+TEST(PlanTimeModel, DataParallelReduceOverlapsBackward) {
+  Cluster cl;
+  cl.gpus = 16;
+  cl.inter_node_gbps = 1;  // slow enough to be exposed
+  RunConfig c = gpt(1, 1, 1, 16, 1);
+  const auto m = estimate::estimate_memory(c);
+  const StepTime t = step_time(c, cl, m);
+  const double P = double(m.parameters), f = 15.0 / 16.0;
+  const double fwd = t.compute / 3, bwd = 2 * t.compute / 3;
+  EXPECT_NEAR(t.dp_comm, (4 * P * f / 1e9 - bwd) + (2 * P * f / 1e9 - fwd), 1e-9);
+  cl.inter_node_gbps = 1e6;  // fast: hidden
+  EXPECT_EQ(step_time(c, cl, m).dp_comm, 0.0);
+}
+
+// Per-layer choice: the search keeps the fewest full-recompute layers that fit.
+TEST(PlanSearch, FewestRecomputedLayersThatFit) {
+  PlanRequest r;
+  r.base = gpt(1, 1, 1, 1, 1);
+  r.base.training.global_batch = 8;
+  r.base.training.seq_length = 8192;
+  r.base.model.learned_positions = 0;
+  r.cluster.gpus = 1;
+  r.cluster.gpu_memory = std::int64_t{32} << 30;  // states 22 GiB: the activations need recompute
+  r.space.techniques = false;
+  r.top = 50;
+  const SearchResult res = search(r);
+  ASSERT_FALSE(res.plans.empty());
+  const std::int64_t budget = memory_budget(r);
+  bool saw_partial = false;
+  for (const Plan& p : res.plans) {
+    EXPECT_LE(p.memory.peak_reserved, budget);
+    if (p.config.recompute.granularity != estimate::Recompute::full) continue;
+    const std::int64_t n = p.config.recompute.num_layers;
+    if (n <= 1) continue;
+    saw_partial = true;
+    RunConfig fewer = p.config;
+    fewer.recompute.num_layers = n - 1;
+    EXPECT_GT(estimate::estimate_memory(fewer).peak_reserved, budget) << n;
+  }
+  EXPECT_TRUE(saw_partial);
+}
+
+TEST(PlanSearch, SameResultOnOneOrTwoThreads) {
+  PlanRequest r;
+  r.base.model = estimate::preset("llama2-13b");
+  r.base.training.global_batch = 64;
+  r.cluster.gpus = 32;
+  r.top = 8;
+  r.threads = 1;
+  const SearchResult one = search(r);
+  r.threads = 2;
+  const SearchResult two = search(r);
+  ASSERT_EQ(one.plans.size(), two.plans.size());
+  for (std::size_t i = 0; i < one.plans.size(); ++i) {
+    EXPECT_EQ(megatron_arguments(one.plans[i].config), megatron_arguments(two.plans[i].config)) << i;
+    EXPECT_EQ(one.plans[i].time.total(), two.plans[i].time.total());
+  }
+  EXPECT_EQ(one.stats.candidates, two.stats.candidates);
+  EXPECT_EQ(one.stats.fitting, two.stats.fitting);
+  for (std::size_t i = 1; i < one.plans.size(); ++i) EXPECT_LE(one.plans[i - 1].time.total(), one.plans[i].time.total());
+}
+
+// The printed launch line parses back into the same layout.
+TEST(PlanReport, MegatronArgumentsParseBack) {
+  PlanRequest r;
+  r.base.model = estimate::preset("llama2-70b");
+  r.base.training.global_batch = 128;
+  r.cluster.gpus = 64;
+  r.top = 3;
+  const SearchResult res = search(r);
+  ASSERT_EQ(res.plans.size(), 3u);
+  for (const Plan& p : res.plans) {
+    RunConfig back;
+    estimate::apply_megatron_args(megatron_arguments(p.config), back);
+    EXPECT_EQ(back.parallel.tp, p.config.parallel.tp);
+    EXPECT_EQ(back.parallel.pp, p.config.parallel.pp);
+    EXPECT_EQ(back.parallel.vpp, p.config.parallel.vpp);
+    EXPECT_EQ(back.parallel.cp, p.config.parallel.cp);
+    EXPECT_EQ(back.parallel.zero_stage >= 1, p.config.parallel.zero_stage >= 1);
+    EXPECT_EQ(back.training.micro_batch, p.config.training.micro_batch);
+    EXPECT_EQ(back.recompute.granularity, p.config.recompute.granularity);
+    EXPECT_EQ(back.recompute.num_layers, p.config.recompute.num_layers);
+    EXPECT_EQ(back.model.ffn_hidden_size, 28672);
+    EXPECT_EQ(back.model.kv_heads(), 8);
+  }
+  const std::string why = why_best(res.plans[0], res.plans[1]);
+  EXPECT_NE(why.find("beats"), std::string::npos);
+}
+
+TEST(PlanCommand, OutputsAndErrors) {
+  auto ok = run_cli("plan --model llama2-7b --gpus 8 --global-batch 64 --json --quiet");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  const auto j = nlohmann::json::parse(ok.output);
+  EXPECT_EQ(j["schema"], "stowage.plan/1");
+  EXPECT_EQ(j["plans"].size(), 5u);
+  EXPECT_GT(j["search"]["candidates"].get<std::int64_t>(), 1000);
+  EXPECT_LE(j["plans"][0]["memory"]["peak_reserved"].get<std::int64_t>(), j["memory_budget"].get<std::int64_t>());
+  const std::string svg_path = std::string(STOWAGE_BINARY_DIR) + "/tools_plan_test.svg";
+  auto table = run_cli("plan --model llama2-7b --gpus 8 --global-batch 64 --progress --svg " + svg_path);
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("plan: "), std::string::npos);  // progress on stderr
+  EXPECT_NE(table.output.find("Megatron-LM arguments for #1"), std::string::npos);
+  EXPECT_NE(table.output.find("beats"), std::string::npos);
+  if (std::system("command -v xmllint >/dev/null 2>&1") == 0)
+    EXPECT_EQ(std::system(("xmllint --noout " + svg_path).c_str()), 0);
+  auto none = run_cli("plan --model llama2-70b --gpus 1 --global-batch 8 --quiet");
+  EXPECT_EQ(none.exit_code, 3);
+  EXPECT_NE(none.output.find("no plan fits"), std::string::npos);
+  const std::pair<const char*, const char*> bad[] = {
+      {"plan --model llama2-7b --gpus 0 --global-batch 8", "--gpus must be a positive integer, got 0"},
+      {"plan --model llama2-7b --gpus 8", "--global-batch is required"},
+      {"plan --model llama2-7b --global-batch 8 --gpu-memory 80", "'80' has no unit"},
+      {"plan --model llama2-7b --global-batch 8 --efficiency 1.5", "--efficiency must be in (0, 1]"},
+      {"plan --model llama2-7b --global-batch 8 --margin 1", "--margin must be in [0, 1)"},
+      {"plan --model llama2-7b --global-batch 8 --gpus 12", "whole nodes"},
+      {"plan --global-batch 8", "give the model"},
+      {"plan --model llama2-7b --global-batch 8 --inter-node-bw -1", "--inter-node-bw must be positive"},
+  };
+  for (const auto& [args, message] : bad) {
+    auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
+}

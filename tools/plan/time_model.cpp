@@ -1,0 +1,167 @@
+#include "tools/plan/time_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace stowage::plan {
+
+using estimate::Recompute;
+using estimate::RunConfig;
+
+namespace {
+
+// Matrix-multiply FLOPs per token of one layer's forward, on the whole layer (before TP):
+// 2 per weight of QKV, output projection and MLP (the routed experts of a token for MoE), and
+// causal attention's QKᵀ and PV, 2·a·d·s (half of the full 4·a·d·s).
+struct LayerFlops {
+  double linear = 0, attention = 0;
+};
+
+LayerFlops layer_forward_flops(const RunConfig& c) {
+  const auto& m = c.model;
+  const double h = double(m.hidden_size), q = double(m.num_heads * m.head_size()), kv = double(m.kv_heads() * m.head_size());
+  const double F = double(m.ffn_hidden_size), k = m.moe() ? double(m.experts_per_token) : 1.0;
+  LayerFlops f;
+  f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * (h * F * (m.gated_mlp ? 2 : 1) + F * h));
+  f.attention = 2.0 * q * double(c.training.seq_length);
+  return f;
+}
+
+double seconds(double bytes, double gbps) { return bytes / (gbps * 1e9); }
+
+// Ring collectives (NCCL): all-gather and reduce-scatter move (n−1)/n of the full buffer per
+// rank, all-reduce twice that.
+double ring_fraction(double n) { return n > 1 ? (n - 1) / n : 0.0; }
+
+}  // namespace
+
+double model_flops_per_step(const RunConfig& c) {
+  const auto& m = c.model;
+  const LayerFlops f = layer_forward_flops(c);
+  const double tokens = double(c.training.seq_length) * double(c.training.micro_batch) *
+                        double(c.training.grad_accumulation) * double(c.parallel.dp);
+  const double logits = 2.0 * double(m.hidden_size) * double(estimate::padded_vocab(c));
+  return 3.0 * tokens * (double(m.num_layers) * (f.linear + f.attention) + logits);
+}
+
+StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageMemory& memory) {
+  const auto& m = c.model;
+  const auto& p = c.parallel;
+  const auto& tr = c.training;
+  StepTime st;
+  const double rate = cl.peak_tflops * 1e12 * cl.efficiency;  // FLOP/s one GPU reaches
+  const double T = double(tr.micro_batch) * double(tr.seq_length) / double(p.cp);  // tokens per rank
+  const double t = double(p.tp), h = double(m.hidden_size);
+  const double layers = double(m.num_layers) / double(p.pp);
+  const double M = double(tr.grad_accumulation);
+  const LayerFlops f = layer_forward_flops(c);
+  const double vocab = double(estimate::padded_vocab(c));
+
+  // One micro-batch through one stage: forward, backward (2× forward: dgrad + wgrad), on the
+  // slower of the first (embedding) and last (output layer) stages.
+  const double layer_fwd = T * (f.linear + f.attention) / t / rate;
+  const double logits_fwd = T * 2.0 * h * vocab / t / rate;
+  const double stage_fwd = layers * layer_fwd + logits_fwd;  // the last stage is the slowest
+  const double stage_bwd = 2.0 * stage_fwd;
+
+  // Recompute: full reruns each recomputed layer's forward; selective reruns core attention;
+  // activation-function recompute reruns an elementwise op, bound by HBM (read its input,
+  // write its output).
+  const double chunk_layers = double(m.num_layers) / double(p.pp * p.vpp);
+  double recomputed_layers = 0;
+  if (c.recompute.granularity == Recompute::full) {
+    const double n = double(c.recompute.num_layers);
+    recomputed_layers = c.recompute.method == estimate::RecomputeMethod::uniform || n <= 0
+                            ? layers
+                            : std::min(n, chunk_layers) * double(p.vpp);
+  }
+  double stage_recompute = recomputed_layers * layer_fwd;
+  if (c.recompute.granularity == Recompute::selective && !tr.flash_attention)
+    stage_recompute += layers * T * f.attention / t / rate;
+  if (c.techniques.act_fn_recompute || c.recompute.granularity == Recompute::activation_function) {
+    const double F = double(m.ffn_hidden_size) / t, k = m.moe() ? double(m.experts_per_token) : 1.0;
+    stage_recompute += layers * T * k * 2.0 * F * (m.gated_mlp ? 3.0 : 2.0) / (cl.hbm_gbps * 1e9);
+  }
+
+  // TP: with SP each layer all-gathers its two inputs and reduce-scatters its two outputs in
+  // forward and again in backward; without SP, two all-reduces each way (Korthikanti §4.2.2:
+  // the same bytes). Recomputed layers repeat their forward collectives. NVLink within a node.
+  const double tp_bw = p.tp <= cl.gpus_per_node ? cl.intra_node_gbps : cl.inter_node_gbps;
+  const double act_bytes = T * h * 2.0;
+  const double tp_layer = 4.0 * ring_fraction(t) * act_bytes / (tp_bw * 1e9);
+  const double stage_tp = tp_layer * (2.0 * layers + recomputed_layers);
+
+  // CP: ring attention passes K and V (forward) and their gradients (backward) around the
+  // ring, cp − 1 hops, overlapped with the attention blocks; what is longer is exposed.
+  double stage_cp = 0;
+  if (p.cp > 1) {
+    const double cp_bw = p.tp * p.cp <= cl.gpus_per_node ? cl.intra_node_gbps : cl.inter_node_gbps;
+    const double kv_bytes = 2.0 * T * double(m.kv_heads() * m.head_size()) / t * 2.0;
+    const double fwd = double(p.cp - 1) * kv_bytes / (cp_bw * 1e9), bwd = 2.0 * fwd;
+    const double attn = T * f.attention / t / rate;
+    stage_cp = layers * (std::max(0.0, fwd - attn) + std::max(0.0, bwd - 2.0 * attn));
+  }
+
+  // Swap-attention: each micro-batch's swapped activations go to the host after its forward
+  // and come back before its backward, on the GPU's host link, overlapped with that compute.
+  double stage_swap = 0;
+  if (c.techniques.swap_attention && memory.host_bytes > 0) {
+    const double per_mb = double(memory.host_bytes) / std::max(1.0, memory.microbatches_in_flight);
+    const double link = seconds(per_mb, cl.host_link_gbps);
+    stage_swap = std::max(0.0, link - stage_fwd) + std::max(0.0, link - stage_bwd);
+  }
+
+  const double per_mb = stage_fwd + stage_bwd + stage_recompute + stage_tp + stage_cp + stage_swap;
+  st.compute = M * (stage_fwd + stage_bwd);
+  st.recompute = M * stage_recompute;
+  st.tp_comm = M * stage_tp;
+  st.cp_comm = M * stage_cp;
+  st.swap = M * stage_swap;
+  // Pipeline bubble: (p − 1)/v micro-batch slots of fill and drain (Narayanan et al. 2021 §2.2:
+  // bubble fraction (p − 1)/(v·m)).
+  st.pp_bubble = double(p.pp - 1) / double(p.vpp) * per_mb;
+  // Pipeline sends: one activation (÷ t, Megatron's scatter/gather over TP) each way per
+  // micro-batch and model chunk; the fill and drain ones are on the critical path, and the
+  // interleaved schedule sends v times as many.
+  if (p.pp > 1) {
+    const bool cross_node = p.tp * p.cp * p.dp >= cl.gpus_per_node;
+    const double bw = cross_node ? cl.inter_node_gbps : cl.intra_node_gbps;
+    const double msg = seconds(act_bytes / t, bw);
+    st.pp_comm = 2.0 * double(p.vpp) * double(p.pp - 1) * msg;
+  }
+
+  // Data parallelism: gradients (fp32 in Megatron, 4 B) reduced over DP·CP. The distributed
+  // optimizer reduce-scatters them and all-gathers the 16-bit parameters after the step; else an
+  // all-reduce. Overlapped (--overlap-grad-reduce/--overlap-param-gather) with the last
+  // micro-batch's backward and the next step's first forward. ZeRO-3 gathers the weights for
+  // every micro-batch's forward and backward and reduce-scatters its gradients, prefetched under
+  // that micro-batch's compute.
+  const double n = double(p.dp * p.cp);
+  const double params = double(memory.parameters);
+  if (n > 1) {
+    const bool cross_node = p.tp * p.cp * p.dp > cl.gpus_per_node;
+    const double bw = (cross_node ? cl.inter_node_gbps : cl.intra_node_gbps) * 1e9;
+    const double grad_bytes = (tr.grad_bytes ? double(tr.grad_bytes) : 4.0) * params;
+    if (p.zero_stage >= 3) {
+      const double per_mb_comm = (2.0 * 2.0 * params + grad_bytes) * ring_fraction(n) / bw;
+      st.dp_comm = M * std::max(0.0, per_mb_comm - (stage_fwd + stage_bwd));
+    } else if (p.zero_stage >= 1) {
+      const double rs = grad_bytes * ring_fraction(n) / bw, ag = 2.0 * params * ring_fraction(n) / bw;
+      st.dp_comm = std::max(0.0, rs - stage_bwd) + std::max(0.0, ag - stage_fwd);
+    } else {
+      st.dp_comm = std::max(0.0, 2.0 * grad_bytes * ring_fraction(n) / bw - stage_bwd);
+    }
+  }
+
+  // Optimizer step (Adam): read master, moments, gradient; write master, moments, 16-bit
+  // weight: 30 B per local parameter, on HBM — or on the host link when the states are offloaded
+  // (the 16-bit weight is written on the device).
+  const double local = p.zero_stage >= 1 ? params / n : params;
+  if (c.techniques.optimizer_offload != estimate::OffloadMode::none)
+    st.optimizer = seconds(28.0 * local, cl.host_link_gbps) + seconds(2.0 * local, cl.hbm_gbps);
+  else
+    st.optimizer = seconds(30.0 * local, cl.hbm_gbps);
+  return st;
+}
+
+}  // namespace stowage::plan
