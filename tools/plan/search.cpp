@@ -183,6 +183,12 @@ bool faster(const Plan& a, const Plan& b) { return order_key(a) < order_key(b); 
 
 }  // namespace
 
+void for_each_candidate(const PlanRequest& r, const std::function<void(const RunConfig&)>& visit) {
+  const std::vector<Techniques> sets = technique_sets(r.space);
+  for (const Layout& l : layouts(r))
+    for (const Techniques& t : sets) visit(configure(r, l, t));
+}
+
 std::int64_t memory_budget(const PlanRequest& r) {
   return std::int64_t(double(r.cluster.gpu_memory) * (1.0 - r.margin));
 }

@@ -59,6 +59,10 @@ SearchResult search(const PlanRequest& request, const std::function<void(std::in
 // The plan for one given configuration (its memory and time), or nullopt-like: fits == false.
 Plan evaluate(const estimate::RunConfig& config, const Cluster& cluster);
 
+// Every candidate the search considers (layouts × technique sets), before the per-layer choices:
+// what a search that called the estimator once per candidate would evaluate (the benchmark's peer).
+void for_each_candidate(const PlanRequest& request, const std::function<void(const estimate::RunConfig&)>& visit);
+
 // The largest peak reserved bytes a plan may have on this cluster.
 std::int64_t memory_budget(const PlanRequest& request);
 
