@@ -239,6 +239,10 @@ TEST(EstimateCommand, RoundingUsesTheLibrarySpelling) {
   EXPECT_EQ(old.exit_code, 2);
   EXPECT_NE(old.output.find("expected one of: half_up, nearest_even"), std::string::npos) << old.output;
   EXPECT_EQ(parse_rounding("half_up"), Rounding::half_up);
+  // The demo takes the same spelling only (it also took nearest-even, half-up and half-away).
+  auto demo = run_cli("demo --rounding half-away --steps 1");
+  EXPECT_EQ(demo.exit_code, 2) << demo.output;
+  EXPECT_NE(demo.output.find("--rounding must be nearest_even or half_up"), std::string::npos) << demo.output;
 }
 
 TEST(EstimateInput, UnknownMegatronArgumentsSuggestKnownOnes) {

@@ -86,8 +86,8 @@ TEST(EstimateMeasured, MegatronCiPeaksOnH100) {
       EXPECT_LE(std::abs(k.error()), 0.05) << k.name << " is claimed within ±5 %";
     }
   }
-  // docs/estimate.md: 56 of the 61 cases within ±5 % (92 %), median |error| about 1 %.
-  EXPECT_EQ(claimed, 56);
+  // docs/estimate.md: 58 of the 61 cases within ±5 % (95 %), median |error| under 1 %.
+  EXPECT_EQ(claimed, 58);
   EXPECT_GE(within, claimed);
   std::sort(abs_errors.begin(), abs_errors.end());
   const double median = abs_errors[abs_errors.size() / 2];
@@ -96,6 +96,6 @@ TEST(EstimateMeasured, MegatronCiPeaksOnH100) {
               "90th percentile %.2f %%; max %.2f %%\n",
               within, cases.size(), claimed, modelled, 100 * median, 100 * abs_errors[abs_errors.size() * 9 / 10],
               100 * abs_errors.back());
-  EXPECT_LE(median, 0.02);
-  EXPECT_EQ(refused, 1);
+  EXPECT_LE(median, 0.01);
+  EXPECT_EQ(refused, 0);
 }

@@ -406,3 +406,31 @@ TEST(EstimatePhysics, InterleavedScheduleMicroBatchesInFlight) {
   EXPECT_EQ(chunks_in_flight(c, 0), 4);  // 1F1B: pp − rank
   EXPECT_EQ(chunks_in_flight(c, 3), 1);
 }
+
+// Megatron-LM transformer_block.py get_num_layers_to_build: uneven first/last stages, and the
+// embedding and loss counted as layers of the first and last model chunks.
+TEST(EstimatePhysics, UnevenPipelineSplits) {
+  RunConfig c = small_gpt();
+  c.parallel.pp = 4;
+  c.parallel.last_stage_layers = 2;
+  c.parallel.first_stage_layers = 2;
+  EXPECT_EQ(stage_layers(c, 0), 2);
+  EXPECT_EQ(stage_layers(c, 1), 4);
+  EXPECT_EQ(stage_layers(c, 3), 2);
+  EXPECT_EQ(estimate_stage(c, 3).layers, 2);
+  c.parallel.first_stage_layers = 3;  // 7 layers left over 2 stages
+  EXPECT_THROW(estimate_memory(c), stowage::InvalidArgument);
+  RunConfig a = small_gpt();
+  a.model.num_layers = 6;
+  a.parallel.pp = 4;
+  a.parallel.vpp = 2;
+  a.parallel.embedding_as_layer = a.parallel.loss_as_layer = true;  // 8 "layers", one per chunk
+  EXPECT_EQ(chunk_layers(a, 0, 0), 0);
+  EXPECT_EQ(chunk_layers(a, 0, 1), 1);
+  EXPECT_EQ(chunk_layers(a, 3, 0), 1);
+  EXPECT_EQ(chunk_layers(a, 3, 1), 0);
+  a.training.grad_accumulation = 8;
+  // The last rank warms up (v − 1)·p = 4 forwards of chunk 0 (1 layer each), then runs chunk 1
+  // (no layer, the loss): 4 layer-micro-batches stored.
+  EXPECT_DOUBLE_EQ(estimate_stage(a, 3).microbatches_in_flight, 4.0);
+}

@@ -27,9 +27,10 @@ struct CliOptions {
   bool json = false;
 };
 
+// One spelling across the tool: the library's (stowage::to_string(Rounding)), as `estimate` takes it.
 Rounding parse_rounding(const std::string& s) {
-  if (s == "nearest_even" || s == "nearest-even") return Rounding::nearest_even;
-  if (s == "half_up" || s == "half-up" || s == "half-away") return Rounding::half_up;
+  if (s == "nearest_even") return Rounding::nearest_even;
+  if (s == "half_up") return Rounding::half_up;
   throw InvalidArgument(fmt::format("demo: --rounding must be nearest_even or half_up (got '{}')", s));
 }
 

@@ -72,10 +72,6 @@ const std::map<std::string_view, std::string_view> kUnmodelled{
     {"--use-megatron-fsdp", "FSDP shards weights and gradients and gathers them per layer"},
     {"--use-torch-fsdp2", "FSDP shards weights and gradients and gathers them per layer"},
     {"--multi-latent-attention", "MLA's compressed key/value projections"},
-    {"--decoder-first-pipeline-num-layers", "an uneven pipeline split"},
-    {"--decoder-last-pipeline-num-layers", "an uneven pipeline split"},
-    {"--account-for-embedding-in-pipeline-split", "an uneven pipeline split"},
-    {"--account-for-loss-in-pipeline-split", "an uneven pipeline split"},
     {"--pipeline-model-parallel-layout", "an uneven pipeline split"},
     {"--recompute-modules", "selective recompute of chosen modules"},
     {"--cpu-offloading", "activation offload to host memory"},
@@ -162,6 +158,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--cross-entropy-fusion-impl", [&](auto&, auto& v) { ce_impl = v; }},
       {"--wgrad-deferral-limit", [&](auto& a, auto& v) { wgrad_limit = to_int(a, v); }},
       {"--num-distributed-optimizer-instances", [&](auto& a, auto& v) { p.optimizer_instances = to_int(a, v); }},
+      {"--decoder-first-pipeline-num-layers", [&](auto& a, auto& v) { p.first_stage_layers = to_int(a, v); }},
+      {"--decoder-last-pipeline-num-layers", [&](auto& a, auto& v) { p.last_stage_layers = to_int(a, v); }},
   };
   const std::map<std::string, std::function<void()>> flags{
       {"--group-query-attention", [&] { gqa = true; }},
@@ -182,6 +180,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--cross-entropy-loss-fusion", [&] { ce_fusion = true; }},
       {"--defer-embedding-wgrad-compute", [&] { defer_wgrad = true; }},
       {"--qk-layernorm", [&] { m.qk_layernorm = true; }},
+      {"--account-for-embedding-in-pipeline-split", [&] { p.embedding_as_layer = true; }},
+      {"--account-for-loss-in-pipeline-split", [&] { p.loss_as_layer = true; }},
   };
   // The values that follow an argument the estimate does not read: everything up to the next "--".
   auto skip_values = [&](std::size_t& i, bool inline_value) {
@@ -239,9 +239,11 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     m.ffn_hidden_size = swiglu ? static_cast<std::int64_t>(4.0 * double(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64
                                : 4 * m.hidden_size;
   if (layers_per_virtual > 0 && p.pp > 0) {
-    if (m.num_layers % (p.pp * layers_per_virtual) != 0)
+    // arguments.py: layers per pipeline rank (the embedding and loss counted when asked) ÷ this.
+    const std::int64_t layers = m.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0);
+    if (layers % (p.pp * layers_per_virtual) != 0)
       throw InvalidArgument("megatron-args: --num-layers-per-virtual-pipeline-stage does not divide the layers per stage");
-    p.vpp = m.num_layers / (p.pp * layers_per_virtual);
+    p.vpp = layers / (p.pp * layers_per_virtual);
   } else if (layers_per_virtual < 0) {
     throw InvalidArgument("megatron-args: --num-layers-per-virtual-pipeline-stage must be positive");
   }

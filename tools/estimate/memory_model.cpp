@@ -170,13 +170,22 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   const bool first = stage == 0, last = stage == p.pp - 1;
   StageMemory out;
   out.stage = stage;
-  out.layers = m.num_layers / p.pp;
-  const double chunk_layers = double(m.num_layers) / double(p.pp * p.vpp);
-  // Layer-micro-batches whose activations the stage holds at its peak (schedule, see
-  // chunks_in_flight); reported as micro-batches of the stage's layers.
-  const double chunks = double(chunks_in_flight(c, stage));
-  const double units = chunks * chunk_layers;
-  out.microbatches_in_flight = units / double(out.layers);
+  out.layers = stage_layers(c, stage);
+  // Layer-micro-batches whose activations the stage holds at its peak: the chunk-forwards in
+  // flight (chunks_in_flight), in the interleaved schedule's order — `group` micro-batches
+  // through chunk 0, then through chunk 1, … (schedules.py) — each with its chunk's layers.
+  // Full recompute applies per model chunk. Reported as micro-batches of the stage's layers.
+  const std::int64_t group = p.vpp > 1 ? (p.microbatch_group > 0 ? p.microbatch_group : p.pp) : 1;
+  double units = 0, recomputed = 0, checkpoint_inputs = 0, working_layers = 0;
+  for (std::int64_t i = 0, n = chunks_in_flight(c, stage); i < n; ++i) {
+    const double layers = double(chunk_layers(c, stage, (i / group) % p.vpp));
+    const FullRecompute f = full_recompute(c, layers);
+    units += layers;
+    recomputed += f.recomputed;
+    checkpoint_inputs += f.inputs;
+    working_layers = std::max(working_layers, f.working_layers);
+  }
+  out.microbatches_in_flight = out.layers > 0 ? units / double(out.layers) : 0.0;
 
   const double T = double(tr.micro_batch) * double(tr.seq_length) / double(p.cp);  // tokens on this rank
   const double h = double(m.hidden_size), t = double(p.tp), rep = p.sequence_parallel ? t : 1.0;
@@ -184,11 +193,10 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
 
   // Full recompute keeps each checkpointed chunk's input, 2·s·b·h (÷ t with SP) (Korthikanti §4);
   // MindSpeed: activation-function recompute covers the layers full recompute leaves stored.
-  const FullRecompute full = full_recompute(c, chunk_layers);
-  const double stored_units = (chunk_layers - full.recomputed) * chunks;
+  const double stored_units = units - recomputed;
   const bool act_fn = tech.act_fn_recompute || c.recompute.granularity == Recompute::activation_function;
   double act_fn_units = act_fn ? stored_units : 0.0;
-  if (act_fn && full.recomputed == 0 && c.recompute.num_layers)
+  if (act_fn && recomputed == 0 && c.recompute.num_layers)
     act_fn_units = std::min<double>(double(c.recompute.num_layers), double(out.layers)) * out.microbatches_in_flight;
 
   double attention = T * (per.attention + per.core_attention) * stored_units;
@@ -197,13 +205,13 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
     attention = T * per.attention * stored_units;
     core = T * per.core_attention * stored_units;
   }
-  double mlp = T * per.mlp * stored_units + T * 2.0 * h / rep * full.inputs * chunks;
+  double mlp = T * per.mlp * stored_units + T * 2.0 * h / rep * checkpoint_inputs;
   // Activation-function recompute (MindSpeed, docs/features/activation-function-recompute.md):
   // the activation output is released after fc2's forward and recomputed before fc2's backward.
   double act_out = T * per.act_output * (stored_units - act_fn_units);
   double router = T * per.router * stored_units;
   // Rematerialised in backward: the layers full recompute runs at once, or one activation output.
-  double working = full.working_layers * T * per.total();
+  double working = working_layers * T * per.total();
   if (act_fn_units > 0) working = std::max(working, T * per.act_output);
   // Swap-attention (MindSpeed --swap-attention): attention activations go to pinned host memory
   // after forward and come back ahead of backward; the prefetch window's layers stay resident.
@@ -289,9 +297,17 @@ StageMemory estimate_memory(const RunConfig& config) {
   if (config.stage >= 0) return evaluate_stage(config, config.stage, vocab);
   const auto& p = config.parallel;
   if (p.pp == 1) return evaluate_stage(config, 0, vocab);
-  StageMemory first = evaluate_stage(config, 0, vocab);
-  StageMemory last = evaluate_stage(config, p.pp - 1, vocab);
-  return last.peak_reserved > first.peak_reserved ? last : first;
+  // Evenly split, the first stage (most micro-batches in flight, the embedding) or the last (the
+  // loss) is the most loaded. Unevenly split, the second stage is the middle stage with the most
+  // in flight and may hold more layers than either.
+  StageMemory best = evaluate_stage(config, 0, vocab);
+  const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0 || p.embedding_as_layer || p.loss_as_layer;
+  for (std::int64_t r : {uneven && p.pp > 2 ? std::int64_t{1} : std::int64_t{0}, p.pp - 1}) {
+    if (r == 0) continue;
+    StageMemory m = evaluate_stage(config, r, vocab);
+    if (m.peak_reserved > best.peak_reserved) best = std::move(m);
+  }
+  return best;
 }
 
 }  // namespace stowage::estimate

@@ -49,9 +49,27 @@ void validate(const RunConfig& c) {
                                       p.tp, m.kv_heads()));
   if (m.ffn_hidden_size % p.tp != 0)
     throw InvalidArgument(fmt::format("tensor-parallel ({}) does not divide ffn_hidden_size ({})", p.tp, m.ffn_hidden_size));
-  if (m.num_layers % (p.pp * p.vpp) != 0)
-    throw InvalidArgument(fmt::format("pipeline-parallel × virtual-stages ({} × {}) does not divide num_layers ({})",
-                                      p.pp, p.vpp, m.num_layers));
+  const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0;
+  if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
+    throw InvalidArgument("first/last pipeline stage layers must not be negative");
+  if (uneven && (p.embedding_as_layer || p.loss_as_layer))
+    throw InvalidArgument("an uneven first/last pipeline stage and counting the embedding or loss as a layer exclude each other (as in Megatron-LM)");
+  if (uneven) {
+    std::int64_t left = m.num_layers, stages = p.pp;
+    if (p.first_stage_layers > 0) left -= p.first_stage_layers, --stages;
+    if (p.last_stage_layers > 0) left -= p.last_stage_layers, --stages;
+    if (left < 0 || (stages > 0 && left % stages != 0) || (stages == 0 && left != 0))
+      throw InvalidArgument(fmt::format("uneven pipeline: the {} layers left after the first ({}) and last ({}) stages do not "
+                                        "divide over the {} other stages", left, p.first_stage_layers, p.last_stage_layers, stages));
+    for (std::int64_t n : {p.first_stage_layers, p.last_stage_layers, stages > 0 ? left / stages : 0})
+      if (n % p.vpp != 0)
+        throw InvalidArgument(fmt::format("uneven pipeline: virtual-stages ({}) does not divide a stage's {} layers", p.vpp, n));
+  } else {
+    const std::int64_t total = m.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0);
+    if (total % (p.pp * p.vpp) != 0)
+      throw InvalidArgument(fmt::format("pipeline-parallel × virtual-stages ({} × {}) does not divide num_layers ({}{})", p.pp,
+                                        p.vpp, m.num_layers, total != m.num_layers ? " with the embedding/loss counted" : ""));
+  }
   if (p.vpp > 1 && p.pp == 1) throw InvalidArgument("virtual-stages > 1 needs pipeline-parallel > 1");
   if (t.seq_length % p.cp != 0)
     throw InvalidArgument(fmt::format("context-parallel ({}) does not divide seq-length ({})", p.cp, t.seq_length));
@@ -83,6 +101,31 @@ void validate(const RunConfig& c) {
   if (!(t.loss_bytes_per_logit >= 0.0 && t.loss_bytes_per_logit <= 64.0))
     throw InvalidArgument("loss bytes per logit must be between 0 and 64");
   if (t.deferred_wgrad_microbatches < 0) throw InvalidArgument("deferred wgrad micro-batches must not be negative");
+}
+
+std::int64_t chunk_layers(const RunConfig& c, std::int64_t rank, std::int64_t chunk) {
+  const auto& p = c.parallel;
+  std::int64_t per_rank = 0;
+  if (p.first_stage_layers > 0 || p.last_stage_layers > 0) {
+    std::int64_t left = c.model.num_layers, stages = p.pp;
+    if (p.first_stage_layers > 0) left -= p.first_stage_layers, --stages;
+    if (p.last_stage_layers > 0) left -= p.last_stage_layers, --stages;
+    per_rank = stages > 0 ? left / stages : 0;
+    if (rank == 0 && p.first_stage_layers > 0) per_rank = p.first_stage_layers;
+    if (rank == p.pp - 1 && p.last_stage_layers > 0) per_rank = p.last_stage_layers;
+  } else {
+    per_rank = (c.model.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0)) / p.pp;
+  }
+  std::int64_t n = per_rank / p.vpp;
+  if (p.embedding_as_layer && rank == 0 && chunk == 0) --n;
+  if (p.loss_as_layer && rank == p.pp - 1 && chunk == p.vpp - 1) --n;
+  return n;
+}
+
+std::int64_t stage_layers(const RunConfig& c, std::int64_t rank) {
+  std::int64_t n = 0;
+  for (std::int64_t k = 0; k < c.parallel.vpp; ++k) n += chunk_layers(c, rank, k);
+  return n;
 }
 
 namespace {

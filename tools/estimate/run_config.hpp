@@ -74,6 +74,11 @@ struct Parallelism {
   // Megatron --num-distributed-optimizer-instances: the distributed optimizer shards over
   // DP·CP / instances ranks (one replica per instance).
   std::int64_t optimizer_instances = 1;
+  // Uneven pipeline splits (Megatron --decoder-first/last-pipeline-num-layers; 0 = even), and
+  // the embedding and the loss counted as a layer each when splitting
+  // (--account-for-embedding/loss-in-pipeline-split); transformer_block.py get_num_layers_to_build.
+  std::int64_t first_stage_layers = 0, last_stage_layers = 0;
+  bool embedding_as_layer = false, loss_as_layer = false;
   std::int64_t reduce_bucket_elements = 0;   // DeepSpeed reduce_bucket_size (0: not DeepSpeed)
   std::int64_t allgather_bucket_elements = 0;
 };
@@ -120,6 +125,14 @@ void finalize(RunConfig& c);
 // InvalidArgument naming the setting for zero/negative sizes and parallel sizes that do not
 // divide what they split (TP must divide the heads, PP·VPP the layers, …).
 void validate(const RunConfig& c);
+
+// Transformer layers in model chunk `chunk` (0..vpp−1) of pipeline rank `rank`, as Megatron-LM
+// builds them (transformer_block.py get_num_layers_to_build): L/(pp·vpp), or the uneven first and
+// last stages' own counts with the rest spread evenly, or one layer fewer in the first (last)
+// chunk of the first (last) stage when the embedding (loss) counts as a layer. Call after validate.
+std::int64_t chunk_layers(const RunConfig& c, std::int64_t rank, std::int64_t chunk);
+// All transformer layers of pipeline rank `rank`.
+std::int64_t stage_layers(const RunConfig& c, std::int64_t rank);
 
 // Parsing of the enum names used on the command line and in JSON ("selective", "mapped", …).
 Precision parse_precision(std::string_view s);
