@@ -210,3 +210,28 @@ TEST(PlanCommand, OutputsAndErrors) {
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
   }
 }
+
+// With unfused attention the s×s scores dominate at long sequences; selective recompute (core
+// attention only) is then offered, and beats full recompute on time when it fits.
+TEST(PlanSearch, SelectiveRecomputeWithUnfusedAttention) {
+  PlanRequest r;
+  r.base = gpt(1, 1, 1, 1, 1);
+  r.base.training.global_batch = 8;
+  r.base.training.seq_length = 4096;
+  r.base.model.learned_positions = 0;
+  r.base.training.flash_attention = false;
+  r.cluster.gpus = 1;
+  r.cluster.gpu_memory = std::int64_t{40} << 30;
+  r.space.techniques = false;
+  r.top = 1;
+  const SearchResult res = search(r);
+  ASSERT_EQ(res.plans.size(), 1u);
+  const Plan& best = res.plans[0];
+  EXPECT_EQ(best.config.recompute.granularity, estimate::Recompute::selective);
+  RunConfig none = best.config;
+  none.recompute.granularity = estimate::Recompute::none;
+  EXPECT_GT(estimate::estimate_memory(none).peak_reserved, memory_budget(r));  // it needs the recompute
+  EXPECT_GT(best.time.recompute, 0.0);
+  r.base.training.flash_attention = true;  // the same run with flash attention: never selective
+  for (const Plan& p : search(r).plans) EXPECT_NE(p.config.recompute.granularity, estimate::Recompute::selective);
+}

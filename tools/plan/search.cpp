@@ -29,14 +29,17 @@ struct Layout {
 
 // Technique sets tried on every layout; full recompute and swap are refined per layer.
 struct Techniques {
-  bool full = false, act_fn = false, swap = false, offload = false, shared = false;
+  bool full = false, act_fn = false, swap = false, offload = false, shared = false, selective = false;
 };
 
-std::vector<Techniques> technique_sets(const SearchSpace& s) {
+// Selective recompute (core attention) only matters where attention stores its s×s scores; with
+// flash attention it is the same plan as no recompute, and is not tried.
+std::vector<Techniques> technique_sets(const SearchSpace& s, bool flash_attention) {
   std::vector<Techniques> out;
-  for (int bits = 0; bits < 32; ++bits) {
-    Techniques t{bool(bits & 1), bool(bits & 2), bool(bits & 4), bool(bits & 8), bool(bits & 16)};
+  for (int bits = 0; bits < 64; ++bits) {
+    Techniques t{bool(bits & 1), bool(bits & 2), bool(bits & 4), bool(bits & 8), bool(bits & 16), bool(bits & 32)};
     if (!s.techniques && (t.act_fn || t.swap || t.offload || t.shared)) continue;
+    if (t.selective && (t.full || flash_attention)) continue;
     out.push_back(t);
   }
   return out;
@@ -101,6 +104,8 @@ RunConfig configure(const PlanRequest& r, const Layout& l, const Techniques& t) 
   if (t.full) {
     c.recompute.granularity = Recompute::full;
     c.recompute.method = estimate::RecomputeMethod::block;
+  } else if (t.selective) {
+    c.recompute.granularity = Recompute::selective;
   }
   c.techniques = {};
   c.techniques.rounding = r.base.techniques.rounding;
@@ -184,7 +189,7 @@ bool faster(const Plan& a, const Plan& b) { return order_key(a) < order_key(b); 
 }  // namespace
 
 void for_each_candidate(const PlanRequest& r, const std::function<void(const RunConfig&)>& visit) {
-  const std::vector<Techniques> sets = technique_sets(r.space);
+  const std::vector<Techniques> sets = technique_sets(r.space, r.base.training.flash_attention);
   for (const Layout& l : layouts(r))
     for (const Techniques& t : sets) visit(configure(r, l, t));
 }
@@ -210,7 +215,7 @@ SearchResult search(const PlanRequest& r, const std::function<void(std::int64_t,
   estimate::validate(r.base.model);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Layout> all = layouts(r);
-  const std::vector<Techniques> sets = technique_sets(r.space);
+  const std::vector<Techniques> sets = technique_sets(r.space, r.base.training.flash_attention);
   SearchResult result;
   result.stats.layouts = std::int64_t(all.size());
   result.stats.candidates = std::int64_t(all.size() * sets.size());
