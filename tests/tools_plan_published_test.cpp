@@ -65,7 +65,10 @@ std::vector<Row> evaluate_all(double efficiency, bool search_too) {
         r.best_layout = "TP" + std::to_string(b.parallel.tp) + " PP" + std::to_string(b.parallel.pp) + "x" +
                         std::to_string(b.parallel.vpp) + " CP" + std::to_string(b.parallel.cp) + " mb" +
                         std::to_string(b.training.micro_batch) +
-                        (b.recompute.granularity == estimate::Recompute::full ? " full-recompute" : "");
+                        (b.parallel.zero_stage == 3 ? " FSDP" : b.parallel.zero_stage == 1 ? " DistOpt" : "") +
+                        (b.recompute.granularity == estimate::Recompute::none
+                             ? ""
+                             : std::string(" ") + estimate::to_string(b.recompute.granularity) + "-recompute");
       }
     }
     rows.push_back(r);

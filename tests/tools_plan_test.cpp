@@ -60,7 +60,7 @@ TEST(PlanTimeModel, PipelineBubble) {
   cl.gpus = 4;
   RunConfig c = gpt(1, 4, 1, 1, 8);
   const StepTime t = step_time(c, cl, estimate::estimate_memory(c));
-  const double per_mb = (t.compute + t.recompute + t.tp_comm + t.cp_comm + t.swap) / 8;
+  const double per_mb = (t.compute + t.recompute + t.tp_comm + t.cp_comm + t.ep_comm + t.swap) / 8;
   EXPECT_NEAR(t.pp_bubble, 3.0 * per_mb, 1e-12);
   RunConfig v = gpt(1, 4, 2, 1, 8);
   const StepTime tv = step_time(v, cl, estimate::estimate_memory(v));
@@ -234,4 +234,22 @@ TEST(PlanSearch, SelectiveRecomputeWithUnfusedAttention) {
   EXPECT_GT(best.time.recompute, 0.0);
   r.base.training.flash_attention = true;  // the same run with flash attention: never selective
   for (const Plan& p : search(r).plans) EXPECT_NE(p.config.recompute.granularity, estimate::Recompute::selective);
+}
+
+// MoE: dispatch and combine all-to-alls per MoE layer, forward and backward, (ep − 1)/ep of the
+// k routed copies of each token's hidden state.
+TEST(PlanTimeModel, ExpertParallelAllToAll) {
+  Cluster cl;
+  cl.gpus = 8;
+  RunConfig c;
+  c.model = estimate::preset("mixtral-8x7b");
+  c.training.seq_length = 4096;
+  c.parallel.dp = 8;
+  c.parallel.ep = 4;
+  c.parallel.zero_stage = 1;
+  const StepTime t = step_time(c, cl, estimate::estimate_memory(c));
+  const double bytes = 2.0 * 4096 * 4096 * 2 * 0.75;  // k = 2, T·h·2 bytes, 3/4 leave the rank
+  EXPECT_NEAR(t.ep_comm, 2.0 * bytes / (cl.intra_node_gbps * 1e9) * 2 * 32, 1e-12);
+  c.parallel.ep = 1;
+  EXPECT_EQ(step_time(c, cl, estimate::estimate_memory(c)).ep_comm, 0.0);
 }

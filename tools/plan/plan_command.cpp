@@ -50,8 +50,9 @@ PlanRequest build_request(const Options& o) {
   } else {
     c.framework.te_workspace = std::int64_t{32} << 20;  // Megatron with TransformerEngine
   }
+  // Megatron's bookkeeping: fp32 main gradients with bf16 (grad_bytes 0 → 4 B), the parsed size
+  // with Megatron arguments (2 B for --fp16 without --accumulate-allreduce-grads-in-fp32).
   c.parallel.accounting = estimate::Accounting::megatron;
-  c.training.grad_bytes = 0;
   if (o.seq) c.training.seq_length = positive(o.seq, "--seq");
   if (o.global_batch) c.training.global_batch = positive(o.global_batch, "--global-batch");
   if (c.training.global_batch <= 0) throw InvalidArgument("plan: --global-batch is required (sequences per step)");

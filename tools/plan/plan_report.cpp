@@ -25,6 +25,7 @@ struct Component {
 const Component kComponents[] = {
     {"compute", "#4e79a7", &StepTime::compute},       {"recompute", "#f28e2b", &StepTime::recompute},
     {"tp_comm", "#e15759", &StepTime::tp_comm},       {"cp_comm", "#76b7b2", &StepTime::cp_comm},
+    {"ep_comm", "#86bcb6", &StepTime::ep_comm},
     {"pp_bubble", "#59a14f", &StepTime::pp_bubble},   {"pp_comm", "#edc948", &StepTime::pp_comm},
     {"dp_comm", "#b07aa1", &StepTime::dp_comm},       {"swap", "#ff9da7", &StepTime::swap},
     {"optimizer", "#9c755f", &StepTime::optimizer},

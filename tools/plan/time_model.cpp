@@ -102,6 +102,17 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
     stage_cp = layers * (std::max(0.0, fwd - attn) + std::max(0.0, bwd - 2.0 * attn));
   }
 
+  // EP: every MoE layer sends each token's hidden state to its k experts and back (dispatch and
+  // combine all-to-alls, (ep − 1)/ep of the k·T·h·2 bytes leave the rank), in forward and again in
+  // backward; recomputed layers repeat the forward ones. On NVLink while TP·CP·EP ranks fit in a
+  // node (Megatron orders ranks tp-cp-ep-dp-pp).
+  double stage_ep = 0;
+  if (m.moe() && p.ep > 1) {
+    const double bw = p.tp * p.cp * p.ep <= cl.gpus_per_node ? cl.intra_node_gbps : cl.inter_node_gbps;
+    const double bytes = double(m.experts_per_token) * act_bytes / t * ring_fraction(double(p.ep));
+    stage_ep = 2.0 * bytes / (bw * 1e9) * (2.0 * layers + recomputed_layers);
+  }
+
   // Swap-attention: each micro-batch's swapped activations go to the host after its forward
   // and come back before its backward, on the GPU's host link, overlapped with that compute.
   double stage_swap = 0;
@@ -111,11 +122,12 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
     stage_swap = std::max(0.0, link - stage_fwd) + std::max(0.0, link - stage_bwd);
   }
 
-  const double per_mb = stage_fwd + stage_bwd + stage_recompute + stage_tp + stage_cp + stage_swap;
+  const double per_mb = stage_fwd + stage_bwd + stage_recompute + stage_tp + stage_cp + stage_ep + stage_swap;
   st.compute = M * (stage_fwd + stage_bwd);
   st.recompute = M * stage_recompute;
   st.tp_comm = M * stage_tp;
   st.cp_comm = M * stage_cp;
+  st.ep_comm = M * stage_ep;
   st.swap = M * stage_swap;
   // Pipeline bubble: (p − 1)/v micro-batch slots of fill and drain (Narayanan et al. 2021 §2.2:
   // bubble fraction (p − 1)/(v·m)).
