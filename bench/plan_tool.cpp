@@ -39,11 +39,15 @@ int main(int argc, char** argv) {
       {"mixtral-8x7b, 256 GPUs, GBS 512, seq 4096", "mixtral-8x7b", 256, 512, 4096},
   };
   std::printf("### `stowage plan` search speed\n\n");
-  std::printf("Median of %d runs each. Peer: the memory estimator called once per candidate on one thread "
-              "(no per-layer choice, no time model). Target: 10^5 candidates in under 2 s on 2 cores.\n\n",
-              repeats);
-  std::printf("| search | candidates | estimator calls | search, 2 threads (s) | search, 1 thread (s) | candidates/s (2 threads) "
-              "| peer: estimator once per candidate (s) | search 2 threads / peer |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "Median of %d runs each. Peer: the memory estimator called once per candidate on one thread "
+      "(no per-layer choice, no time model). Target: 10^5 candidates in under 2 s on 2 cores.\n\n",
+      repeats);
+  std::printf(
+      "| search | candidates | estimator calls | search, 2 threads (s) | search, 1 thread (s) | candidates/s (2 "
+      "threads) "
+      "| peer: estimator once per candidate (s) | search 2 threads / peer "
+      "|\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Workload& w : workloads) {
     plan::PlanRequest r;
     r.base.model = estimate::preset(w.model);

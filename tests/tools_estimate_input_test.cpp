@@ -163,7 +163,8 @@ TEST(EstimateInput, DeepSpeedConfig) {
     EXPECT_NE(std::string(e.what()).find("stage"), std::string::npos);
   }
   EXPECT_THROW(apply_deepspeed_config(R"({"zero_optimization": {"stage": 7}})", c), ParseError);
-  EXPECT_THROW(apply_deepspeed_config(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})", c), ParseError);
+  EXPECT_THROW(apply_deepspeed_config(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})", c),
+               ParseError);
   EXPECT_THROW(apply_deepspeed_config("[1, 2", c), ParseError);
 }
 
@@ -181,18 +182,21 @@ TEST(EstimateCommand, ExitCodesAndMessages) {
   auto malformed = run_cli("estimate --model-json " + bad_json);
   EXPECT_EQ(malformed.exit_code, 2);
   EXPECT_NE(malformed.output.find("byte"), std::string::npos);
-  const std::string zero_heads = temp_file("zero_heads.json",
+  const std::string zero_heads = temp_file(
+      "zero_heads.json",
       R"({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 0, "intermediate_size": 11008, "vocab_size": 32000})");
   auto heads = run_cli("estimate --model-json " + zero_heads);
   EXPECT_EQ(heads.exit_code, 2);
   EXPECT_NE(heads.output.find("num_attention_heads"), std::string::npos);
-  auto megatron = run_cli("estimate --megatron-args \"--num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
-                          "--seq-length 4096 --bf16 --swiglu --foo 3\"");
+  auto megatron = run_cli(
+      "estimate --megatron-args \"--num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+      "--seq-length 4096 --bf16 --swiglu --foo 3\"");
   EXPECT_EQ(megatron.exit_code, 2) << megatron.output;
   EXPECT_NE(megatron.output.find("unknown argument '--foo'"), std::string::npos) << megatron.output;
   EXPECT_NE(megatron.output.find("--ignore-unknown-megatron-args"), std::string::npos);
-  auto skipped = run_cli("estimate --ignore-unknown-megatron-args --megatron-args \"--num-layers 32 --hidden-size 4096 "
-                         "--num-attention-heads 32 --seq-length 4096 --bf16 --swiglu --foo 3\"");
+  auto skipped = run_cli(
+      "estimate --ignore-unknown-megatron-args --megatron-args \"--num-layers 32 --hidden-size 4096 "
+      "--num-attention-heads 32 --seq-length 4096 --bf16 --swiglu --foo 3\"");
   EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
   EXPECT_NE(skipped.output.find("ignored unknown arguments: --foo 3"), std::string::npos) << skipped.output;
   auto fit_run = run_cli("estimate --model llama2-7b --tp 8 --fit 80GiB --json");
@@ -269,9 +273,10 @@ TEST(EstimateInput, UnknownMegatronArgumentsSuggestKnownOnes) {
 // modelled ones change the estimate.
 TEST(EstimateInput, MegatronArgumentsModelledOrWarned) {
   RunConfig c;
-  const auto r = apply_megatron_args("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --fp8-format hybrid "
-                                     "--tp-comm-overlap --lr 1e-4",
-                                     c);
+  const auto r = apply_megatron_args(
+      "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --fp8-format hybrid "
+      "--tp-comm-overlap --lr 1e-4",
+      c);
   ASSERT_EQ(r.unmodelled.size(), 2u);
   EXPECT_EQ(r.unmodelled[0], "--fp8-format hybrid");
   ASSERT_EQ(c.warnings.size(), 2u);
@@ -288,9 +293,10 @@ TEST(EstimateInput, MegatronArgumentsModelledOrWarned) {
   EXPECT_EQ(n.model.ffn_hidden_size, 2048);
   // --recompute-method is read (it was dropped silently before); unfused attention stores s².
   RunConfig u;
-  apply_megatron_args("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --recompute-granularity full "
-                      "--recompute-method uniform --recompute-num-layers 2 --attention-backend unfused",
-                      u);
+  apply_megatron_args(
+      "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --recompute-granularity full "
+      "--recompute-method uniform --recompute-num-layers 2 --attention-backend unfused",
+      u);
   EXPECT_EQ(u.recompute.method, RecomputeMethod::uniform);
   EXPECT_FALSE(u.training.flash_attention);
   RunConfig l;

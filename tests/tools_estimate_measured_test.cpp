@@ -71,13 +71,15 @@ TEST(EstimateMeasured, MegatronCiPeaksOnH100) {
   int refused = 0;
   for (const auto& k : cases) {
     if (!k.refused.empty()) {
-      std::printf("%-72s measured %8.0f MiB not representable: %s\n", k.name.c_str(), k.measured / 1048576.0, k.refused.c_str());
+      std::printf("%-72s measured %8.0f MiB not representable: %s\n", k.name.c_str(), k.measured / 1048576.0,
+                  k.refused.c_str());
       EXPECT_FALSE(k.claimed) << k.name;
       ++refused;
       continue;
     }
-    std::printf("%-72s measured %8.0f MiB predicted %8.0f MiB error %+6.1f %%%s\n", k.name.c_str(), k.measured / 1048576.0,
-                k.predicted / 1048576.0, 100.0 * k.error(), k.warnings.empty() ? "" : "  (unmodelled arguments)");
+    std::printf("%-72s measured %8.0f MiB predicted %8.0f MiB error %+6.1f %%%s\n", k.name.c_str(),
+                k.measured / 1048576.0, k.predicted / 1048576.0, 100.0 * k.error(),
+                k.warnings.empty() ? "" : "  (unmodelled arguments)");
     abs_errors.push_back(std::abs(k.error()));
     if (std::abs(k.error()) <= 0.05) ++within;
     if (k.warnings.empty()) ++modelled;
@@ -92,10 +94,11 @@ TEST(EstimateMeasured, MegatronCiPeaksOnH100) {
   std::sort(abs_errors.begin(), abs_errors.end());
   const double median = abs_errors[abs_errors.size() / 2];
   std::printf("not representable: %d\n", refused);
-  std::printf("within ±5 %%: %d of %zu (claimed %d); modelled without warnings: %d; median |error| %.2f %%; "
-              "90th percentile %.2f %%; max %.2f %%\n",
-              within, cases.size(), claimed, modelled, 100 * median, 100 * abs_errors[abs_errors.size() * 9 / 10],
-              100 * abs_errors.back());
+  std::printf(
+      "within ±5 %%: %d of %zu (claimed %d); modelled without warnings: %d; median |error| %.2f %%; "
+      "90th percentile %.2f %%; max %.2f %%\n",
+      within, cases.size(), claimed, modelled, 100 * median, 100 * abs_errors[abs_errors.size() * 9 / 10],
+      100 * abs_errors.back());
   EXPECT_LE(median, 0.01);
   EXPECT_EQ(refused, 0);
 }

@@ -145,7 +145,8 @@ TEST(EstimatePublished, DeepSpeedAccountingMatchesEstimatorThroughTheModel) {
   c.parallel.offload_optimizer_deepspeed = false;
   c.parallel.zero_stage = 3;
   // Largest layer: the 32000 × 4096 embedding.
-  EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero3_gpu_bytes(P, 32000.0 * 4096, 8, false, false), 2.0);
+  EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero3_gpu_bytes(P, 32000.0 * 4096, 8, false, false),
+              2.0);
 }
 
 // Korthikanti et al. 2022, Table 2, for GPT-3 175B (s = 2048, b = 1, h = 12288, a = 96):
@@ -163,7 +164,8 @@ TEST(EstimatePublished, KorthikantiActivationFormula) {
   c.training.flash_attention = false;
   auto layer_total = [&](const RunConfig& rc) {
     StageMemory m = estimate_memory(rc);
-    return double(kind(m, "attention") + kind(m, "core_attention") + kind(m, "mlp") + kind(m, "mlp_activation_output")) /
+    return double(kind(m, "attention") + kind(m, "core_attention") + kind(m, "mlp") +
+                  kind(m, "mlp_activation_output")) /
            double(m.layers);
   };
   EXPECT_NEAR(layer_total(c), sbh * 114, 1.0);
@@ -190,8 +192,11 @@ TEST(EstimatePublished, MindSpeedActivationFunctionRecomputeSaving) {
     std::int64_t seq, mb, tp, dp;
     double published_gib, tolerance;
   };
-  const Row rows[] = {{12288, 2, 4, 2, 8.05, 0.005}, {8096, 2, 4, 2, 5.31, 0.005}, {16384, 2, 4, 2, 12.49, 0.14},
-                      {12288, 1, 4, 2, 4.04, 0.005}, {12288, 2, 8, 1, 4.02, 0.005}};
+  const Row rows[] = {{12288, 2, 4, 2, 8.05, 0.005},
+                      {8096, 2, 4, 2, 5.31, 0.005},
+                      {16384, 2, 4, 2, 12.49, 0.14},
+                      {12288, 1, 4, 2, 4.04, 0.005},
+                      {12288, 2, 8, 1, 4.02, 0.005}};
   for (const auto& r : rows) {
     RunConfig c = config_for("llama2-7b");
     c.training.seq_length = r.seq;
@@ -207,7 +212,6 @@ TEST(EstimatePublished, MindSpeedActivationFunctionRecomputeSaving) {
     // Hand-derived: 32 layers × s·b·(2 tensors × 2 B × 11008 / tp). The one layer rematerialised
     // in backward does not add to the peak: the loss's logits are freed by then.
     EXPECT_EQ(e.alone[1].saving, 32 * r.seq * r.mb * 4 * 11008 / r.tp);
-
   }
 }
 
@@ -258,8 +262,8 @@ TEST(EstimateTechniques, EachTechniqueSavesWhatItsDefinitionSays) {
 // is not alive at the loss's peak; llama2-7b: +64 MiB, +32 MiB, +1.28 MB, −32 MiB.)
 TEST(EstimateGolden, Presets) {
   const std::pair<const char*, std::int64_t> golden[] = {
-      {"llama2-7b", 6972430336},   {"llama2-13b", 12513791488}, {"llama2-70b", 58872246272},
-      {"llama3-8b", 8282101760},   {"llama3-70b", 60252172288}, {"gpt3-175b", 141013757952},
+      {"llama2-7b", 6972430336},     {"llama2-13b", 12513791488}, {"llama2-70b", 58872246272},
+      {"llama3-8b", 8282101760},     {"llama3-70b", 60252172288}, {"gpt3-175b", 141013757952},
       {"mixtral-8x7b", 16409614336},
   };
   for (const auto& [name, peak] : golden) {
@@ -313,7 +317,8 @@ TEST(EstimateReport, JsonCarriesThePredictedPeakAndEveryKind) {
   EXPECT_EQ(j["per_device"]["peak_allocated"].get<std::int64_t>(),
             j["per_device"]["weights"].get<std::int64_t>() + j["per_device"]["gradients"].get<std::int64_t>() +
                 j["per_device"]["optimizer_states"].get<std::int64_t>() +
-                j["per_device"]["activations_total"].get<std::int64_t>() + j["per_device"]["communication"].get<std::int64_t>() +
+                j["per_device"]["activations_total"].get<std::int64_t>() +
+                j["per_device"]["communication"].get<std::int64_t>() +
                 j["per_device"]["framework"].get<std::int64_t>());
   EXPECT_NE(to_table(r).find("peak reserved"), std::string::npos);
 }
@@ -334,9 +339,10 @@ TEST(EstimateReport, SvgIsWellFormedXml) {
 namespace {
 RunConfig small_gpt() {
   RunConfig c;
-  apply_megatron_args("--num-layers 12 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
-                      "--max-position-embeddings 1024 --micro-batch-size 4 --vocab-size 50304 --bf16",
-                      c);
+  apply_megatron_args(
+      "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+      "--max-position-embeddings 1024 --micro-batch-size 4 --vocab-size 50304 --bf16",
+      c);
   c.allocator_overhead = 0.0;
   return c;
 }
@@ -352,9 +358,10 @@ TEST(EstimatePhysics, LossKeepsBf16LogitsAndTheirFp32Copy) {
   EXPECT_EQ(m.framework, std::int64_t{96} << 20);
   // The native fused cross-entropy keeps fp32 logits and fp32 exp(logits) together: 10 B.
   RunConfig f = small_gpt();
-  apply_megatron_args("--cross-entropy-loss-fusion --num-layers 12 --hidden-size 512 --num-attention-heads 8 "
-                      "--seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --vocab-size 50304 --bf16",
-                      f);
+  apply_megatron_args(
+      "--cross-entropy-loss-fusion --num-layers 12 --hidden-size 512 --num-attention-heads 8 "
+      "--seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --vocab-size 50304 --bf16",
+      f);
   EXPECT_EQ(kind(estimate_memory(f), "output_logits") - kind(m, "output_logits"), std::int64_t(4096) * 4 * 50304);
 }
 

@@ -39,9 +39,10 @@ CommandResult run_cli(const std::string& args) {
 
 RunConfig gpt(std::int64_t tp, std::int64_t pp, std::int64_t vpp, std::int64_t dp, std::int64_t micro_batches) {
   RunConfig c;
-  estimate::apply_megatron_args("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
-                                "--max-position-embeddings 2048 --vocab-size 51200 --bf16 --use-distributed-optimizer",
-                                c);
+  estimate::apply_megatron_args(
+      "--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+      "--max-position-embeddings 2048 --vocab-size 51200 --bf16 --use-distributed-optimizer",
+      c);
   c.parallel.tp = tp;
   c.parallel.pp = pp;
   c.parallel.vpp = vpp;
@@ -145,7 +146,8 @@ TEST(PlanSearch, SameResultOnOneOrTwoThreads) {
   }
   EXPECT_EQ(one.stats.candidates, two.stats.candidates);
   EXPECT_EQ(one.stats.fitting, two.stats.fitting);
-  for (std::size_t i = 1; i < one.plans.size(); ++i) EXPECT_LE(one.plans[i - 1].time.total(), one.plans[i].time.total());
+  for (std::size_t i = 1; i < one.plans.size(); ++i)
+    EXPECT_LE(one.plans[i - 1].time.total(), one.plans[i].time.total());
 }
 
 // The printed launch line parses back into the same layout.

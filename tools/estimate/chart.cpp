@@ -37,7 +37,8 @@ std::string to_svg(const EstimateResult& r) {
   const double left = 80, plot_h = 320, plot_top = 50, bar_w = 70, gap = 30;
   const double width = left + double(bars.size()) * (bar_w + gap) + 190, height = plot_top + plot_h + 70;
   tools::SvgWriter svg(width, height);
-  svg.text(left, 25, fmt::format("{}: peak reserved per device (stage {})", r.config.model.name, r.configured.stage), 15);
+  svg.text(left, 25, fmt::format("{}: peak reserved per device (stage {})", r.config.model.name, r.configured.stage),
+           15);
   const double scale = plot_h / double(top);
   for (int i = 0; i <= 4; ++i) {
     const double y = plot_top + plot_h - plot_h * i / 4.0;

@@ -3,9 +3,9 @@
 
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "stowage/error.hpp"
 #include "tools/command.hpp"
@@ -41,7 +41,6 @@ std::int64_t positive(const std::optional<std::int64_t>& v, const char* option) 
   if (*v <= 0) throw InvalidArgument(fmt::format("{} must be a positive integer, got {}", option, *v));
   return *v;
 }
-
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
@@ -91,10 +90,12 @@ RunConfig build_config(const Options& o) {
   if (o.stream_window) k.stream_window_layers = o.stream_window;
   if (o.overhead) {
     if (!std::isfinite(*o.overhead) || *o.overhead < 0.0 || *o.overhead > 4.0)
-      throw InvalidArgument(fmt::format("--allocator-overhead must be a fraction between 0 and 4, got {}", *o.overhead));
+      throw InvalidArgument(
+          fmt::format("--allocator-overhead must be a fraction between 0 and 4, got {}", *o.overhead));
     c.allocator_overhead = *o.overhead;
   }
-  if (!o.cublas_workspace.empty()) c.framework.cublas_workspace = tools::parse_byte_size(o.cublas_workspace, "--cublas-workspace");
+  if (!o.cublas_workspace.empty())
+    c.framework.cublas_workspace = tools::parse_byte_size(o.cublas_workspace, "--cublas-workspace");
   if (!o.te_workspace.empty()) c.framework.te_workspace = tools::parse_byte_size(o.te_workspace, "--te-workspace");
   if (o.stage) {
     if (*o.stage < 0) throw InvalidArgument(fmt::format("--stage must be 0 or more, got {}", *o.stage));
@@ -118,15 +119,19 @@ int run(const Options& o) {
     const FitResult f = fit(c, budget, dim);
     const char* what = dim == FitDim::micro_batch ? "micro_batch" : "seq_length";
     if (o.json) {
-      nlohmann::json j{{"schema", "stowage.fit/1"},       {"dimension", what},
-                       {"budget", f.budget},              {"step", f.step},
-                       {"without_stowage", f.without_stowage}, {"with_stowage", f.with_stowage}};
+      nlohmann::json j{{"schema", "stowage.fit/1"},
+                       {"dimension", what},
+                       {"budget", f.budget},
+                       {"step", f.step},
+                       {"without_stowage", f.without_stowage},
+                       {"with_stowage", f.with_stowage}};
       if (f.without_stowage) j["peak_reserved_without"] = f.memory_without.peak_reserved;
       if (f.with_stowage) j["peak_reserved_with"] = f.memory_with.peak_reserved;
       std::cout << j.dump(2) << "\n";
     } else {
-      std::cout << fmt::format("largest {} that fits {}:\n  without stowage's techniques: {}\n  with all of them:            {}\n",
-                               what, tools::format_bytes(f.budget), f.without_stowage, f.with_stowage);
+      std::cout << fmt::format(
+          "largest {} that fits {}:\n  without stowage's techniques: {}\n  with all of them:            {}\n", what,
+          tools::format_bytes(f.budget), f.without_stowage, f.with_stowage);
     }
     return 0;
   }
@@ -139,11 +144,14 @@ int run(const Options& o) {
 
 void setup(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("estimate", "Predict per-device memory for a training configuration and what each technique saves");
-  cmd->add_option("--model", o->model, "preset (default llama2-7b): " + fmt::format("{}", fmt::join(preset_names(), ", ")));
+  auto* cmd = app.add_subcommand(
+      "estimate", "Predict per-device memory for a training configuration and what each technique saves");
+  cmd->add_option("--model", o->model,
+                  "preset (default llama2-7b): " + fmt::format("{}", fmt::join(preset_names(), ", ")));
   cmd->add_option("--model-json", o->model_json, "a Hugging Face config.json");
   cmd->add_option("--megatron-args", o->megatron_args, "Megatron-LM launch arguments, as pasted");
-  cmd->add_flag("--ignore-unknown-megatron-args", o->ignore_unknown, "skip arguments Megatron-LM does not have (default: error)");
+  cmd->add_flag("--ignore-unknown-megatron-args", o->ignore_unknown,
+                "skip arguments Megatron-LM does not have (default: error)");
   cmd->add_option("--deepspeed-config", o->deepspeed_config, "DeepSpeed config JSON (ZeRO stage, offload)");
   cmd->add_option("--seq", o->seq, "sequence length");
   cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size");
@@ -165,8 +173,10 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_flag("--distributed-optimizer", o->dist_opt, "Megatron distributed optimizer (ZeRO-1)");
   cmd->add_option("--accounting", o->accounting, "zero-paper, deepspeed or megatron model-state bookkeeping");
   cmd->add_option("--recompute", o->recompute, "none, selective, full or activation-function");
-  cmd->add_option("--recompute-method", o->recompute_method, "full recompute: block (first n layers) or uniform (chunks of n)");
-  cmd->add_option("--recompute-num-layers", o->recompute_layers, "block: layers per model chunk recomputed (0 = all); uniform: layers per chunk");
+  cmd->add_option("--recompute-method", o->recompute_method,
+                  "full recompute: block (first n layers) or uniform (chunks of n)");
+  cmd->add_option("--recompute-num-layers", o->recompute_layers,
+                  "block: layers per model chunk recomputed (0 = all); uniform: layers per chunk");
   cmd->add_flag("--shared-storage", o->shared, "bf16 weights inside the fp32 master");
   cmd->add_option("--rounding", o->rounding, "shared storage rounding: half_up or nearest_even");
   cmd->add_flag("--act-fn-recompute", o->act_fn, "release and recompute the MLP activation output");
@@ -174,9 +184,12 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefetch-window", o->prefetch_window, "layers prefetched ahead of backward");
   cmd->add_option("--optimizer-offload", o->offload, "none, mapped or streamed");
   cmd->add_option("--stream-window", o->stream_window, "streamed offload: layers per buffer");
-  cmd->add_option("--allocator-overhead", o->overhead, "reserved − allocated as a fraction of peak allocated, 0..4 (default 0.05)");
-  cmd->add_option("--cublas-workspace", o->cublas_workspace, "PyTorch's cuBLAS workspace per thread (default 32MiB, Hopper)");
-  cmd->add_option("--te-workspace", o->te_workspace, "TransformerEngine's cuBLAS workspace (default 32MiB with Megatron's TE, else 0)");
+  cmd->add_option("--allocator-overhead", o->overhead,
+                  "reserved − allocated as a fraction of peak allocated, 0..4 (default 0.05)");
+  cmd->add_option("--cublas-workspace", o->cublas_workspace,
+                  "PyTorch's cuBLAS workspace per thread (default 32MiB, Hopper)");
+  cmd->add_option("--te-workspace", o->te_workspace,
+                  "TransformerEngine's cuBLAS workspace (default 32MiB with Megatron's TE, else 0)");
   cmd->add_option("--stage", o->stage, "pipeline stage to report (default: the most loaded; Megatron logs the last)");
   cmd->add_flag("--json", o->json, "JSON output (schema in docs/estimate.md)");
   cmd->add_option("--svg", o->svg, "write a stacked-bar chart to this file");

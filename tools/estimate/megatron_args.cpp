@@ -100,8 +100,9 @@ const std::map<std::string_view, std::string_view> kUnmodelled{
 MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, UnknownArguments unknown) {
   const auto args = split_arguments(text);
   if (args.empty())
-    throw InvalidArgument("megatron-args: empty; pass Megatron-LM's launch arguments, e.g. \"--num-layers 32 "
-                          "--hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --bf16\"");
+    throw InvalidArgument(
+        "megatron-args: empty; pass Megatron-LM's launch arguments, e.g. \"--num-layers 32 "
+        "--hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --bf16\"");
   auto& m = c.model;
   auto& t = c.training;
   auto& p = c.parallel;
@@ -126,7 +127,11 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--num-query-groups", [&](auto& a, auto& v) { query_groups = to_int(a, v); }},
       {"--kv-channels", [&](auto& a, auto& v) { m.head_dim = to_int(a, v); }},
       {"--vocab-size", [&](auto& a, auto& v) { m.vocab_size = to_int(a, v); }},
-      {"--padded-vocab-size", [&](auto& a, auto& v) { m.vocab_size = to_int(a, v); t.vocab_divisor = 1; }},
+      {"--padded-vocab-size",
+       [&](auto& a, auto& v) {
+         m.vocab_size = to_int(a, v);
+         t.vocab_divisor = 1;
+       }},
       {"--make-vocab-size-divisible-by", [&](auto& a, auto& v) { t.vocab_divisor = to_int(a, v); }},
       {"--tokenizer-type", [&](auto&, auto& v) { gpt2_bpe = v == "GPT2BPETokenizer"; }},
       {"--vocab-file", [&](auto&, auto&) { gpt2_bpe = true; }},
@@ -143,7 +148,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--virtual-pipeline-model-parallel-size", [&](auto& a, auto& v) { p.vpp = to_int(a, v); }},
       {"--num-virtual-stages-per-pipeline-rank", [&](auto& a, auto& v) { p.vpp = to_int(a, v); }},
       {"--num-layers-per-virtual-pipeline-stage", [&](auto& a, auto& v) { layers_per_virtual = to_int(a, v); }},
-      {"--microbatch-group-size-per-virtual-pipeline-stage", [&](auto& a, auto& v) { p.microbatch_group = to_int(a, v); }},
+      {"--microbatch-group-size-per-virtual-pipeline-stage",
+       [&](auto& a, auto& v) { p.microbatch_group = to_int(a, v); }},
       {"--context-parallel-size", [&](auto& a, auto& v) { p.cp = to_int(a, v); }},
       {"--expert-model-parallel-size", [&](auto& a, auto& v) { p.ep = to_int(a, v); }},
       {"--recompute-granularity", [&](auto&, auto& v) { c.recompute.granularity = parse_recompute(v); }},
@@ -219,9 +225,10 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       report.unknown.push_back(skip_values(i, inline_value));
     } else {
       const std::string near = nearest_megatron_argument(name);
-      throw InvalidArgument(fmt::format(
-          "megatron-args: unknown argument '{}'{}; --ignore-unknown-megatron-args skips arguments Megatron-LM does not have",
-          name, near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
+      throw InvalidArgument(
+          fmt::format("megatron-args: unknown argument '{}'{}; --ignore-unknown-megatron-args skips arguments "
+                      "Megatron-LM does not have",
+                      name, near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
     }
   }
   if (gqa && query_groups > 0) m.num_kv_heads = query_groups;
@@ -236,13 +243,14 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   // Megatron-LM arguments.py: without --ffn-hidden-size, 4h, or for SwiGLU int(4h·2/3 / 64)·64
   // (two fc1 projections; a multiple of 64 keeps parameters near the 4h MLP's).
   if (m.ffn_hidden_size == 0 && m.hidden_size > 0)
-    m.ffn_hidden_size = swiglu ? static_cast<std::int64_t>(4.0 * double(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64
-                               : 4 * m.hidden_size;
+    m.ffn_hidden_size =
+        swiglu ? static_cast<std::int64_t>(4.0 * double(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64 : 4 * m.hidden_size;
   if (layers_per_virtual > 0 && p.pp > 0) {
     // arguments.py: layers per pipeline rank (the embedding and loss counted when asked) ÷ this.
     const std::int64_t layers = m.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0);
     if (layers % (p.pp * layers_per_virtual) != 0)
-      throw InvalidArgument("megatron-args: --num-layers-per-virtual-pipeline-stage does not divide the layers per stage");
+      throw InvalidArgument(
+          "megatron-args: --num-layers-per-virtual-pipeline-stage does not divide the layers per stage");
     p.vpp = layers / (p.pp * layers_per_virtual);
   } else if (layers_per_virtual < 0) {
     throw InvalidArgument("megatron-args: --num-layers-per-virtual-pipeline-stage must be positive");
@@ -264,7 +272,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   if (global_batch > 0) t.global_batch = global_batch;
   if (ce_fusion && ce_impl == "native") t.loss_bytes_per_logit = 10.0;
   else if (ce_fusion)
-    c.warnings.push_back(fmt::format("--cross-entropy-fusion-impl {}: the estimate models the native fused loss only", ce_impl));
+    c.warnings.push_back(
+        fmt::format("--cross-entropy-fusion-impl {}: the estimate models the native fused loss only", ce_impl));
   if (wgrad_limit < 0) throw InvalidArgument("megatron-args: --wgrad-deferral-limit must not be negative");
   // 0 defers every micro-batch of the step; the global batch fixes how many that is (finalize).
   if (defer_wgrad) t.deferred_wgrad_microbatches = wgrad_limit > 0 ? wgrad_limit : std::int64_t{1} << 30;

@@ -19,10 +19,10 @@ std::vector<std::string> split_arguments(const std::string& text);
 enum class UnknownArguments { error, ignore };
 
 struct MegatronArgsReport {
-  std::vector<std::string> modelled;     // applied to the configuration
-  std::vector<std::string> no_effect;    // Megatron arguments that do not change the memory model's inputs
-  std::vector<std::string> unmodelled;   // change memory, not represented (also in config.warnings)
-  std::vector<std::string> unknown;      // not Megatron arguments, skipped (UnknownArguments::ignore)
+  std::vector<std::string> modelled;    // applied to the configuration
+  std::vector<std::string> no_effect;   // Megatron arguments that do not change the memory model's inputs
+  std::vector<std::string> unmodelled;  // change memory, not represented (also in config.warnings)
+  std::vector<std::string> unknown;     // not Megatron arguments, skipped (UnknownArguments::ignore)
 };
 
 // Applies the arguments on top of `config` (the model fields start from it, so a preset can be

@@ -29,7 +29,8 @@ double deepspeed_zero2_gpu_bytes(double params, double gpus, bool offload_optimi
   return offload_optimizer ? 2.0 * params : 4.0 * params + std::floor(16.0 * params / gpus);
 }
 
-double deepspeed_zero3_gpu_bytes(double params, double largest, double gpus, bool offload_optimizer, bool offload_params) {
+double deepspeed_zero3_gpu_bytes(double params, double largest, double gpus, bool offload_optimizer,
+                                 bool offload_params) {
   // estimate_zero3_model_states_mem_needs: 4·largest_layer + {18·P/N, 2·P/N, 0}.
   const double gather = 4.0 * largest;
   if (offload_optimizer && offload_params) return gather;
@@ -90,8 +91,7 @@ LayerBytes layer_bytes_per_token(const RunConfig& c) {
   // (5as; 2as without attention dropout); selective recompute drops them, flash attention never
   // stores them (only the fp32 log-sum-exp).
   const double s = double(c.training.seq_length);
-  if (c.training.flash_attention)
-    l.core_attention = 4 * a / t;
+  if (c.training.flash_attention) l.core_attention = 4 * a / t;
   else if (c.recompute.granularity != Recompute::selective)
     l.core_attention = a * s * (m.attention_dropout ? 5.0 : 2.0) / t;
   // MLP: fc1 input 2h (per routed copy for MoE), activation input 2·F (4·F gated), dropout mask h.

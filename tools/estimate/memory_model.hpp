@@ -15,10 +15,10 @@ struct NamedBytes {
 };
 
 struct StageMemory {
-  std::int64_t stage = 0;            // pipeline rank that is most loaded
-  std::int64_t layers = 0;           // transformer layers on it
+  std::int64_t stage = 0;             // pipeline rank that is most loaded
+  std::int64_t layers = 0;            // transformer layers on it
   double microbatches_in_flight = 1;  // activations held at once (1F1B / interleaved schedule)
-  std::int64_t parameters = 0;       // parameters held by this device (after TP/PP/EP split)
+  std::int64_t parameters = 0;        // parameters held by this device (after TP/PP/EP split)
   std::int64_t weights = 0;
   std::int64_t gradients = 0;
   std::int64_t optimizer_states = 0;
@@ -34,13 +34,13 @@ struct StageMemory {
 };
 
 inline constexpr const char* kActivationKinds[] = {
-    "attention",         // norms, QKV input, Q/K/V, attention output (what swap-attention moves)
-    "core_attention",    // softmax scores / dropout (none with flash attention) or log-sum-exp
-    "mlp",               // fc1 input, activation-function input, dropout mask
+    "attention",              // norms, QKV input, Q/K/V, attention output (what swap-attention moves)
+    "core_attention",         // softmax scores / dropout (none with flash attention) or log-sum-exp
+    "mlp",                    // fc1 input, activation-function input, dropout mask
     "mlp_activation_output",  // activation-function output: fc2's input (and silu(x1) unfused)
-    "moe_router",        // router probabilities (MoE only)
-    "embedding",         // token ids and embedding dropout mask (first stage)
-    "output_logits",     // final norm and output-layer inputs, bf16 logits and the loss's fp32 copy (last stage)
+    "moe_router",             // router probabilities (MoE only)
+    "embedding",              // token ids and embedding dropout mask (first stage)
+    "output_logits",          // final norm and output-layer inputs, bf16 logits and the loss's fp32 copy (last stage)
     "recompute_working_set",  // layers rematerialised in backward, beyond the loss's peak
 };
 

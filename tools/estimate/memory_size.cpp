@@ -10,7 +10,8 @@ namespace stowage::estimate {
 std::int64_t parse_memory_size(const std::string& text, const char* option) {
   const auto last = text.find_last_not_of(" \t");
   if (last == std::string::npos || (text[last] >= '0' && text[last] <= '9') || text[last] == '.')
-    throw InvalidArgument(fmt::format("{}: '{}' has no unit; write e.g. 80GiB (binary) or 80GB (decimal)", option, text));
+    throw InvalidArgument(
+        fmt::format("{}: '{}' has no unit; write e.g. 80GiB (binary) or 80GB (decimal)", option, text));
   return tools::parse_byte_size(text, option);
 }
 

@@ -39,7 +39,8 @@ void validate(const ModelConfig& m) {
   positive(m.num_heads, "num_attention_heads");
   positive(m.ffn_hidden_size, "ffn_hidden_size");
   positive(m.vocab_size, "vocab_size");
-  if (m.num_kv_heads < 0) throw InvalidArgument(fmt::format("model '{}': num_key_value_heads must not be negative", m.name));
+  if (m.num_kv_heads < 0)
+    throw InvalidArgument(fmt::format("model '{}': num_key_value_heads must not be negative", m.name));
   if (m.head_dim < 0) throw InvalidArgument(fmt::format("model '{}': head_dim must not be negative", m.name));
   if (m.learned_positions < 0)
     throw InvalidArgument(fmt::format("model '{}': learned position rows must not be negative", m.name));
@@ -82,10 +83,8 @@ ModelConfig llama(std::string name, std::int64_t h, std::int64_t layers, std::in
 
 std::vector<ModelConfig> presets() {
   std::vector<ModelConfig> all{
-      llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000),
-      llama("llama2-13b", 5120, 40, 40, 40, 13824, 32000),
-      llama("llama2-70b", 8192, 80, 64, 8, 28672, 32000),
-      llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256),
+      llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000),  llama("llama2-13b", 5120, 40, 40, 40, 13824, 32000),
+      llama("llama2-70b", 8192, 80, 64, 8, 28672, 32000),  llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256),
       llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256),
   };
   ModelConfig gpt3 = llama("gpt3-175b", 12288, 96, 96, 96, 4 * 12288, 50257);

@@ -18,12 +18,12 @@ struct ModelConfig {
   std::int64_t ffn_hidden_size = 0;
   std::int64_t vocab_size = 0;
   bool tie_embeddings = false;
-  bool gated_mlp = true;            // SwiGLU: fc1 has 2·ffn outputs
-  bool rms_norm = true;             // RMSNorm (1 vector) or LayerNorm (weight + bias)
-  bool linear_bias = false;         // biases in the linear layers (GPT-3)
-  bool dropout = false;             // hidden dropout after attention and MLP (stores 1-byte masks)
-  bool attention_dropout = false;   // dropout on the attention probabilities (unfused: a 1-byte s×s mask)
-  bool qk_layernorm = false;        // norms on queries and keys (Megatron --qk-layernorm)
+  bool gated_mlp = true;               // SwiGLU: fc1 has 2·ffn outputs
+  bool rms_norm = true;                // RMSNorm (1 vector) or LayerNorm (weight + bias)
+  bool linear_bias = false;            // biases in the linear layers (GPT-3)
+  bool dropout = false;                // hidden dropout after attention and MLP (stores 1-byte masks)
+  bool attention_dropout = false;      // dropout on the attention probabilities (unfused: a 1-byte s×s mask)
+  bool qk_layernorm = false;           // norms on queries and keys (Megatron --qk-layernorm)
   std::int64_t learned_positions = 0;  // rows of a learned position embedding (0: RoPE)
   // Mixture of experts: 0 experts = dense MLP.
   std::int64_t num_experts = 0;
@@ -36,12 +36,12 @@ struct ModelConfig {
 
 // Parameter counts, split the way parallelism splits them.
 struct ParameterCounts {
-  std::int64_t attention = 0;       // per layer: q, k, v, o (+ biases)
-  std::int64_t mlp_dense = 0;       // per layer: the MLP of a dense model, or the router of an MoE
-  std::int64_t mlp_experts = 0;     // per layer: all experts together (0 for dense)
-  std::int64_t norms = 0;           // per layer: the two norms
-  std::int64_t embedding = 0;       // vocab × hidden (+ learned positions)
-  std::int64_t output = 0;          // untied output projection (0 when tied)
+  std::int64_t attention = 0;    // per layer: q, k, v, o (+ biases)
+  std::int64_t mlp_dense = 0;    // per layer: the MLP of a dense model, or the router of an MoE
+  std::int64_t mlp_experts = 0;  // per layer: all experts together (0 for dense)
+  std::int64_t norms = 0;        // per layer: the two norms
+  std::int64_t embedding = 0;    // vocab × hidden (+ learned positions)
+  std::int64_t output = 0;       // untied output projection (0 when tied)
   std::int64_t final_norm = 0;
   std::int64_t per_layer() const { return attention + mlp_dense + mlp_experts + norms; }
   std::int64_t total(std::int64_t layers) const { return per_layer() * layers + embedding + output + final_norm; }

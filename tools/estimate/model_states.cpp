@@ -46,7 +46,8 @@ States model_states(const RunConfig& c, double params, double n, double largest_
   const bool master_on_host = tech.optimizer_offload != OffloadMode::none || p.offload_optimizer_deepspeed;
   if (tech.optimizer_offload != OffloadMode::none && !p.offload_optimizer_deepspeed) {
     s.host += s.optimizer;
-    const double window = tech.optimizer_offload == OffloadMode::streamed ? 2.0 * double(tech.stream_window_layers) : 0.0;
+    const double window =
+        tech.optimizer_offload == OffloadMode::streamed ? 2.0 * double(tech.stream_window_layers) : 0.0;
     const double stage_layers = double(std::max<std::int64_t>(1, c.model.num_layers / c.parallel.pp));
     s.optimizer = std::min(s.optimizer, window * s.optimizer / stage_layers);
   }

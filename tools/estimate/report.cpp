@@ -49,8 +49,12 @@ nlohmann::json to_json(const EstimateResult& r) {
                    {"precision", to_string(c.training.precision)},
                    {"optimizer", c.training.optimizer == Optimizer::adam ? "adam" : "sgd"},
                    {"flash_attention", c.training.flash_attention}};
-  j["parallelism"] = {{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"vpp", c.parallel.vpp},
-                      {"dp", c.parallel.dp}, {"cp", c.parallel.cp}, {"ep", c.parallel.ep},
+  j["parallelism"] = {{"tp", c.parallel.tp},
+                      {"pp", c.parallel.pp},
+                      {"vpp", c.parallel.vpp},
+                      {"dp", c.parallel.dp},
+                      {"cp", c.parallel.cp},
+                      {"ep", c.parallel.ep},
                       {"sequence_parallel", c.parallel.sequence_parallel},
                       {"zero_stage", c.parallel.zero_stage},
                       {"accounting", to_string(c.parallel.accounting)}};
@@ -84,15 +88,16 @@ std::string to_table(const EstimateResult& r) {
   const auto& c = r.config;
   const auto& m = r.configured;
   std::string out;
-  out += fmt::format("model {}: {} layers, hidden {}, heads {}/{}, ffn {}, vocab {}{}\n", c.model.name,
-                     c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.kv_heads(),
-                     c.model.ffn_hidden_size, c.model.vocab_size,
-                     c.model.moe() ? fmt::format(", {} experts top-{}", c.model.num_experts, c.model.experts_per_token) : "");
-  out += fmt::format("seq {} × micro-batch {}, {} micro-batches; TP {} PP {}{} DP {} CP {} EP {}{}; ZeRO {}; recompute {}\n",
-                     c.training.seq_length, c.training.micro_batch, c.training.grad_accumulation, c.parallel.tp,
-                     c.parallel.pp, c.parallel.vpp > 1 ? fmt::format(" (×{} virtual)", c.parallel.vpp) : "",
-                     c.parallel.dp, c.parallel.cp, c.parallel.ep, c.parallel.sequence_parallel ? " +SP" : "",
-                     c.parallel.zero_stage, to_string(c.recompute.granularity));
+  out += fmt::format(
+      "model {}: {} layers, hidden {}, heads {}/{}, ffn {}, vocab {}{}\n", c.model.name, c.model.num_layers,
+      c.model.hidden_size, c.model.num_heads, c.model.kv_heads(), c.model.ffn_hidden_size, c.model.vocab_size,
+      c.model.moe() ? fmt::format(", {} experts top-{}", c.model.num_experts, c.model.experts_per_token) : "");
+  out += fmt::format(
+      "seq {} × micro-batch {}, {} micro-batches; TP {} PP {}{} DP {} CP {} EP {}{}; ZeRO {}; recompute {}\n",
+      c.training.seq_length, c.training.micro_batch, c.training.grad_accumulation, c.parallel.tp, c.parallel.pp,
+      c.parallel.vpp > 1 ? fmt::format(" (×{} virtual)", c.parallel.vpp) : "", c.parallel.dp, c.parallel.cp,
+      c.parallel.ep, c.parallel.sequence_parallel ? " +SP" : "", c.parallel.zero_stage,
+      to_string(c.recompute.granularity));
   out += fmt::format("per device, pipeline stage {} ({} layers, {:.2f} micro-batches in flight, {} parameters):\n",
                      m.stage, m.layers, m.microbatches_in_flight, m.parameters);
   auto row = [&](const std::string& name, std::int64_t a, std::int64_t b) {

@@ -43,32 +43,40 @@ void validate(const RunConfig& c) {
   if (t.vocab_divisor <= 0) throw InvalidArgument("make-vocab-size-divisible-by must be positive");
   const auto& m = c.model;
   if (m.num_heads % p.tp != 0)
-    throw InvalidArgument(fmt::format("tensor-parallel ({}) does not divide num_attention_heads ({})", p.tp, m.num_heads));
+    throw InvalidArgument(
+        fmt::format("tensor-parallel ({}) does not divide num_attention_heads ({})", p.tp, m.num_heads));
   if (m.kv_heads() % p.tp != 0 && p.tp % m.kv_heads() != 0)
-    throw InvalidArgument(fmt::format("tensor-parallel ({}) and num_key_value_heads ({}) do not divide one another",
-                                      p.tp, m.kv_heads()));
+    throw InvalidArgument(
+        fmt::format("tensor-parallel ({}) and num_key_value_heads ({}) do not divide one another", p.tp, m.kv_heads()));
   if (m.ffn_hidden_size % p.tp != 0)
-    throw InvalidArgument(fmt::format("tensor-parallel ({}) does not divide ffn_hidden_size ({})", p.tp, m.ffn_hidden_size));
+    throw InvalidArgument(
+        fmt::format("tensor-parallel ({}) does not divide ffn_hidden_size ({})", p.tp, m.ffn_hidden_size));
   const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0;
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
     throw InvalidArgument("first/last pipeline stage layers must not be negative");
   if (uneven && (p.embedding_as_layer || p.loss_as_layer))
-    throw InvalidArgument("an uneven first/last pipeline stage and counting the embedding or loss as a layer exclude each other (as in Megatron-LM)");
+    throw InvalidArgument(
+        "an uneven first/last pipeline stage and counting the embedding or loss as a layer exclude each other (as in "
+        "Megatron-LM)");
   if (uneven) {
     std::int64_t left = m.num_layers, stages = p.pp;
     if (p.first_stage_layers > 0) left -= p.first_stage_layers, --stages;
     if (p.last_stage_layers > 0) left -= p.last_stage_layers, --stages;
     if (left < 0 || (stages > 0 && left % stages != 0) || (stages == 0 && left != 0))
-      throw InvalidArgument(fmt::format("uneven pipeline: the {} layers left after the first ({}) and last ({}) stages do not "
-                                        "divide over the {} other stages", left, p.first_stage_layers, p.last_stage_layers, stages));
+      throw InvalidArgument(
+          fmt::format("uneven pipeline: the {} layers left after the first ({}) and last ({}) stages do not "
+                      "divide over the {} other stages",
+                      left, p.first_stage_layers, p.last_stage_layers, stages));
     for (std::int64_t n : {p.first_stage_layers, p.last_stage_layers, stages > 0 ? left / stages : 0})
       if (n % p.vpp != 0)
-        throw InvalidArgument(fmt::format("uneven pipeline: virtual-stages ({}) does not divide a stage's {} layers", p.vpp, n));
+        throw InvalidArgument(
+            fmt::format("uneven pipeline: virtual-stages ({}) does not divide a stage's {} layers", p.vpp, n));
   } else {
     const std::int64_t total = m.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0);
     if (total % (p.pp * p.vpp) != 0)
-      throw InvalidArgument(fmt::format("pipeline-parallel × virtual-stages ({} × {}) does not divide num_layers ({}{})", p.pp,
-                                        p.vpp, m.num_layers, total != m.num_layers ? " with the embedding/loss counted" : ""));
+      throw InvalidArgument(
+          fmt::format("pipeline-parallel × virtual-stages ({} × {}) does not divide num_layers ({}{})", p.pp, p.vpp,
+                      m.num_layers, total != m.num_layers ? " with the embedding/loss counted" : ""));
   }
   if (p.vpp > 1 && p.pp == 1) throw InvalidArgument("virtual-stages > 1 needs pipeline-parallel > 1");
   if (t.seq_length % p.cp != 0)
@@ -80,14 +88,16 @@ void validate(const RunConfig& c) {
   if (m.moe() && m.num_experts % p.ep != 0)
     throw InvalidArgument(fmt::format("expert-parallel ({}) does not divide num_experts ({})", p.ep, m.num_experts));
   if ((p.dp * p.cp) % p.ep != 0)
-    throw InvalidArgument(fmt::format("expert-parallel ({}) does not divide data × context parallel ({})", p.ep, p.dp * p.cp));
+    throw InvalidArgument(
+        fmt::format("expert-parallel ({}) does not divide data × context parallel ({})", p.ep, p.dp * p.cp));
   if (p.zero_stage < 0 || p.zero_stage > 3)
     throw InvalidArgument(fmt::format("zero-stage must be 0..3, got {}", p.zero_stage));
   if (c.recompute.num_layers < 0) throw InvalidArgument("recompute-num-layers must not be negative");
   if (c.techniques.prefetch_window < 0) throw InvalidArgument("prefetch-window must not be negative");
   if (c.techniques.stream_window_layers <= 0) throw InvalidArgument("stream-window must be positive");
   if (!(c.allocator_overhead >= 0.0 && c.allocator_overhead <= 4.0))
-    throw InvalidArgument(fmt::format("allocator-overhead must be a fraction between 0 and 4, got {}", c.allocator_overhead));
+    throw InvalidArgument(
+        fmt::format("allocator-overhead must be a fraction between 0 and 4, got {}", c.allocator_overhead));
   if (c.framework.cublas_workspace < 0 || c.framework.cublas_workspaces < 0 || c.framework.te_workspace < 0 ||
       c.framework.cublas_workspace > (std::int64_t{1} << 40) || c.framework.te_workspace > (std::int64_t{1} << 40) ||
       c.framework.cublas_workspaces > 1024)
@@ -143,36 +153,42 @@ E parse_enum(std::string_view s, const char* field, const std::pair<const char*,
 }  // namespace
 
 Precision parse_precision(std::string_view s) {
-  static const std::pair<const char*, Precision> n[] = {{"bf16", Precision::bf16}, {"fp16", Precision::fp16}, {"fp32", Precision::fp32}};
+  static const std::pair<const char*, Precision> n[] = {
+      {"bf16", Precision::bf16}, {"fp16", Precision::fp16}, {"fp32", Precision::fp32}};
   return parse_enum(s, "precision", n);
 }
 Optimizer parse_optimizer(std::string_view s) {
-  static const std::pair<const char*, Optimizer> n[] = {{"adam", Optimizer::adam}, {"adamw", Optimizer::adam}, {"sgd", Optimizer::sgd}};
+  static const std::pair<const char*, Optimizer> n[] = {
+      {"adam", Optimizer::adam}, {"adamw", Optimizer::adam}, {"sgd", Optimizer::sgd}};
   return parse_enum(s, "optimizer", n);
 }
 Recompute parse_recompute(std::string_view s) {
-  static const std::pair<const char*, Recompute> n[] = {{"none", Recompute::none}, {"selective", Recompute::selective},
-                                                        {"full", Recompute::full}, {"activation-function", Recompute::activation_function}};
+  static const std::pair<const char*, Recompute> n[] = {{"none", Recompute::none},
+                                                        {"selective", Recompute::selective},
+                                                        {"full", Recompute::full},
+                                                        {"activation-function", Recompute::activation_function}};
   return parse_enum(s, "recompute", n);
 }
 OffloadMode parse_offload(std::string_view s) {
-  static const std::pair<const char*, OffloadMode> n[] = {{"none", OffloadMode::none}, {"mapped", OffloadMode::mapped},
-                                                          {"streamed", OffloadMode::streamed}};
+  static const std::pair<const char*, OffloadMode> n[] = {
+      {"none", OffloadMode::none}, {"mapped", OffloadMode::mapped}, {"streamed", OffloadMode::streamed}};
   return parse_enum(s, "optimizer-offload", n);
 }
 Rounding parse_rounding(std::string_view s) {
   // The library's spelling (stowage::to_string(Rounding)), the same in every subcommand.
   for (Rounding r : {Rounding::half_up, Rounding::nearest_even})
     if (s == stowage::to_string(r)) return r;
-  throw InvalidArgument(fmt::format("shared-storage rounding: unknown value '{}' (expected one of: half_up, nearest_even)", s));
+  throw InvalidArgument(
+      fmt::format("shared-storage rounding: unknown value '{}' (expected one of: half_up, nearest_even)", s));
 }
 RecomputeMethod parse_recompute_method(std::string_view s) {
-  static const std::pair<const char*, RecomputeMethod> n[] = {{"block", RecomputeMethod::block}, {"uniform", RecomputeMethod::uniform}};
+  static const std::pair<const char*, RecomputeMethod> n[] = {{"block", RecomputeMethod::block},
+                                                              {"uniform", RecomputeMethod::uniform}};
   return parse_enum(s, "recompute-method", n);
 }
 Accounting parse_accounting(std::string_view s) {
-  static const std::pair<const char*, Accounting> n[] = {{"zero-paper", Accounting::zero_paper}, {"deepspeed", Accounting::deepspeed},
-                                                         {"megatron", Accounting::megatron}};
+  static const std::pair<const char*, Accounting> n[] = {
+      {"zero-paper", Accounting::zero_paper}, {"deepspeed", Accounting::deepspeed}, {"megatron", Accounting::megatron}};
   return parse_enum(s, "accounting", n);
 }
 
@@ -186,7 +202,9 @@ const char* to_string(Recompute r) {
   }
   return "?";
 }
-const char* to_string(OffloadMode m) { return m == OffloadMode::none ? "none" : m == OffloadMode::mapped ? "mapped" : "streamed"; }
+const char* to_string(OffloadMode m) {
+  return m == OffloadMode::none ? "none" : m == OffloadMode::mapped ? "mapped" : "streamed";
+}
 const char* to_string(RecomputeMethod m) { return m == RecomputeMethod::block ? "block" : "uniform"; }
 const char* to_string(Accounting a) {
   return a == Accounting::zero_paper ? "zero-paper" : a == Accounting::deepspeed ? "deepspeed" : "megatron";

@@ -32,9 +32,9 @@ struct Training {
   std::int64_t global_batch = 0;       // when set, grad_accumulation = global / (micro × dp)
   Precision precision = Precision::bf16;
   Optimizer optimizer = Optimizer::adam;
-  int grad_bytes = 0;  // 0: 2 for bf16/fp16 (ZeRO paper), 4 for fp32 or Megatron accounting
-  bool flash_attention = true;  // no s² attention scores stored (FlashAttention / fused attention)
-  bool fused_swiglu = true;     // fused SwiGLU stores its input only; unfused also keeps silu(x1)
+  int grad_bytes = 0;                // 0: 2 for bf16/fp16 (ZeRO paper), 4 for fp32 or Megatron accounting
+  bool flash_attention = true;       // no s² attention scores stored (FlashAttention / fused attention)
+  bool fused_swiglu = true;          // fused SwiGLU stores its input only; unfused also keeps silu(x1)
   std::int64_t vocab_divisor = 128;  // Megatron pads the vocabulary to a multiple of this × TP
   // Bytes per logit alive while the loss runs (16-bit training; fp32 training keeps 4).
   // Megatron's vocab-parallel cross-entropy upcasts the bf16 logits to fp32 and keeps that copy
@@ -79,7 +79,7 @@ struct Parallelism {
   // (--account-for-embedding/loss-in-pipeline-split); transformer_block.py get_num_layers_to_build.
   std::int64_t first_stage_layers = 0, last_stage_layers = 0;
   bool embedding_as_layer = false, loss_as_layer = false;
-  std::int64_t reduce_bucket_elements = 0;   // DeepSpeed reduce_bucket_size (0: not DeepSpeed)
+  std::int64_t reduce_bucket_elements = 0;  // DeepSpeed reduce_bucket_size (0: not DeepSpeed)
   std::int64_t allgather_bucket_elements = 0;
 };
 
@@ -100,7 +100,9 @@ struct Techniques {
   std::int64_t prefetch_window = 1;  // layers whose attention activations stay on the device
   OffloadMode optimizer_offload = OffloadMode::none;
   std::int64_t stream_window_layers = 1;  // streamed offload: layers of optimizer state per buffer
-  bool any() const { return shared_storage || act_fn_recompute || swap_attention || optimizer_offload != OffloadMode::none; }
+  bool any() const {
+    return shared_storage || act_fn_recompute || swap_attention || optimizer_offload != OffloadMode::none;
+  }
 };
 
 struct RunConfig {

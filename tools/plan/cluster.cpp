@@ -25,7 +25,8 @@ void validate(const Cluster& c) {
     throw InvalidArgument(fmt::format("--efficiency must be in (0, 1], got {}", c.efficiency));
   if (c.gpus > (1 << 20)) throw InvalidArgument(fmt::format("--gpus {} is implausibly large", c.gpus));
   if (c.gpus > c.gpus_per_node && c.gpus % c.gpus_per_node != 0)
-    throw InvalidArgument(fmt::format("--gpus ({}) must be whole nodes of --gpus-per-node ({})", c.gpus, c.gpus_per_node));
+    throw InvalidArgument(
+        fmt::format("--gpus ({}) must be whole nodes of --gpus-per-node ({})", c.gpus, c.gpus_per_node));
 }
 
 }  // namespace stowage::plan

@@ -103,7 +103,8 @@ int run(const Options& o) {
 
 void setup(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("plan", "Search parallel layouts and memory techniques for the fastest plan that fits");
+  auto* cmd =
+      app.add_subcommand("plan", "Search parallel layouts and memory techniques for the fastest plan that fits");
   cmd->add_option("--model", o->model, "preset: " + fmt::format("{}", fmt::join(estimate::preset_names(), ", ")));
   cmd->add_option("--model-json", o->model_json, "a Hugging Face config.json");
   cmd->add_option("--megatron-args", o->megatron_args, "Megatron-LM arguments (the model and training shape are read)");
@@ -125,7 +126,8 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_option("--top", o->top, "plans to show (default 5)");
   cmd->add_option("--max-vpp", o->max_vpp, "largest virtual pipeline size tried (default 8)");
   cmd->add_option("--threads", o->threads, "search threads (default 2)");
-  cmd->add_flag("--no-techniques", o->no_techniques, "only Megatron's own choices: no swap, offload, shared storage, act-fn recompute");
+  cmd->add_flag("--no-techniques", o->no_techniques,
+                "only Megatron's own choices: no swap, offload, shared storage, act-fn recompute");
   cmd->add_flag("--no-fsdp", o->no_fsdp, "leave out ZeRO-3 / FSDP layouts");
   cmd->add_flag("--json", o->json, "JSON output (schema stowage.plan/1, docs/plan.md)");
   cmd->add_option("--svg", o->svg, "write a chart of the top plans' step times to this file");

@@ -23,12 +23,11 @@ struct Component {
   double StepTime::*field;
 };
 const Component kComponents[] = {
-    {"compute", "#4e79a7", &StepTime::compute},       {"recompute", "#f28e2b", &StepTime::recompute},
-    {"tp_comm", "#e15759", &StepTime::tp_comm},       {"cp_comm", "#76b7b2", &StepTime::cp_comm},
-    {"ep_comm", "#86bcb6", &StepTime::ep_comm},
-    {"pp_bubble", "#59a14f", &StepTime::pp_bubble},   {"pp_comm", "#edc948", &StepTime::pp_comm},
-    {"dp_comm", "#b07aa1", &StepTime::dp_comm},       {"swap", "#ff9da7", &StepTime::swap},
-    {"optimizer", "#9c755f", &StepTime::optimizer},
+    {"compute", "#4e79a7", &StepTime::compute}, {"recompute", "#f28e2b", &StepTime::recompute},
+    {"tp_comm", "#e15759", &StepTime::tp_comm}, {"cp_comm", "#76b7b2", &StepTime::cp_comm},
+    {"ep_comm", "#86bcb6", &StepTime::ep_comm}, {"pp_bubble", "#59a14f", &StepTime::pp_bubble},
+    {"pp_comm", "#edc948", &StepTime::pp_comm}, {"dp_comm", "#b07aa1", &StepTime::dp_comm},
+    {"swap", "#ff9da7", &StepTime::swap},       {"optimizer", "#9c755f", &StepTime::optimizer},
 };
 
 std::string layout(const RunConfig& c) {
@@ -47,7 +46,8 @@ std::string techniques(const RunConfig& c) {
   std::vector<std::string> t;
   const std::int64_t chunk = c.model.num_layers / (c.parallel.pp * c.parallel.vpp);
   if (c.recompute.granularity == Recompute::full)
-    t.push_back(fmt::format("full recompute {}/{} layers", c.recompute.num_layers ? c.recompute.num_layers : chunk, chunk));
+    t.push_back(
+        fmt::format("full recompute {}/{} layers", c.recompute.num_layers ? c.recompute.num_layers : chunk, chunk));
   if (c.recompute.granularity == Recompute::selective) t.push_back("selective recompute");
   if (c.techniques.act_fn_recompute) t.push_back("act-fn recompute");
   if (c.techniques.swap_attention) t.push_back(fmt::format("swap attention (keep {})", c.techniques.prefetch_window));
@@ -74,24 +74,26 @@ nlohmann::json plan_json(const Plan& p) {
           {"zero_stage", c.parallel.zero_stage},
           {"micro_batch", c.training.micro_batch},
           {"grad_accumulation", c.training.grad_accumulation},
-          {"recompute", {{"granularity", to_string(c.recompute.granularity)},
-                         {"method", to_string(c.recompute.method)},
-                         {"num_layers", c.recompute.num_layers}}},
+          {"recompute",
+           {{"granularity", to_string(c.recompute.granularity)},
+            {"method", to_string(c.recompute.method)},
+            {"num_layers", c.recompute.num_layers}}},
           {"act_fn_recompute", c.techniques.act_fn_recompute},
           {"swap_attention", c.techniques.swap_attention},
           {"swap_resident_layers", c.techniques.swap_attention ? c.techniques.prefetch_window : 0},
           {"optimizer_offload", to_string(c.techniques.optimizer_offload)},
           {"shared_storage", c.techniques.shared_storage},
-          {"memory", {{"stage", p.memory.stage},
-                      {"weights", p.memory.weights},
-                      {"gradients", p.memory.gradients},
-                      {"optimizer_states", p.memory.optimizer_states},
-                      {"activations", p.memory.activation_total()},
-                      {"communication", p.memory.communication},
-                      {"framework", p.memory.framework},
-                      {"peak_allocated", p.memory.peak_allocated},
-                      {"peak_reserved", p.memory.peak_reserved},
-                      {"host_bytes", p.memory.host_bytes}}},
+          {"memory",
+           {{"stage", p.memory.stage},
+            {"weights", p.memory.weights},
+            {"gradients", p.memory.gradients},
+            {"optimizer_states", p.memory.optimizer_states},
+            {"activations", p.memory.activation_total()},
+            {"communication", p.memory.communication},
+            {"framework", p.memory.framework},
+            {"peak_allocated", p.memory.peak_allocated},
+            {"peak_reserved", p.memory.peak_reserved},
+            {"host_bytes", p.memory.host_bytes}}},
           {"time_seconds", time},
           {"model_tflops_per_gpu", p.model_tflops_per_gpu},
           {"megatron_args", megatron_arguments(c)}};
@@ -108,7 +110,8 @@ std::string megatron_arguments(const RunConfig& c) {
       fmt::format("--ffn-hidden-size {}", m.ffn_hidden_size),
       fmt::format("--num-attention-heads {}", m.num_heads),
   };
-  if (m.kv_heads() != m.num_heads) a.push_back(fmt::format("--group-query-attention --num-query-groups {}", m.kv_heads()));
+  if (m.kv_heads() != m.num_heads)
+    a.push_back(fmt::format("--group-query-attention --num-query-groups {}", m.kv_heads()));
   if (m.head_dim > 0) a.push_back(fmt::format("--kv-channels {}", m.head_dim));
   if (m.gated_mlp) a.push_back("--swiglu");
   if (m.rms_norm) a.push_back("--normalization RMSNorm");
@@ -121,8 +124,11 @@ std::string megatron_arguments(const RunConfig& c) {
   if (m.moe()) a.push_back(fmt::format("--num-experts {} --moe-router-topk {}", m.num_experts, m.experts_per_token));
   a.push_back(fmt::format("--vocab-size {}", m.vocab_size));
   a.push_back(fmt::format("--seq-length {}", c.training.seq_length));
-  a.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", c.training.micro_batch, c.training.global_batch));
-  a.push_back(c.training.precision == estimate::Precision::fp16 ? "--fp16" : c.training.precision == estimate::Precision::bf16 ? "--bf16" : "");
+  a.push_back(
+      fmt::format("--micro-batch-size {} --global-batch-size {}", c.training.micro_batch, c.training.global_batch));
+  a.push_back(c.training.precision == estimate::Precision::fp16   ? "--fp16"
+              : c.training.precision == estimate::Precision::bf16 ? "--bf16"
+                                                                  : "");
   a.push_back(fmt::format("--tensor-model-parallel-size {}", p.tp));
   if (p.sequence_parallel) a.push_back("--sequence-parallel");
   a.push_back(fmt::format("--pipeline-model-parallel-size {}", p.pp));
@@ -135,13 +141,13 @@ std::string megatron_arguments(const RunConfig& c) {
   if (c.recompute.granularity == Recompute::full)
     a.push_back(fmt::format("--recompute-granularity full --recompute-method {} --recompute-num-layers {}",
                             to_string(c.recompute.method), c.recompute.num_layers));
-  else if (c.recompute.granularity == Recompute::selective)
-    a.push_back("--recompute-granularity selective");
+  else if (c.recompute.granularity == Recompute::selective) a.push_back("--recompute-granularity selective");
   // stowage's techniques, as MindSpeed spells them (and Megatron's optimizer offload).
   if (c.techniques.act_fn_recompute) a.push_back("--recompute-activation-function");
   if (c.techniques.swap_attention) a.push_back("--swap-attention");
   if (c.techniques.shared_storage) a.push_back("--reuse-fp32-param");
-  if (c.techniques.optimizer_offload != OffloadMode::none) a.push_back("--optimizer-cpu-offload --optimizer-offload-fraction 1.0");
+  if (c.techniques.optimizer_offload != OffloadMode::none)
+    a.push_back("--optimizer-cpu-offload --optimizer-offload-fraction 1.0");
   std::string out;
   for (const auto& x : a)
     if (!x.empty()) out += (out.empty() ? "" : " ") + x;
@@ -155,10 +161,11 @@ std::string why_best(const Plan& best, const Plan& runner) {
   };
   std::vector<Gain> gains;
   for (const auto& k : kComponents) gains.push_back({k.name, runner.time.*k.field - best.time.*k.field});
-  std::sort(gains.begin(), gains.end(), [](const Gain& a, const Gain& b) { return std::abs(a.gain) > std::abs(b.gain); });
+  std::sort(gains.begin(), gains.end(),
+            [](const Gain& a, const Gain& b) { return std::abs(a.gain) > std::abs(b.gain); });
   const double total = runner.time.total() - best.time.total();
-  std::string out = fmt::format("{} beats {} by {:.3f} s per step ({:.1f} %):", layout(best.config), layout(runner.config),
-                                total, 100.0 * total / runner.time.total());
+  std::string out = fmt::format("{} beats {} by {:.3f} s per step ({:.1f} %):", layout(best.config),
+                                layout(runner.config), total, 100.0 * total / runner.time.total());
   int shown = 0;
   for (const auto& g : gains) {
     if (shown == 3 || std::abs(g.gain) < 1e-4) break;
@@ -178,17 +185,21 @@ std::string to_table(const PlanRequest& r, const SearchResult& res) {
       "model {}: {} layers, hidden {}; seq {}, global batch {}; {} GPUs ({} per node, {} each), {:.0f} TFLOP/s at "
       "efficiency {:.2f}\n",
       r.base.model.name, r.base.model.num_layers, r.base.model.hidden_size, r.base.training.seq_length,
-      r.base.training.global_batch, cl.gpus, cl.gpus_per_node, format_bytes(cl.gpu_memory), cl.peak_tflops, cl.efficiency);
-  out += fmt::format("searched {} candidates ({} layouts × technique sets, {} estimator calls) in {:.2f} s; {} fit {} "
-                     "(margin {:.0f} %)\n",
-                     res.stats.candidates, res.stats.layouts, res.stats.evaluations, res.stats.seconds, res.stats.fitting,
-                     format_bytes(memory_budget(r)), 100 * r.margin);
+      r.base.training.global_batch, cl.gpus, cl.gpus_per_node, format_bytes(cl.gpu_memory), cl.peak_tflops,
+      cl.efficiency);
+  out += fmt::format(
+      "searched {} candidates ({} layouts × technique sets, {} estimator calls) in {:.2f} s; {} fit {} "
+      "(margin {:.0f} %)\n",
+      res.stats.candidates, res.stats.layouts, res.stats.evaluations, res.stats.seconds, res.stats.fitting,
+      format_bytes(memory_budget(r)), 100 * r.margin);
   if (res.plans.empty()) return out + "no plan fits; add GPUs, memory, or allow stowage's techniques\n";
-  out += fmt::format("{:>2}  {:<34} {:>10} {:>10} {:>8}  {}\n", "#", "layout", "peak", "step (s)", "TFLOP/s", "memory techniques");
+  out += fmt::format("{:>2}  {:<34} {:>10} {:>10} {:>8}  {}\n", "#", "layout", "peak", "step (s)", "TFLOP/s",
+                     "memory techniques");
   for (std::size_t i = 0; i < res.plans.size(); ++i) {
     const Plan& p = res.plans[i];
-    out += fmt::format("{:>2}  {:<34} {:>10} {:>10.3f} {:>8.1f}  {}\n", i + 1, layout(p.config), format_bytes(p.memory.peak_reserved),
-                       p.time.total(), p.model_tflops_per_gpu, techniques(p.config));
+    out +=
+        fmt::format("{:>2}  {:<34} {:>10} {:>10.3f} {:>8.1f}  {}\n", i + 1, layout(p.config),
+                    format_bytes(p.memory.peak_reserved), p.time.total(), p.model_tflops_per_gpu, techniques(p.config));
   }
   out += "\ntime per step (s)\n";
   out += fmt::format("{:>2}", "#");
@@ -200,12 +211,12 @@ std::string to_table(const PlanRequest& r, const SearchResult& res) {
     out += "\n";
   }
   out += "\nmemory per GPU (most loaded stage)\n";
-  out += fmt::format("{:>2} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", "#", "weights", "gradients", "optimizer", "activations",
-                     "other", "host");
+  out += fmt::format("{:>2} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", "#", "weights", "gradients", "optimizer",
+                     "activations", "other", "host");
   for (std::size_t i = 0; i < res.plans.size(); ++i) {
     const auto& m = res.plans[i].memory;
-    out += fmt::format("{:>2} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", i + 1, format_bytes(m.weights), format_bytes(m.gradients),
-                       format_bytes(m.optimizer_states), format_bytes(m.activation_total()),
+    out += fmt::format("{:>2} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", i + 1, format_bytes(m.weights),
+                       format_bytes(m.gradients), format_bytes(m.optimizer_states), format_bytes(m.activation_total()),
                        format_bytes(m.communication + m.framework + m.allocator_overhead), format_bytes(m.host_bytes));
   }
   if (res.plans.size() > 1) out += "\n" + why_best(res.plans[0], res.plans[1]) + "\n";
@@ -218,26 +229,31 @@ nlohmann::json to_json(const PlanRequest& r, const SearchResult& res) {
   nlohmann::json plans = nlohmann::json::array();
   for (const auto& p : res.plans) plans.push_back(plan_json(p));
   nlohmann::json j{{"schema", "stowage.plan/1"},
-                   {"model", {{"name", r.base.model.name}, {"num_layers", r.base.model.num_layers}, {"hidden_size", r.base.model.hidden_size}}},
+                   {"model",
+                    {{"name", r.base.model.name},
+                     {"num_layers", r.base.model.num_layers},
+                     {"hidden_size", r.base.model.hidden_size}}},
                    {"seq_length", r.base.training.seq_length},
                    {"global_batch", r.base.training.global_batch},
-                   {"cluster", {{"gpus", cl.gpus},
-                                {"gpus_per_node", cl.gpus_per_node},
-                                {"gpu_memory", cl.gpu_memory},
-                                {"host_memory_per_node", cl.host_memory_per_node},
-                                {"intra_node_gbps", cl.intra_node_gbps},
-                                {"inter_node_gbps", cl.inter_node_gbps},
-                                {"host_link_gbps", cl.host_link_gbps},
-                                {"hbm_gbps", cl.hbm_gbps},
-                                {"peak_tflops", cl.peak_tflops},
-                                {"efficiency", cl.efficiency}}},
+                   {"cluster",
+                    {{"gpus", cl.gpus},
+                     {"gpus_per_node", cl.gpus_per_node},
+                     {"gpu_memory", cl.gpu_memory},
+                     {"host_memory_per_node", cl.host_memory_per_node},
+                     {"intra_node_gbps", cl.intra_node_gbps},
+                     {"inter_node_gbps", cl.inter_node_gbps},
+                     {"host_link_gbps", cl.host_link_gbps},
+                     {"hbm_gbps", cl.hbm_gbps},
+                     {"peak_tflops", cl.peak_tflops},
+                     {"efficiency", cl.efficiency}}},
                    {"margin", r.margin},
                    {"memory_budget", memory_budget(r)},
-                   {"search", {{"layouts", res.stats.layouts},
-                               {"candidates", res.stats.candidates},
-                               {"evaluations", res.stats.evaluations},
-                               {"fitting", res.stats.fitting},
-                               {"seconds", res.stats.seconds}}},
+                   {"search",
+                    {{"layouts", res.stats.layouts},
+                     {"candidates", res.stats.candidates},
+                     {"evaluations", res.stats.evaluations},
+                     {"fitting", res.stats.fitting},
+                     {"seconds", res.stats.seconds}}},
                    {"plans", plans}};
   if (res.plans.size() > 1) j["why_best"] = why_best(res.plans[0], res.plans[1]);
   return j;
@@ -250,7 +266,8 @@ std::string to_svg(const PlanRequest& r, const SearchResult& res) {
   const double n = double(std::max<std::size_t>(1, res.plans.size()));
   const double width = left + n * (bar_w + gap) + 160, height = plot_top + plot_h + 80;
   tools::SvgWriter svg(width, height);
-  svg.text(left, 25, fmt::format("{} on {} GPUs: modelled step time of the top plans", r.base.model.name, r.cluster.gpus), 15);
+  svg.text(left, 25,
+           fmt::format("{} on {} GPUs: modelled step time of the top plans", r.base.model.name, r.cluster.gpus), 15);
   const double scale = plot_h / top;
   for (int i = 0; i <= 4; ++i) {
     const double y = plot_top + plot_h - plot_h * i / 4.0;
@@ -269,8 +286,11 @@ std::string to_svg(const PlanRequest& r, const SearchResult& res) {
     }
     svg.text(x + bar_w / 2, y - 5, fmt::format("{:.2f} s", p.time.total()), 10, "middle");
     svg.text(x + bar_w / 2, plot_top + plot_h + 16, fmt::format("#{}", b + 1), 10, "middle");
-    svg.text(x + bar_w / 2, plot_top + plot_h + 30, fmt::format("TP{} PP{}x{}", p.config.parallel.tp, p.config.parallel.pp, p.config.parallel.vpp), 9, "middle");
-    svg.text(x + bar_w / 2, plot_top + plot_h + 42, fmt::format("DP{} mb{}", p.config.parallel.dp, p.config.training.micro_batch), 9, "middle");
+    svg.text(x + bar_w / 2, plot_top + plot_h + 30,
+             fmt::format("TP{} PP{}x{}", p.config.parallel.tp, p.config.parallel.pp, p.config.parallel.vpp), 9,
+             "middle");
+    svg.text(x + bar_w / 2, plot_top + plot_h + 42,
+             fmt::format("DP{} mb{}", p.config.parallel.dp, p.config.training.micro_batch), 9, "middle");
   }
   const double lx = left + n * (bar_w + gap) + 20;
   for (std::size_t i = 0; i < std::size(kComponents); ++i) {

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <optional>
 #include <cmath>
-#include <tuple>
+#include <optional>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -157,12 +157,14 @@ struct Evaluator {
     const std::int64_t chunk = c.model.num_layers / (c.parallel.pp * c.parallel.vpp);
     if (t.full) {
       c.techniques.prefetch_window = 0;  // with swap on, everything not recomputed is swapped
-      return smallest(c, 1, chunk, [](RunConfig& rc, std::int64_t k) { rc.recompute.num_layers = k; }, m);
+      return smallest(
+          c, 1, chunk, [](RunConfig& rc, std::int64_t k) { rc.recompute.num_layers = k; }, m);
     }
     if (t.swap) {
       // Layer-micro-batches resident = stored units − swapped; swap the fewest.
       const std::int64_t units = estimate::chunks_in_flight(c, 0) * chunk;
-      return smallest(c, 1, units, [units](RunConfig& rc, std::int64_t k) { rc.techniques.prefetch_window = units - k; }, m);
+      return smallest(
+          c, 1, units, [units](RunConfig& rc, std::int64_t k) { rc.techniques.prefetch_window = units - k; }, m);
     }
     return fits(c, m);
   }
@@ -179,10 +181,11 @@ int technique_count(const RunConfig& c) {
 // Faster first; at equal time fewer techniques (the simpler run), then the layout.
 auto order_key(const Plan& p) {
   const auto& c = p.config;
-  return std::make_tuple(p.time.total(), technique_count(c), c.parallel.tp, c.parallel.pp, c.parallel.vpp, c.parallel.cp, c.parallel.ep,
-                         c.parallel.zero_stage, c.training.micro_batch, int(c.recompute.granularity), c.recompute.num_layers,
-                         c.techniques.act_fn_recompute, c.techniques.swap_attention, c.techniques.prefetch_window,
-                         int(c.techniques.optimizer_offload), c.techniques.shared_storage);
+  return std::make_tuple(p.time.total(), technique_count(c), c.parallel.tp, c.parallel.pp, c.parallel.vpp,
+                         c.parallel.cp, c.parallel.ep, c.parallel.zero_stage, c.training.micro_batch,
+                         int(c.recompute.granularity), c.recompute.num_layers, c.techniques.act_fn_recompute,
+                         c.techniques.swap_attention, c.techniques.prefetch_window, int(c.techniques.optimizer_offload),
+                         c.techniques.shared_storage);
 }
 bool faster(const Plan& a, const Plan& b) { return order_key(a) < order_key(b); }
 
@@ -210,7 +213,8 @@ Plan evaluate(const RunConfig& config, const Cluster& cluster) {
 SearchResult search(const PlanRequest& r, const std::function<void(std::int64_t, std::int64_t)>& progress) {
   validate(r.cluster);
   if (r.base.training.global_batch <= 0) throw InvalidArgument("plan: --global-batch must be positive");
-  if (!(r.margin >= 0 && r.margin < 1)) throw InvalidArgument(fmt::format("plan: --margin must be in [0, 1), got {}", r.margin));
+  if (!(r.margin >= 0 && r.margin < 1))
+    throw InvalidArgument(fmt::format("plan: --margin must be in [0, 1), got {}", r.margin));
   if (r.top <= 0) throw InvalidArgument("plan: --top must be positive");
   estimate::validate(r.base.model);
   const auto start = std::chrono::steady_clock::now();

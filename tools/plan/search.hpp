@@ -16,9 +16,9 @@
 namespace stowage::plan {
 
 struct SearchSpace {
-  bool techniques = true;          // stowage's techniques (swap, offload, shared storage, act-fn recompute)
-  bool zero3 = true;               // FSDP (ZeRO-3) layouts
-  std::int64_t max_vpp = 8;        // virtual stages per pipeline rank
+  bool techniques = true;    // stowage's techniques (swap, offload, shared storage, act-fn recompute)
+  bool zero3 = true;         // FSDP (ZeRO-3) layouts
+  std::int64_t max_vpp = 8;  // virtual stages per pipeline rank
   std::int64_t max_micro_batch = 16;
   std::int64_t max_cp = 16;
 };
@@ -27,7 +27,7 @@ struct PlanRequest {
   estimate::RunConfig base;  // model, sequence length, global batch, precision, attention
   Cluster cluster;
   SearchSpace space;
-  double margin = 0.05;      // fraction of GPU memory left free
+  double margin = 0.05;  // fraction of GPU memory left free
   std::int64_t top = 5;
   int threads = 2;
 };

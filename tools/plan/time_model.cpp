@@ -19,7 +19,8 @@ struct LayerFlops {
 
 LayerFlops layer_forward_flops(const RunConfig& c) {
   const auto& m = c.model;
-  const double h = double(m.hidden_size), q = double(m.num_heads * m.head_size()), kv = double(m.kv_heads() * m.head_size());
+  const double h = double(m.hidden_size), q = double(m.num_heads * m.head_size()),
+               kv = double(m.kv_heads() * m.head_size());
   const double F = double(m.ffn_hidden_size), k = m.moe() ? double(m.experts_per_token) : 1.0;
   LayerFlops f;
   f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * (h * F * (m.gated_mlp ? 2 : 1) + F * h));
@@ -49,7 +50,7 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   const auto& p = c.parallel;
   const auto& tr = c.training;
   StepTime st;
-  const double rate = cl.peak_tflops * 1e12 * cl.efficiency;  // FLOP/s one GPU reaches
+  const double rate = cl.peak_tflops * 1e12 * cl.efficiency;                       // FLOP/s one GPU reaches
   const double T = double(tr.micro_batch) * double(tr.seq_length) / double(p.cp);  // tokens per rank
   const double t = double(p.tp), h = double(m.hidden_size);
   const double layers = double(m.num_layers) / double(p.pp);
@@ -171,8 +172,7 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   const double local = p.zero_stage >= 1 ? params / n : params;
   if (c.techniques.optimizer_offload != estimate::OffloadMode::none)
     st.optimizer = seconds(28.0 * local, cl.host_link_gbps) + seconds(2.0 * local, cl.hbm_gbps);
-  else
-    st.optimizer = seconds(30.0 * local, cl.hbm_gbps);
+  else st.optimizer = seconds(30.0 * local, cl.hbm_gbps);
   return st;
 }
 

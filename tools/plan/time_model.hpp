@@ -10,16 +10,16 @@
 namespace stowage::plan {
 
 struct StepTime {
-  double compute = 0;         // forward + backward of the model FLOPs, slowest stage, all micro-batches
-  double recompute = 0;       // rematerialisation (full / selective / activation function)
-  double tp_comm = 0;         // tensor/sequence-parallel collectives (on the critical path)
-  double cp_comm = 0;         // context-parallel KV exchange not hidden under attention
-  double ep_comm = 0;         // expert-parallel all-to-all (token dispatch and combine)
-  double pp_bubble = 0;       // pipeline fill and drain
-  double pp_comm = 0;         // pipeline sends and receives on the critical path
-  double dp_comm = 0;         // data-parallel reduce / gather not hidden under backward / forward
-  double swap = 0;            // swap-attention transfers not hidden under compute
-  double optimizer = 0;       // optimizer step (HBM-bound, or over the host link when offloaded)
+  double compute = 0;    // forward + backward of the model FLOPs, slowest stage, all micro-batches
+  double recompute = 0;  // rematerialisation (full / selective / activation function)
+  double tp_comm = 0;    // tensor/sequence-parallel collectives (on the critical path)
+  double cp_comm = 0;    // context-parallel KV exchange not hidden under attention
+  double ep_comm = 0;    // expert-parallel all-to-all (token dispatch and combine)
+  double pp_bubble = 0;  // pipeline fill and drain
+  double pp_comm = 0;    // pipeline sends and receives on the critical path
+  double dp_comm = 0;    // data-parallel reduce / gather not hidden under backward / forward
+  double swap = 0;       // swap-attention transfers not hidden under compute
+  double optimizer = 0;  // optimizer step (HBM-bound, or over the host link when offloaded)
   double total() const {
     return compute + recompute + tp_comm + cp_comm + ep_comm + pp_bubble + pp_comm + dp_comm + swap + optimizer;
   }
