@@ -15,7 +15,7 @@ struct Segment {
   const char* color;
   std::int64_t (*bytes)(const StageMemory&);
 };
-const Segment kSegments[] = {
+constexpr Segment kSegments[] = {
     {"weights", "#4e79a7", [](const StageMemory& m) { return m.weights; }},
     {"gradients", "#f28e2b", [](const StageMemory& m) { return m.gradients; }},
     {"optimizer states", "#e15759", [](const StageMemory& m) { return m.optimizer_states; }},

@@ -64,7 +64,7 @@ double to_double(const std::string& arg, const std::string& value) {
 
 // Megatron arguments that change what a training step allocates in ways the model does not
 // represent: the estimate warns that it ignores them.
-const std::map<std::string_view, std::string_view> kUnmodelled{
+constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--fp8-format", "fp8 keeps 1-byte copies of linear inputs and weights"},
     {"--fp8-param-gather", "fp8 parameter all-gather buffers"},
     {"--fp4-format", "fp4 copies of linear inputs and weights"},
@@ -94,6 +94,12 @@ const std::map<std::string_view, std::string_view> kUnmodelled{
     {"--cuda-graph-impl", "CUDA graphs keep static input and output buffers"},
     {"--external-cuda-graph", "CUDA graphs keep static input and output buffers"},
 };
+
+const std::pair<std::string_view, std::string_view>* unmodelled(std::string_view name) {
+  for (const auto& u : kUnmodelled)
+    if (u.first == name) return &u;
+  return nullptr;
+}
 
 }  // namespace
 
@@ -216,7 +222,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     } else if (auto f = flags.find(name); f != flags.end()) {
       f->second();
       report.modelled.push_back(name);
-    } else if (auto u = kUnmodelled.find(name); u != kUnmodelled.end()) {
+    } else if (const auto* u = unmodelled(name)) {
       report.unmodelled.push_back(skip_values(i, inline_value));
       c.warnings.push_back(fmt::format("{} changes memory ({}); the estimate does not model it", name, u->second));
     } else if (is_megatron_argument(name)) {

@@ -252,7 +252,9 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Model states: dense parameters shard over DP·CP, experts over the expert-data-parallel group.
   const StageParams sp = stage_params(c, out.layers, first, last, vocab);
   out.parameters = to_bytes(sp.dense + sp.expert, "parameters");
-  const double n_dense = double(p.dp * p.cp / p.optimizer_instances), n_expert = double(p.dp * p.cp / p.ep);
+  // validate(): instances and EP divide DP·CP.
+  const double n_dense = double(p.dp * p.cp) / double(p.optimizer_instances);
+  const double n_expert = double(p.dp * p.cp) / double(p.ep);
   const States dense = model_states(c, sp.dense, n_dense, sp.largest_layer);
   const States expert = model_states(c, sp.expert, n_expert, 0.0);
   out.weights = to_bytes(dense.weights + expert.weights, "weights");

@@ -129,7 +129,7 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name)
   using tools::get_int;
   using tools::get_int_or;
   using tools::get_string_or;
-  const std::string what = name;
+  const std::string& what = name;
   auto j = tools::parse_json(text, what);
   if (!j.is_object()) throw ParseError(fmt::format("{}: expected a JSON object", what));
   ModelConfig m;
