@@ -7,17 +7,12 @@
 #include "allocator/size_classes.hpp"
 #include "fmt/format.h"
 #include "common/log.hpp"
+#include "stowage/byte_size.hpp"
 
 namespace stowage {
 
 using detail::Block;
 using detail::Segment;
-
-namespace {
-
-std::string mib(std::size_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20)); }
-
-}  // namespace
 
 void CachingAllocator::Impl::grow(Pool p, std::size_t rounded, Stream stream) {
   if (mode == SegmentMode::expandable) {
@@ -31,7 +26,7 @@ void CachingAllocator::Impl::grow_classic(Pool p, std::size_t rounded, Stream st
   const std::size_t size = detail::classic_segment_size(rounded);
   const auto reserved = static_cast<std::size_t>(st.reserved_bytes.all.current);
   if (reserved + size > limit()) {
-    throw OutOfMemory(fmt::format("a new {} segment would pass the limit of {}", mib(size), mib(limit())));
+    throw OutOfMemory(fmt::format("a new {} segment would pass the limit of {}", format_bytes(size), format_bytes(limit())));
   }
   void* ptr = device.allocate(size);
   auto seg = std::make_unique<Segment>();
@@ -77,13 +72,13 @@ void CachingAllocator::Impl::grow_expandable(Pool p, std::size_t rounded, Stream
   }
   detail::Placement pl;
   if (!detail::plan_expansion(*seg, rounded, stream, pl)) {
-    throw OutOfMemory(fmt::format("the {} address reservation of the {} pool is full", mib(seg->size),
+    throw OutOfMemory(fmt::format("the {} address reservation of the {} pool is full", format_bytes(seg->size),
                                   p == Pool::small ? "small" : "large"));
   }
   const std::size_t bytes = pl.count * g;
   const auto reserved = static_cast<std::size_t>(st.reserved_bytes.all.current);
   if (reserved + bytes > limit()) {
-    throw OutOfMemory(fmt::format("mapping {} more would pass the limit of {}", mib(bytes), mib(limit())));
+    throw OutOfMemory(fmt::format("mapping {} more would pass the limit of {}", format_bytes(bytes), format_bytes(limit())));
   }
   const std::size_t n = seg->granules(), a = pl.at, k = pl.count;
   Block* prev = a > 0 && seg->mapped(a - 1) ? seg->last_at[a] : nullptr;
@@ -247,9 +242,9 @@ void CachingAllocator::Impl::throw_oom(std::size_t bytes, std::size_t rounded, c
       "stowage: out of memory on device {} ({}): tried to allocate {} ({} bytes, {} rounded); "
       "capacity {}, memory cap {}, device free {}; {} allocated, {} reserved but unallocated, "
       "largest free block {}; segments {}; cause: {}. Try: {}",
-      device.ordinal(), device.name(), mib(bytes), bytes, rounded, mib(device.capacity()),
-      cap > 0 ? mib(cap) : std::string("none"), mib(device.free_memory()), mib(allocated),
-      mib(reserved - allocated), mib(largest_free_block()),
+      device.ordinal(), device.name(), format_bytes(bytes), bytes, rounded, format_bytes(device.capacity()),
+      cap > 0 ? format_bytes(cap) : std::string("none"), format_bytes(device.free_memory()), format_bytes(allocated),
+      format_bytes(reserved - allocated), format_bytes(largest_free_block()),
       mode == SegmentMode::expandable ? "expandable" : "classic", why, advice));
 }
 

@@ -31,6 +31,7 @@ std::size_t parse_byte_size(std::string_view text, std::string_view what) {
   for (const auto& u : units) {
     if (unit != u.name) continue;
     double bytes = *number * u.factor;
+    if (u.factor > 1) bytes = std::nearbyint(bytes);  // a fraction of a unit: to the nearest byte
     if (bytes >= 0x1p64) throw fail("too large");
     if (bytes != std::floor(bytes)) throw fail("not a whole number of bytes");
     return static_cast<std::size_t>(bytes);
@@ -38,13 +39,19 @@ std::size_t parse_byte_size(std::string_view text, std::string_view what) {
   throw fail(fmt::format("unknown unit '{}'", unit));
 }
 
-std::string format_bytes(std::uint64_t bytes) {
+std::string format_bytes_unsigned(std::uint64_t bytes) {
   const double b = static_cast<double>(bytes);
   if (b >= 0x1p40) return fmt::format("{:.2f} TiB", b / 0x1p40);
   if (b >= 0x1p30) return fmt::format("{:.2f} GiB", b / 0x1p30);
   if (b >= 0x1p20) return fmt::format("{:.2f} MiB", b / 0x1p20);
   if (b >= 0x1p10) return fmt::format("{:.2f} KiB", b / 0x1p10);
   return fmt::format("{} B", bytes);
+}
+
+std::string format_bytes_signed(std::int64_t bytes) {
+  if (bytes >= 0) return format_bytes_unsigned(static_cast<std::uint64_t>(bytes));
+  // The magnitude of INT64_MIN does not fit an int64_t; it does fit a uint64_t.
+  return "-" + format_bytes_unsigned(std::uint64_t{0} - static_cast<std::uint64_t>(bytes));
 }
 
 }  // namespace stowage

@@ -54,6 +54,7 @@ TEST(Config, ByteSizes) {
   EXPECT_THROW(parse_byte_size("-1GiB"), ParseError);
   EXPECT_THROW(parse_byte_size("8 GiBs"), ParseError);
   EXPECT_THROW(parse_byte_size("0.3"), ParseError);  // not whole bytes
+  EXPECT_EQ(parse_byte_size("0.5KiB"), 512u);        // a fraction of a unit is fine
   EXPECT_THROW(parse_byte_size("99999999TiB"), ParseError);
   EXPECT_THROW(parse_byte_size("1e3"), ParseError);
 }

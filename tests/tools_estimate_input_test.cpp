@@ -8,10 +8,11 @@
 #include <string>
 
 #include "stowage/error.hpp"
-#include "tools/common/byte_size.hpp"
+#include "stowage/byte_size.hpp"
 #include "tools/estimate/comparison.hpp"
 #include "tools/estimate/deepspeed_config.hpp"
 #include "tools/estimate/megatron_args.hpp"
+#include "tools/estimate/memory_size.hpp"
 #include "tools/estimate/report.hpp"
 
 using namespace stowage;
@@ -105,10 +106,12 @@ TEST(EstimateInput, BadModelsNameTheField) {
   c.training.micro_batch = 1 << 20;
   c.training.flash_attention = false;
   EXPECT_NE(message([&] { estimate_memory(c); }).find("2^62"), std::string::npos);
-  EXPECT_THROW(tools::parse_byte_size("-80GiB"), InvalidArgument);
-  EXPECT_THROW(tools::parse_byte_size("80 parsecs"), InvalidArgument);
-  EXPECT_EQ(tools::parse_byte_size("80GiB"), std::int64_t{80} << 30);
-  EXPECT_EQ(tools::parse_byte_size("1.5 GB"), 1500000000);
+  EXPECT_THROW(parse_byte_size("-80GiB"), ParseError);
+  EXPECT_THROW(parse_byte_size("80 parsecs"), ParseError);
+  EXPECT_EQ(parse_byte_size("80GiB"), std::size_t{80} << 30);
+  EXPECT_EQ(parse_byte_size("1.5 GB"), 1500000000u);
+  EXPECT_EQ(parse_byte_size("0.1 GiB"), 107374182u);  // a fraction of a unit: the nearest byte
+  EXPECT_THROW(estimate::parse_byte_count("5000000 TiB", "--x"), InvalidArgument);  // past the model's int64
 }
 
 TEST(EstimateInput, MegatronArgumentsAsPasted) {

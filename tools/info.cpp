@@ -17,7 +17,7 @@
 #include "stowage/cuda_device.hpp"
 #include "stowage_build_info.hpp"
 #include "tools/command.hpp"
-#include "tools/common/byte_size.hpp"
+#include "stowage/byte_size.hpp"
 
 namespace stowage::tools {
 namespace {

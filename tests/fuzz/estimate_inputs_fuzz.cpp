@@ -5,7 +5,7 @@
 #include <string>
 
 #include "stowage/error.hpp"
-#include "tools/common/byte_size.hpp"
+#include "stowage/byte_size.hpp"
 #include "tools/estimate/comparison.hpp"
 #include "tools/estimate/deepspeed_config.hpp"
 #include "tools/estimate/megatron_args.hpp"
@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 0: c.model = model_from_hf_json(text, "fuzz"); break;
       case 1: apply_deepspeed_config(text, c, "fuzz"); break;
       case 2: apply_megatron_args(text, c); break;
-      default: (void)stowage::tools::parse_byte_size(text); return 0;
+      default: (void)stowage::parse_byte_size(text); return 0;
     }
     finalize(c);
     (void)run_estimate(c);

@@ -4,22 +4,15 @@
 #include <bit>
 
 #include <fmt/format.h>
+
+#include "stowage/byte_size.hpp"
 #include <nlohmann/json.hpp>
 
+#include "tools/common/svg.hpp"
 #include "tools/demo/estimate_bridge.hpp"
 #include "tools/demo/savings.hpp"
 
 namespace stowage::demo {
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::abs(b) >= 1024.0 && u < 4) {
-    b /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} {}", b, units[u]) : fmt::format("{:.2f} {}", b, units[u]);
-}
 
 namespace {
 
@@ -58,13 +51,13 @@ std::string format_table(const std::vector<ConfigResult>& results, const DemoOpt
   for (const auto& r : results) {
     std::string saved, predicted, estimated;
     if (base != nullptr && &r != base) {
-      saved = human_bytes(double(base->peak_allocated - r.peak_allocated));
-      predicted = human_bytes(double(predicted_saving(r.techniques, o, r.params).bytes));
-      estimated = human_bytes(double(estimated_saving(r.techniques, o.shape, o.rounding)));
+      saved = format_bytes(base->peak_allocated - r.peak_allocated);
+      predicted = format_bytes(predicted_saving(r.techniques, o, r.params).bytes);
+      estimated = format_bytes(estimated_saving(r.techniques, o.shape, o.rounding));
     }
     out += fmt::format("{:<10} {:>8.4f} {:>8.4f} {:>8.4f} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8.1f}  {}\n",
-                       r.name, first(r), last(r), min_loss(r), human_bytes(double(r.peak_allocated)),
-                       human_bytes(double(r.peak_reserved)), saved, predicted, estimated, r.mean_step_ms,
+                       r.name, first(r), last(r), min_loss(r), format_bytes(r.peak_allocated),
+                       format_bytes(r.peak_reserved), saved, predicted, estimated, r.mean_step_ms,
                        identical_text(r));
   }
   out += "saved: baseline peak allocated minus this one's, measured. predicted: the demo's own byte counts "
@@ -115,42 +108,31 @@ std::string to_json(const std::vector<ConfigResult>& results, const DemoOptions&
 }
 
 std::string to_svg(const std::vector<ConfigResult>& results, const DemoOptions& o) {
-  const int bar_h = 16, gap = 14, left = 110, width = 560, top = 48;
-  const int rows = static_cast<int>(results.size());
-  const int height = top + rows * (2 * bar_h + gap) + 40;
+  const double bar_h = 16, gap = 14, left = 110, width = 560, top = 48;
+  const auto rows = static_cast<double>(results.size());
   double max_bytes = 1;
   for (const auto& r : results) max_bytes = std::max({max_bytes, double(r.peak_allocated), double(r.peak_reserved)});
-  std::string svg = fmt::format(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
-      "font-size=\"12\">\n"
-      "<title>stowage demo: peak device memory per configuration</title>\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"10\" y=\"20\" font-size=\"14\" font-weight=\"bold\">Peak device memory per configuration "
-      "({} layers, hidden {}, seq {}, batch {})</text>\n"
-      "<rect x=\"{}\" y=\"28\" width=\"10\" height=\"10\" fill=\"#3b6ea5\"/><text x=\"{}\" y=\"37\">peak "
-      "allocated</text>\n"
-      "<rect x=\"{}\" y=\"28\" width=\"10\" height=\"10\" fill=\"#a8c3e0\"/><text x=\"{}\" y=\"37\">peak "
-      "reserved</text>\n",
-      left + width + 140, height, o.shape.layers, o.shape.hidden, o.shape.seq, o.shape.batch, left, left + 14,
-      left + 120, left + 134);
-  int y = top;
+  tools::SvgWriter svg(left + width + 140, top + rows * (2 * bar_h + gap) + 40);
+  svg.text(10, 20,
+           fmt::format("Peak device memory per configuration ({} layers, hidden {}, seq {}, batch {})", o.shape.layers,
+                       o.shape.hidden, o.shape.seq, o.shape.batch),
+           14);
+  svg.rect(left, 28, 10, 10, "#3b6ea5");
+  svg.text(left + 14, 37, "peak allocated");
+  svg.rect(left + 120, 28, 10, 10, "#a8c3e0");
+  svg.text(left + 134, 37, "peak reserved");
+  double y = top;
   for (const auto& r : results) {
     const double wa = width * double(r.peak_allocated) / max_bytes;
     const double wr = width * double(r.peak_reserved) / max_bytes;
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 8, y + bar_h + 4, r.name);
-    svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"#3b6ea5\"/>\n", left, y, wa,
-                       bar_h);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{}</text>\n", left + wa + 4, y + bar_h - 4,
-                       human_bytes(double(r.peak_allocated)));
-    svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"#a8c3e0\"/>\n", left,
-                       y + bar_h, wr, bar_h);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{}</text>\n", left + wr + 4, y + 2 * bar_h - 4,
-                       human_bytes(double(r.peak_reserved)));
+    svg.text(left - 8, y + bar_h + 4, r.name, 12, "end");
+    svg.rect(left, y, wa, bar_h, "#3b6ea5", fmt::format("{}: peak allocated", r.name));
+    svg.text(left + wa + 4, y + bar_h - 4, format_bytes(r.peak_allocated));
+    svg.rect(left, y + bar_h, wr, bar_h, "#a8c3e0", fmt::format("{}: peak reserved", r.name));
+    svg.text(left + wr + 4, y + 2 * bar_h - 4, format_bytes(r.peak_reserved));
     y += 2 * bar_h + gap;
   }
-  svg += "</svg>\n";
-  return svg;
+  return svg.finish();
 }
 
 }  // namespace stowage::demo

@@ -12,6 +12,4 @@ std::string to_json(const std::vector<ConfigResult>& results, const DemoOptions&
 // Well-formed standalone SVG: per configuration, bars of peak allocated and peak reserved bytes.
 std::string to_svg(const std::vector<ConfigResult>& results, const DemoOptions& options);
 
-std::string human_bytes(double bytes);
-
 }  // namespace stowage::demo

@@ -3,6 +3,8 @@
 // the same fused step runs on them.
 #include <fmt/format.h>
 
+#include "stowage/byte_size.hpp"
+
 #include "stowage/error.hpp"
 #include "stowage/offload.hpp"
 #include "tools/demo/report.hpp"
@@ -31,8 +33,8 @@ class OffloadedStates final : public OptimizerStates {
   std::string describe() const override {
     const OffloadReport r = adam_.report();
     return fmt::format("optimizer: AdamW m, v offloaded ({}): {} on host, {} on device, {} device bytes saved",
-                       r.mapping.empty() ? "mapped" : r.mapping, human_bytes(double(r.host_bytes)),
-                       human_bytes(double(r.device_bytes)), human_bytes(double(r.device_bytes_saved)));
+                       r.mapping.empty() ? "mapped" : r.mapping, format_bytes(r.host_bytes),
+                       format_bytes(r.device_bytes), format_bytes(r.device_bytes_saved));
   }
 
  private:

@@ -2,6 +2,8 @@
 // and backward, and recomputed from the kept fc1 output just before the layer's backward.
 #include <fmt/format.h>
 
+#include "stowage/byte_size.hpp"
+
 #include "stowage/recompute.hpp"
 #include "tools/demo/kernels.hpp"
 #include "tools/demo/report.hpp"
@@ -34,7 +36,7 @@ class RecomputeHooks final : public ActivationHooks {
   void describe(std::vector<std::string>& lines) const override {
     const RecomputeStats s = registry_.stats();
     lines.push_back(fmt::format("recompute: {} GeLU outputs released ({}), {} rematerialised", s.releases,
-                                human_bytes(double(s.bytes_released)), s.rematerializations));
+                                format_bytes(s.bytes_released), s.rematerializations));
   }
 
  private:

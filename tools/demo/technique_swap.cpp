@@ -2,6 +2,8 @@
 // forward and backward.
 #include <fmt/format.h>
 
+#include "stowage/byte_size.hpp"
+
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
 #include "tools/demo/report.hpp"
@@ -33,8 +35,8 @@ class SwapHooks final : public ActivationHooks {
     lines.push_back(fmt::format(
         "swap-attention: {} tensors to host ({}), {} back ({}), {} kept on device; peak host {}; "
         "overlap {:.0f}%, compute waited {:.1f} ms",
-        s.copies_d2h, human_bytes(double(s.bytes_d2h)), s.copies_h2d, human_bytes(double(s.bytes_h2d)), kept_,
-        human_bytes(double(s.peak_host_bytes)), 100.0 * s.overlap_fraction, s.compute_wait_ms));
+        s.copies_d2h, format_bytes(s.bytes_d2h), s.copies_h2d, format_bytes(s.bytes_h2d), kept_,
+        format_bytes(s.peak_host_bytes), 100.0 * s.overlap_fraction, s.compute_wait_ms));
   }
 
  private:

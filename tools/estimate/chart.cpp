@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "tools/common/byte_size.hpp"
+#include "stowage/byte_size.hpp"
 #include "tools/common/svg.hpp"
 
 namespace stowage::estimate {
@@ -43,7 +43,7 @@ std::string to_svg(const EstimateResult& r) {
   for (int i = 0; i <= 4; ++i) {
     const double y = plot_top + plot_h - plot_h * i / 4.0;
     svg.line(left - 5, y, left + double(bars.size()) * (bar_w + gap), y, "#dddddd");
-    svg.text(left - 8, y + 4, tools::format_bytes(top * i / 4), 10, "end");
+    svg.text(left - 8, y + 4, format_bytes(top * i / 4), 10, "end");
   }
   for (std::size_t b = 0; b < bars.size(); ++b) {
     const double x = left + gap / 2 + double(b) * (bar_w + gap);
@@ -52,9 +52,9 @@ std::string to_svg(const EstimateResult& r) {
       const double h = double(s.bytes(*bars[b].second)) * scale;
       if (h <= 0) continue;
       y -= h;
-      svg.rect(x, y, bar_w, h, s.color, fmt::format("{}: {}", s.name, tools::format_bytes(s.bytes(*bars[b].second))));
+      svg.rect(x, y, bar_w, h, s.color, fmt::format("{}: {}", s.name, format_bytes(s.bytes(*bars[b].second))));
     }
-    svg.text(x + bar_w / 2, y - 5, tools::format_bytes(bars[b].second->peak_reserved), 10, "middle");
+    svg.text(x + bar_w / 2, y - 5, format_bytes(bars[b].second->peak_reserved), 10, "middle");
     svg.text(x + bar_w / 2, plot_top + plot_h + 18, bars[b].first, 10, "middle");
   }
   const double lx = left + double(bars.size()) * (bar_w + gap) + 20;

@@ -9,7 +9,7 @@
 
 #include "stowage/error.hpp"
 #include "tools/command.hpp"
-#include "tools/common/byte_size.hpp"
+#include "stowage/byte_size.hpp"
 #include "tools/common/json_input.hpp"
 #include "tools/estimate/chart.hpp"
 #include "tools/estimate/deepspeed_config.hpp"
@@ -95,8 +95,8 @@ RunConfig build_config(const Options& o) {
     c.allocator_overhead = *o.overhead;
   }
   if (!o.cublas_workspace.empty())
-    c.framework.cublas_workspace = tools::parse_byte_size(o.cublas_workspace, "--cublas-workspace");
-  if (!o.te_workspace.empty()) c.framework.te_workspace = tools::parse_byte_size(o.te_workspace, "--te-workspace");
+    c.framework.cublas_workspace = parse_byte_count(o.cublas_workspace, "--cublas-workspace");
+  if (!o.te_workspace.empty()) c.framework.te_workspace = parse_byte_count(o.te_workspace, "--te-workspace");
   if (o.stage) {
     if (*o.stage < 0) throw InvalidArgument(fmt::format("--stage must be 0 or more, got {}", *o.stage));
     c.stage = *o.stage;
@@ -131,7 +131,7 @@ int run(const Options& o) {
     } else {
       std::cout << fmt::format(
           "largest {} that fits {}:\n  without stowage's techniques: {}\n  with all of them:            {}\n", what,
-          tools::format_bytes(f.budget), f.without_stowage, f.with_stowage);
+          format_bytes(f.budget), f.without_stowage, f.with_stowage);
     }
     return 0;
   }

@@ -6,7 +6,9 @@
 
 namespace stowage::estimate {
 
-// InvalidArgument naming `option` when the text has no unit or is not a size.
+// InvalidArgument naming `option` when the text has no unit; ParseError when it is not a size.
 std::int64_t parse_memory_size(const std::string& text, const char* option);
+// A byte size as stowage::parse_byte_size reads it (a unit optional), as the model's int64.
+std::int64_t parse_byte_count(const std::string& text, const char* option);
 
 }  // namespace stowage::estimate

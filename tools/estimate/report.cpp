@@ -2,11 +2,10 @@
 
 #include <fmt/format.h>
 
-#include "tools/common/byte_size.hpp"
+#include "stowage/byte_size.hpp"
 
 namespace stowage::estimate {
 
-using tools::format_bytes;
 
 nlohmann::json to_json(const StageMemory& m) {
   nlohmann::json acts = nlohmann::json::object();

@@ -6,12 +6,11 @@
 #include <cmath>
 #include <map>
 
-#include "tools/common/byte_size.hpp"
+#include "stowage/byte_size.hpp"
 #include "tools/common/svg.hpp"
 
 namespace stowage::inspect {
 
-using tools::format_bytes;
 
 namespace {
 

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "tools/common/byte_size.hpp"
+#include "stowage/byte_size.hpp"
 #include "tools/common/svg.hpp"
 
 namespace stowage::plan {
@@ -13,7 +13,6 @@ namespace stowage::plan {
 using estimate::OffloadMode;
 using estimate::Recompute;
 using estimate::RunConfig;
-using tools::format_bytes;
 
 namespace {
 
