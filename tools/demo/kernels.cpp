@@ -16,14 +16,14 @@ void linear_forward(const float* x, const bf16* w, float* y, int m, int k, int n
     for (int kk = 0; kk < k; ++kk) {
       const float a = x[static_cast<std::size_t>(i) * k + kk];
       const bf16* wr = w + static_cast<std::size_t>(kk) * n;
-      for (int j = 0; j < n; ++j) yr[j] += a * bf16::to_f32(wr[j]);
+      for (int j = 0; j < n; ++j) yr[j] += a * stowage::bf16::to_f32(wr[j]);
     }
   }
 }
 
 void transpose_widen(const bf16* w, float* wt, int k, int n) {
   for (int kk = 0; kk < k; ++kk)
-    for (int j = 0; j < n; ++j) wt[static_cast<std::size_t>(j) * k + kk] = bf16::to_f32(w[static_cast<std::size_t>(kk) * n + j]);
+    for (int j = 0; j < n; ++j) wt[static_cast<std::size_t>(j) * k + kk] = stowage::bf16::to_f32(w[static_cast<std::size_t>(kk) * n + j]);
 }
 
 void linear_backward_input(const float* dy, const float* wt, float* dx, int m, int k, int n) {
@@ -53,7 +53,7 @@ void linear_backward_weight(const float* x, const float* dy, float* dw, int m, i
 void embedding_forward(const std::int32_t* ids, const bf16* table, float* out, int tokens, int h) {
   for (int t = 0; t < tokens; ++t) {
     const bf16* row = table + static_cast<std::size_t>(ids[t]) * h;
-    for (int j = 0; j < h; ++j) out[static_cast<std::size_t>(t) * h + j] = bf16::to_f32(row[j]);
+    for (int j = 0; j < h; ++j) out[static_cast<std::size_t>(t) * h + j] = stowage::bf16::to_f32(row[j]);
   }
 }
 
@@ -76,7 +76,7 @@ void rmsnorm_forward(const float* x, const bf16* g, float* y, float* inv_rms, in
     const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + kNormEps);
     inv_rms[r] = inv;
     float* yr = y + static_cast<std::size_t>(r) * h;
-    for (int j = 0; j < h; ++j) yr[j] = xr[j] * inv * bf16::to_f32(g[j]);
+    for (int j = 0; j < h; ++j) yr[j] = xr[j] * inv * stowage::bf16::to_f32(g[j]);
   }
 }
 
@@ -89,12 +89,12 @@ void rmsnorm_backward(const float* x, const bf16* g, const float* inv_rms, const
     const float inv = inv_rms[r];
     float dot = 0.0f;  // sum_j dy_j g_j x_j
     for (int j = 0; j < h; ++j) {
-      const float gj = bf16::to_f32(g[j]);
+      const float gj = stowage::bf16::to_f32(g[j]);
       dot += dyr[j] * gj * xr[j];
       dg[j] += dyr[j] * xr[j] * inv;
     }
     const float c = dot * inv * inv * inv / static_cast<float>(h);
-    for (int j = 0; j < h; ++j) dxr[j] = dyr[j] * bf16::to_f32(g[j]) * inv - xr[j] * c;
+    for (int j = 0; j < h; ++j) dxr[j] = dyr[j] * stowage::bf16::to_f32(g[j]) * inv - xr[j] * c;
   }
 }
 
