@@ -55,9 +55,24 @@ void CachingAllocator::Impl::grow_expandable(Pool p, std::size_t rounded, Stream
   const std::size_t g = device.properties().granularity;
   if (!seg) {
     const std::size_t want = opts.expandable_reserve > 0 ? opts.expandable_reserve : 2 * device.capacity();
-    const std::size_t bytes = detail::round_up(std::max(want, g), g);
+    // Address space may be limited (ulimit -v): a refused reservation is retried at half the
+    // size, down to what this request needs, before the refusal stands.
+    const std::size_t need = detail::round_up(std::max(rounded, g), g);
+    std::size_t bytes = detail::round_up(std::max(want, g), g);
+    void* base = nullptr;
+    while (base == nullptr) {
+      try {
+        base = device.reserve(bytes);
+      } catch (const OutOfMemory&) {
+        if (bytes <= need) throw;
+        bytes = std::max(need, detail::round_up(bytes / 2, g));
+      } catch (const DeviceError&) {
+        if (bytes <= need) throw;
+        bytes = std::max(need, detail::round_up(bytes / 2, g));
+      }
+    }
     auto s = std::make_unique<Segment>();
-    s->base = reinterpret_cast<std::uintptr_t>(device.reserve(bytes));
+    s->base = reinterpret_cast<std::uintptr_t>(base);
     s->size = bytes;
     s->pool = p;
     s->stream = stream;

@@ -42,20 +42,38 @@ bool plan_expansion(const Segment& seg, std::size_t rounded, Stream stream, Plac
   return best != std::numeric_limits<std::size_t>::max();
 }
 
+namespace {
+
+// A mapping the driver refused once is tried once more before the growth is undone: a refusal can
+// be passing, and with several granules per growth one refused call should not undo them all (nor,
+// with STOWAGE_FAULTS=map=2, fail every growth). A second refusal stands. A refused physical
+// chunk (OutOfMemory) is left to the allocator's own retry, after it empties its cache.
+template <class F>
+void twice(F&& f) {
+  try {
+    f();
+    return;
+  } catch (const DeviceError&) {
+  }
+  f();
+}
+
+}  // namespace
+
 void map_granules(Device& device, Segment& seg, std::size_t at, std::size_t count) {
   std::size_t done = 0;
   try {
     for (; done < count; ++done) {
       PhysicalHandle h = device.create_physical(seg.granule);
       try {
-        device.map(reinterpret_cast<void*>(seg.granule_addr(at + done)), seg.granule, h);
+        twice([&] { device.map(reinterpret_cast<void*>(seg.granule_addr(at + done)), seg.granule, h); });
       } catch (...) {
         device.destroy_physical(h);
         throw;
       }
       seg.handles[at + done] = h;
     }
-    device.set_access(reinterpret_cast<void*>(seg.granule_addr(at)), count * seg.granule);
+    twice([&] { device.set_access(reinterpret_cast<void*>(seg.granule_addr(at)), count * seg.granule); });
   } catch (...) {
     if (done > 0) unmap_uncounted(device, seg, at, done);
     throw;

@@ -4,12 +4,16 @@
 #include "common/text.hpp"
 #include "stowage/backends.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <unistd.h>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -48,11 +52,16 @@ Config load_config(const EnvLookup& lookup) {
   if (auto v = get("STOWAGE_EMULATED_CAPACITY")) {
     c.emulated.capacity = parse_byte_size(*v, "STOWAGE_EMULATED_CAPACITY");
     if (c.emulated.capacity == 0) throw ParseError("STOWAGE_EMULATED_CAPACITY: must be more than 0 bytes");
+    if (c.emulated.capacity > kMaxEmulatedCapacity)
+      throw ParseError(fmt::format("STOWAGE_EMULATED_CAPACITY: '{}' is more than the 128TiB a process can address",
+                                   *v));
   }
   if (auto v = get("STOWAGE_EMULATED_LINK_GBPS")) {
     auto gbps = parse_number(trim(*v));
-    if (!gbps)
-      throw ParseError(fmt::format("STOWAGE_EMULATED_LINK_GBPS: '{}' is not a number of GB/s (0 = unthrottled)", *v));
+    if (!gbps || (*gbps != 0 && !(*gbps >= kMinLinkGbps && *gbps <= kMaxLinkGbps)))
+      throw ParseError(fmt::format("STOWAGE_EMULATED_LINK_GBPS: '{}' is not 0 (unthrottled) or a number of GB/s "
+                                   "from {} to {}",
+                                   *v, kMinLinkGbps, kMaxLinkGbps));
     c.emulated.link_bandwidth_gbps = *gbps;
   }
   if (auto v = get("STOWAGE_ALLOC_CONF")) {
@@ -71,12 +80,70 @@ Config load_config_from_environment() {
   return load_config([](const char* name) -> const char* { return std::getenv(name); });
 }
 
+namespace {
+
+// What stowage reads: the library's variables, and those of its tools and Python package.
+constexpr std::string_view kKnownVariables[] = {
+    "STOWAGE_LOG_LEVEL", "STOWAGE_DEVICE",  "STOWAGE_EMULATED_DEVICES", "STOWAGE_EMULATED_CAPACITY",
+    "STOWAGE_EMULATED_LINK_GBPS", "STOWAGE_ALLOC_CONF", "STOWAGE_EVENT_LOG", "STOWAGE_FAULTS", "STOWAGE_SIMD",
+    "STOWAGE_LIBRARY", "STOWAGE_WERROR"};
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> unknown_variable_warnings(const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    if (!name.starts_with("STOWAGE_")) continue;
+    // The project's own test and benchmark switches are not configuration.
+    if (name.starts_with("STOWAGE_BENCH_") || name.starts_with("STOWAGE_TEST_") || name.ends_with("_TEST_CHILD"))
+      continue;
+    std::string_view best;
+    std::size_t best_distance = std::string_view::npos;
+    bool known = false;
+    for (std::string_view k : kKnownVariables) {
+      if (k == name) known = true;
+      if (const std::size_t d = edit_distance(name, k); d < best_distance) {
+        best_distance = d;
+        best = k;
+      }
+    }
+    if (known) continue;
+    out.push_back(best_distance <= 3
+                      ? fmt::format("{} is not a stowage variable (did you mean {}?); it is ignored", name, best)
+                      : fmt::format("{} is not a stowage variable; it is ignored (docs/configuration.md lists them)",
+                                    name));
+  }
+  return out;
+}
+
 const Config& config() {
   // Parsed once; a failure is kept and rethrown, so every caller sees the same answer.
   static std::once_flag once;
   static Config parsed;
   static std::string failure;
   std::call_once(once, [] {
+    // A misspelt variable would be ignored without a word: say so once, even with logging off.
+    std::vector<std::string> names;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      const std::string_view entry(*e);
+      names.emplace_back(entry.substr(0, entry.find('=')));
+    }
+    for (const std::string& w : unknown_variable_warnings(names)) std::fprintf(stderr, "stowage: %s\n", w.c_str());
     try {
       parsed = load_config_from_environment();
     } catch (const ParseError& e) {

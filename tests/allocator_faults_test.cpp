@@ -173,8 +173,28 @@ TEST_P(AllocatorFaults, ASingleRefusalIsRetriedAndSucceeds) {
   check_books();
 }
 
+// STOWAGE_FAULTS=map=2: every second mapping call refused. A growth makes several (one per
+// granule, then the access call), so without a second try each growth met a refusal and every
+// allocation that needed one failed; a refused mapping is tried once more.
+TEST_P(AllocatorFaults, EverySecondMappingRefusedStillAllocates) {
+  device_->set_plan({.map_every = 2});
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_NO_THROW(take((1 + i % 5) * 3 * MiB, static_cast<std::uint64_t>(i))) << "allocation " << i;
+    if (i % 4 == 3) {
+      while (!live_.empty()) give(0);
+      alloc_->empty_cache();  // more growth, more mappings
+    }
+  }
+  const FaultCounts injected = device_->injected();
+  if (GetParam() == SegmentMode::expandable) EXPECT_GE(injected.map, 10u);
+  EXPECT_EQ(alloc_->stats().num_ooms, 0);
+  check_books();
+}
+
 TEST_P(AllocatorFaults, MixedFaultsSurfaceOnlyOutOfMemoryAndKeepTheBooks) {
-  device_->set_plan({.allocation_every = 5, .map_every = 7});
+  // A refused mapping is tried again at once; a growth of 3+ granules with every 3rd physical
+  // chunk refused meets a refusal on the allocator's retry too, so out-of-memory happens.
+  device_->set_plan({.allocation_every = 3, .map_every = 7});
   std::uint64_t rng = 11;
   std::int64_t ooms = 0, successes = 0;
   for (int op = 0; op < 300; ++op) {

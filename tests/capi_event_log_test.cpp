@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "stowage/caching_allocator.hpp"
@@ -119,6 +120,58 @@ TEST_F(EventLogTest, ConcurrentThreadsWriteAWellFormedLog) {
 
 TEST_F(EventLogTest, UnwritablePathIsInvalidArgument) {
   EXPECT_THROW(EventLog("/nonexistent-dir/events.csv"), InvalidArgument);
+}
+
+// What torchrun does with an exported STOWAGE_EVENT_LOG: several processes open the same name.
+// Neither truncates the other; each writes a complete log of its own that parses.
+TEST_F(EventLogTest, TwoProcessesSharingANameWriteTwoCompleteLogs) {
+  constexpr int kLines = 3000;
+  auto write = [](EventLog& log) {
+    for (int i = 0; i < kLines; ++i)
+      log.record(i % 2 ? EventAction::free : EventAction::allocate, reinterpret_cast<void*>(0x1000 * (i / 2 + 1)),
+                 4096, kDefaultStream);
+  };
+  EventLog mine(path);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int status = 1;
+    try {
+      EventLog theirs(path);  // the name is taken: <path>.<pid>
+      write(theirs);
+      status = theirs.path() == path + "." + std::to_string(::getpid()) ? 0 : 2;
+    } catch (...) {
+      status = 3;
+    }
+    ::_exit(status);
+  }
+  write(mine);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const std::string theirs = path + "." + std::to_string(child);
+  for (const std::string& file : {path, theirs}) {
+    const auto records = read_event_log(file);
+    EXPECT_EQ(records.size(), static_cast<std::size_t>(kLines)) << file;
+    EXPECT_EQ(lines_of(file).size(), static_cast<std::size_t>(kLines) + 1) << file;
+  }
+  std::filesystem::remove(theirs);
+}
+
+TEST_F(EventLogTest, PlaceholdersNameAFilePerProcessAndRank) {
+  ::setenv("RANK", "3", 1);
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const std::string expanded = expand_event_log_path(dir + "/ev_%p_r%r_100%%.csv");
+  EXPECT_EQ(expanded, dir + "/ev_" + std::to_string(::getpid()) + "_r3_100%.csv");
+  {
+    EventLog log(dir + "/ev_%p_r%r_100%%.csv");
+    EXPECT_EQ(log.path(), expanded);
+  }
+  ::unsetenv("RANK");
+  EXPECT_EQ(expand_event_log_path("a_%r"), "a_0");
+  EXPECT_THROW(expand_event_log_path("a_%q.csv"), InvalidArgument);
+  std::filesystem::remove(expanded);
 }
 
 std::string parse_error(const std::string& text) {

@@ -169,5 +169,23 @@ TEST(EmulatedClock, RejectsASlackThatIsNotADuration) {
   EXPECT_NO_THROW(device(0.0));
 }
 
+// A link so slow that its copy times overflow the clock used to turn throttling off without a
+// word; such rates, and capacities past what a process can address, are refused.
+TEST(EmulatedClock, RejectsLinksAndCapacitiesOutOfRange) {
+  for (double bad : {1e-300, 1e-4, -1.0, 1e9, std::numeric_limits<double>::quiet_NaN()}) {
+    EmulatedOptions o;
+    o.link_bandwidth_gbps = bad;
+    EXPECT_THROW(make_emulated_device(0, o), InvalidArgument) << bad;
+  }
+  for (double good : {0.0, kMinLinkGbps, 32.0, kMaxLinkGbps}) {
+    EmulatedOptions o;
+    o.link_bandwidth_gbps = good;
+    EXPECT_NO_THROW(make_emulated_device(0, o)) << good;
+  }
+  EmulatedOptions o;
+  o.capacity = kMaxEmulatedCapacity + 1;
+  EXPECT_THROW(make_emulated_device(0, o), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace stowage

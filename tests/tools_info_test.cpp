@@ -34,6 +34,18 @@ CliResult run_cli(const std::string& env, const std::string& args) {
 constexpr const char* kTwoEmulated =
     "STOWAGE_DEVICE=emulated STOWAGE_EMULATED_DEVICES=2 STOWAGE_EMULATED_CAPACITY=1GiB STOWAGE_LOG_LEVEL=off";
 
+// A misspelt variable used to be ignored without a word; stowage says so once, logging off or not.
+TEST(ToolsInfo, AMisspeltVariableIsNamedOnce) {
+  const CliResult r = run_cli(std::string(kTwoEmulated) + " STOWAGE_EMULATED_CAPACTY=2GiB", "info");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string warning = "stowage: STOWAGE_EMULATED_CAPACTY is not a stowage variable (did you mean "
+                              "STOWAGE_EMULATED_CAPACITY?); it is ignored";
+  const auto at = r.output.find(warning);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(warning, at + 1), std::string::npos) << "said twice:\n" << r.output;
+  EXPECT_NE(r.output.find("1.00 GiB total"), std::string::npos) << r.output;  // the real one still holds
+}
+
 TEST(ToolsInfo, TextNamesTheEmulatedDevicesAndWhyNotCuda) {
   const CliResult r = run_cli(kTwoEmulated, "info");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -50,6 +50,13 @@ Clock::duration slack_of(double ms) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
 }
 
+double link_of(double gbps) {
+  if (gbps != 0 && !(gbps >= kMinLinkGbps && gbps <= kMaxLinkGbps))
+    throw InvalidArgument(fmt::format("emulated link bandwidth {} GB/s must be 0 (unthrottled) or between {} and {}",
+                                      gbps, kMinLinkGbps, kMaxLinkGbps));
+  return gbps;
+}
+
 std::vector<int> calling_thread_numa_nodes() {
   if (numa_available() < 0) return {0};
   const int cpu = sched_getcpu();
@@ -61,10 +68,13 @@ class EmulatedDevice final : public Device {
  public:
   EmulatedDevice(int ordinal, const EmulatedOptions& o)
       : memory_(ordinal, o.capacity, o.granularity),
-        h2d_(o.link_bandwidth_gbps),
-        d2h_(o.link_bandwidth_gbps),
+        h2d_(link_of(o.link_bandwidth_gbps)),
+        d2h_(link_of(o.link_bandwidth_gbps)),
         slack_(slack_of(o.scheduling_slack_ms)) {
-    if (o.capacity == 0) throw InvalidArgument("emulated device capacity must be positive");
+    if (o.capacity == 0 || o.capacity > kMaxEmulatedCapacity)
+      throw InvalidArgument(fmt::format("emulated device capacity {} B must be positive and at most {} B (128 TiB, "
+                                        "what a process can address)",
+                                        o.capacity, kMaxEmulatedCapacity));
     if (o.granularity == 0 || (o.granularity & (o.granularity - 1)) != 0 || o.granularity % 4096 != 0)
       throw InvalidArgument(fmt::format("emulated granularity {} must be a power of two multiple of 4096", o.granularity));
     props_.kind = DeviceKind::emulated;

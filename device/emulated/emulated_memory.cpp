@@ -4,6 +4,7 @@
 #include <numa.h>
 #include <numaif.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -101,7 +102,16 @@ void* Memory::reserve(std::size_t bytes) {
   check_granular(bytes, "reservation size");
   const std::size_t raw_size = bytes + granularity_;
   void* raw = map_anonymous(raw_size, PROT_NONE);
-  if (!raw) throw OutOfMemory(fmt::format("{}: cannot reserve {} of address space", where(), bytes_str(bytes)));
+  if (!raw) {
+    const int err = errno;
+    rlimit limit{};
+    const bool limited = ::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+    throw OutOfMemory(fmt::format("{}: cannot reserve {} of address space ({}{})", where(), bytes_str(bytes),
+                                  std::strerror(err),
+                                  limited ? fmt::format("; the process's address-space limit, ulimit -v, is {}",
+                                                        bytes_str(static_cast<std::size_t>(limit.rlim_cur)))
+                                          : std::string()));
+  }
   const auto base = round_up(reinterpret_cast<std::uintptr_t>(raw), granularity_);
   std::lock_guard lock(mutex_);
   reservations_[base] = Reservation{bytes, raw, raw_size, {}};

@@ -28,23 +28,29 @@ struct EventRecord {
   std::uint64_t stream = 0;     // the Stream's value (cudaStream_t on CUDA)
 };
 
-// Writes the CSV through an spdlog file sink; thread-safe; every line is flushed as written,
-// so the file is complete even if the process never shuts down cleanly.
+// Writes the CSV; thread-safe. Each line goes to the file with one append (O_APPEND, a single
+// write), so it is complete even if the process never shuts down cleanly, and lines from several
+// processes never interleave. One file per process: `path` may hold %p (the process id), %r (the
+// rank: RANK, else LOCAL_RANK, else 0) and %% (a %). A file another live process is writing is
+// never truncated: this process then writes `<path>.<pid>` instead and says so on stderr.
 class EventLog {
  public:
-  // Truncates `path` and writes the header. InvalidArgument when the file cannot be opened.
+  // InvalidArgument when the file cannot be opened.
   explicit EventLog(const std::string& path);
   ~EventLog();
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
 
   void record(EventAction action, const void* pointer, std::size_t size, Stream stream);
-  const std::string& path() const;
+  const std::string& path() const;  // the file actually written
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The file name for `pattern` in this process: %p, %r and %% expanded (see EventLog).
+std::string expand_event_log_path(const std::string& pattern);
 
 // Reads an event log. ParseError naming `source` and the line number for a malformed line.
 std::vector<EventRecord> parse_event_log(std::istream& in, const std::string& source = "event log");

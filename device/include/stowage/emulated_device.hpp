@@ -10,6 +10,12 @@
 
 namespace stowage {
 
+// A throttled link runs between 1 MB/s and 100 TB/s (a rate outside that is a mistake, and its
+// copy times would not fit the clock); capacities stop at the 128 TiB a process can address.
+inline constexpr double kMinLinkGbps = 1e-3;
+inline constexpr double kMaxLinkGbps = 1e5;
+inline constexpr std::size_t kMaxEmulatedCapacity = std::size_t{1} << 47;
+
 struct EmulatedOptions {
   std::size_t capacity = std::size_t{8} << 30;   // STOWAGE_EMULATED_CAPACITY
   double link_bandwidth_gbps = 0.0;               // 0 = unthrottled; STOWAGE_EMULATED_LINK_GBPS

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "stowage/allocator.hpp"
 #include "stowage/byte_size.hpp"
@@ -35,6 +36,10 @@ using EnvLookup = std::function<const char*(const char*)>;
 // Parses every STOWAGE_* variable. ParseError naming the variable for a malformed value.
 Config load_config(const EnvLookup& lookup);
 Config load_config_from_environment();
+
+// For each STOWAGE_* name that is not one stowage reads: a warning naming it and the closest
+// known name. config() writes these to stderr once, on first use.
+std::vector<std::string> unknown_variable_warnings(const std::vector<std::string>& names);
 
 // The process's configuration, read from the environment once on first use. A malformed
 // variable throws ParseError on every call (nothing is half-configured).
