@@ -11,7 +11,7 @@ struct Block;
 
 class AddressMap {
  public:
-  AddressMap() : slots_(1024) {}
+  explicit AddressMap(std::size_t slots = 1024) : slots_(slots) {}  // slots: a power of two
 
   Block* find(std::uintptr_t key) const {
     for (std::size_t i = index(key);; i = (i + 1) & mask()) {

@@ -194,6 +194,7 @@ std::size_t CachingAllocator::Impl::release_block(Block* b) {
 }
 
 std::size_t CachingAllocator::Impl::release_cached(std::size_t want, bool oldest_first) {
+  drain_caches();
   device.synchronize();
   ++st.num_sync_all_streams;
   for (Pending& pe : pending) {
@@ -272,6 +273,11 @@ std::string CachingAllocator::Impl::describe_foreign(std::uintptr_t addr) const 
   for (const auto& pe : pending) {
     if (pe.block->addr == addr) return fmt::format("stowage: double free of {:#x} (already freed, pending on other streams)", addr);
   }
+  for (const auto& c : owner->caches)
+    for (const auto& bin : c->bins)
+      for (const Block* b = bin.head; b != nullptr; b = b->cache_next)
+        if (b->addr == addr)
+          return fmt::format("stowage: double free of {:#x} (already freed, kept in a thread's cache)", addr);
   for (const auto& bp : pools) {
     for (const Block* b : bp.free_blocks()) {
       if (b->addr <= addr && addr < b->end()) return fmt::format("stowage: double free of {:#x} (the memory is free)", addr);

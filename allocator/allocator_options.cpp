@@ -81,11 +81,17 @@ AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptio
       o.trace_entries = static_cast<std::size_t>(parse_count(key, value));
     } else if (key == "expandable_reserve_mb") {
       o.expandable_reserve = mib_to_bytes(key, parse_count(key, value));
+    } else if (key == "thread_cache_mb") {
+      o.thread_cache_bytes = mib_to_bytes(key, parse_count(key, value));
+    } else if (key == "thread_cache_max_block_kb") {
+      const std::uint64_t kib = parse_count(key, value);
+      if (kib > (std::uint64_t{1} << 30)) throw ParseError(fmt::format("allocator options: {}: {} KiB is too large", key, kib));
+      o.thread_cache_max_block = static_cast<std::size_t>(kib) << 10;
     } else {
       throw ParseError(fmt::format(
           "allocator options: unknown key \"{}\" (known: expandable_segments, max_split_size_mb, "
           "garbage_collection_threshold, memory_cap_mb, memory_cap_fraction, trace_entries, "
-          "expandable_reserve_mb)", key));
+          "expandable_reserve_mb, thread_cache_mb, thread_cache_max_block_kb)", key));
     }
   }
   return o;

@@ -39,6 +39,8 @@ std::string to_json(const AllocatorStats& s) {
   j["num_device_free"] = s.num_device_free;
   j["num_stream_waits"] = s.num_stream_waits;
   j["num_sync_all_streams"] = s.num_sync_all_streams;
+  j["num_thread_cache_hits"] = s.num_thread_cache_hits;
+  j["thread_cache_bytes"] = s.thread_cache_bytes;
   return j.dump();
 }
 

@@ -21,7 +21,8 @@ inline constexpr Stream kAnyStream{std::numeric_limits<std::uintptr_t>::max()};
 
 enum class BlockUse : std::uint8_t { free, allocated, pending };
 
-struct Block {
+// Cache-line aligned: threads that allocate at once write to their own blocks without sharing a line.
+struct alignas(64) Block {
   std::uintptr_t addr = 0;
   std::size_t size = 0;
   std::size_t requested = 0;
@@ -34,6 +35,11 @@ struct Block {
   std::uint64_t free_tick = 0;  // when it last became free (for the gc's oldest-first order)
   std::vector<Stream> uses;     // other streams it was recorded on
   std::string tag;
+  Block* cache_next = nullptr;  // in a thread cache: the next block of its bin
+  // Set when handed out: the block has address neighbours or lies in an expandable segment, so,
+  // freed, it counts as split memory. Fixed while the block is live (only free blocks split or
+  // merge), and read by the fast path without the device-wide lock instead of prev/next.
+  bool split_member = false;
 
   bool is_free() const { return use == BlockUse::free; }
   std::uintptr_t end() const { return addr + size; }

@@ -11,7 +11,14 @@ using detail::Block;
 using detail::BlockUse;
 
 CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
-    : device(d), opts(o), trace(opts.trace_entries) {
+    : device(d),
+      opts(o),
+      owner(std::make_shared<detail::CacheOwner>()),
+      mu(owner->mu),
+      thread_caches(opts.thread_cache_bytes > 0 && opts.trace_entries == 0),
+      trace(opts.trace_entries) {
+  owner->allocator = this;
+  owner->retire = &Impl::retire_cache;
   if (opts.max_split_size > 0 && opts.max_split_size <= detail::kLargeBuffer) {
     throw InvalidArgument(fmt::format("stowage: max_split_size must be 0 or above {} bytes (20 MiB), got {}",
                                       detail::kLargeBuffer, opts.max_split_size));
@@ -30,7 +37,10 @@ CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
   }
 }
 
-CachingAllocator::Impl::~Impl() { release_everything(); }
+CachingAllocator::Impl::~Impl() {
+  detach_caches();
+  release_everything();
+}
 
 std::size_t CachingAllocator::Impl::limit() const {
   const std::size_t capacity = device.capacity();
@@ -56,6 +66,7 @@ void* CachingAllocator::Impl::hand_out(Block* b, std::size_t bytes, std::size_t 
   b->stream = stream;
   b->requested = bytes;
   b->tag = ScopedTag::current();
+  b->split_member = b->segment->expandable || b->prev != nullptr || b->next != nullptr;
   live.insert(b->addr, b);
   const auto size = static_cast<std::int64_t>(b->size);
   st.allocated_bytes.add(b->pool, size);
@@ -147,6 +158,12 @@ Block* CachingAllocator::Impl::take_from_other_streams(std::size_t rounded, Pool
 Block* CachingAllocator::Impl::slow_find(std::size_t bytes, std::size_t rounded, Pool p, Stream stream) {
   process_events();
   if (Block* b = pool(p).find(rounded, stream, max_split())) return b;
+  // Before waiting on other streams or asking the device for more: the blocks threads keep for
+  // themselves go back to the pools, where they merge with their free neighbours.
+  if (cached_bytes() > 0) {
+    drain_caches();
+    if (Block* b = pool(p).find(rounded, stream, max_split())) return b;
+  }
   if (Block* b = take_from_other_streams(rounded, p, stream)) return b;
   if (rounded > limit()) {
     throw_oom(bytes, rounded, "the request is larger than the device capacity or the memory cap");
@@ -191,9 +208,15 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
     throw InvalidArgument(fmt::format("stowage: allocation of {} bytes is larger than any device", bytes));
   }
   const std::size_t rounded = detail::round_size(bytes);
-  const Pool p = detail::pool_for(rounded);
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  if (m.thread_caches) {
+    if (void* p = m.fast_allocate(bytes, rounded, stream)) return p;
+  }
+  const Pool p = detail::pool_for(rounded);
+  Impl::Exclusive ex(m);
+  if (m.thread_caches) {
+    if (void* cached = m.hand_out_cached(bytes, rounded, stream)) return cached;
+  }
   Block* b = m.pool(p).find(rounded, stream, m.max_split());
   if (!b) b = m.slow_find(bytes, rounded, p, stream);
   return m.hand_out(b, bytes, rounded, stream);
@@ -201,70 +224,113 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
 
 void CachingAllocator::do_deallocate(void* ptr, std::size_t expected_bytes) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  Block* b = m.live.find(addr);
-  if (!b) throw InvalidArgument(m.describe_foreign(addr));
-  if (expected_bytes != 0 && expected_bytes != b->requested && expected_bytes != b->size) {
+  // Under the block's shard lock: check it, and take it out of `live` when this thread may
+  // cache it (then no other thread can free it twice meanwhile).
+  bool size_mismatch = false;
+  bool taken = false;
+  Block* b = m.live.with(addr, [&](detail::AddressMap& map) -> Block* {
+    Block* found = map.find(addr);
+    if (found == nullptr) return nullptr;
+    if (expected_bytes != 0 && expected_bytes != found->requested && expected_bytes != found->size) {
+      size_mismatch = true;
+      return found;
+    }
+    if (m.cacheable(found)) {
+      map.erase(addr);
+      taken = true;
+    }
+    return found;
+  });
+  if (b == nullptr) {
+    Impl::Exclusive ex(m);
+    throw InvalidArgument(m.describe_foreign(addr));
+  }
+  if (size_mismatch) {
     throw InvalidArgument(fmt::format(
         "stowage: free of {} with size {} bytes, but the block was allocated with {} bytes",
         ptr, expected_bytes, b->requested));
   }
+  if (taken) {
+    if (m.fast_free(b)) return;
+    Impl::Exclusive ex(m);
+    if (m.cache_freed(b)) return;
+    m.free_block(b);  // no other stream's use: nothing to record, so it cannot fail part-way
+    return;
+  }
+  Impl::Exclusive ex(m);
+  b = m.live.with(addr, [&](detail::AddressMap& map) {
+    Block* now = map.find(addr);
+    if (now != nullptr) map.erase(addr);
+    return now;
+  });
+  if (b == nullptr) throw InvalidArgument(m.describe_foreign(addr));  // freed by another thread meanwhile
+  try {
+    m.free_block(b);
+  } catch (...) {
+    m.live.insert(addr, b);  // nothing changed
+    throw;
+  }
+}
+
+void CachingAllocator::Impl::free_block(Block* b) {
   // Events first: if recording fails nothing has changed yet.
   std::vector<Event> events;
   try {
     for (Stream s : b->uses) {
-      events.push_back(m.take_event());
-      m.device.record(events.back(), s);
+      events.push_back(take_event());
+      device.record(events.back(), s);
     }
   } catch (...) {
-    m.spare_events.insert(m.spare_events.end(), events.begin(), events.end());
+    spare_events.insert(spare_events.end(), events.begin(), events.end());
     throw;
   }
-  m.live.erase(addr);
   const Pool p = b->pool;
-  m.st.allocated_bytes.sub(p, static_cast<std::int64_t>(b->size));
-  m.st.requested_bytes.sub(p, static_cast<std::int64_t>(b->requested));
-  m.st.allocation.sub(p, 1);
-  if (m.trace.enabled()) m.trace.push(TraceAction::free_requested, b->addr, b->size, b->stream, b->tag);
+  st.allocated_bytes.sub(p, static_cast<std::int64_t>(b->size));
+  st.requested_bytes.sub(p, static_cast<std::int64_t>(b->requested));
+  st.allocation.sub(p, 1);
+  if (trace.enabled()) trace.push(TraceAction::free_requested, b->addr, b->size, b->stream, b->tag);
   if (events.empty()) {
-    m.complete_free(b);
+    complete_free(b);
   } else {
     b->use = BlockUse::pending;
-    m.pending.push_back({b, std::move(events)});
+    pending.push_back({b, std::move(events)});
   }
 }
 
 void CachingAllocator::do_record_stream(void* ptr, Stream stream) {
-  Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
-  Block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (!b) {
-    throw InvalidArgument(fmt::format("stowage: record_stream on {}, which is not a live allocation", ptr));
-  }
-  if (stream == b->stream || std::find(b->uses.begin(), b->uses.end(), stream) != b->uses.end()) return;
-  b->uses.push_back(stream);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  const bool found = impl_->live.with(addr, [&](detail::AddressMap& map) {
+    Block* b = map.find(addr);
+    if (b == nullptr) return false;
+    if (stream != b->stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end())
+      b->uses.push_back(stream);
+    return true;
+  });
+  if (!found) throw InvalidArgument(fmt::format("stowage: record_stream on {}, which is not a live allocation", ptr));
 }
 
 std::size_t CachingAllocator::block_size(const void* ptr) const {
-  std::lock_guard lock(impl_->mu);
-  const Block* b = impl_->live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (!b) throw InvalidArgument(fmt::format("stowage: {} is not a live allocation of this allocator", ptr));
-  return b->size;
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::size_t size = impl_->live.with(addr, [&](detail::AddressMap& map) -> std::size_t {
+    const Block* b = map.find(addr);
+    return b != nullptr ? b->size : 0;
+  });
+  if (size == 0) throw InvalidArgument(fmt::format("stowage: {} is not a live allocation of this allocator", ptr));
+  return size;
 }
 
 bool CachingAllocator::owns(const void* ptr) const {
-  std::lock_guard lock(impl_->mu);
   return impl_->live.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
 void CachingAllocator::empty_cache() {
-  std::lock_guard lock(impl_->mu);
+  Impl::Exclusive ex(*impl_);
   impl_->release_cached(static_cast<std::size_t>(-1), false);
 }
 
 void CachingAllocator::set_memory_cap(std::size_t bytes) {
-  std::lock_guard lock(impl_->mu);
+  std::lock_guard lock(impl_->mu);  // the cap is read under mu alone
   impl_->cap = bytes;
 }
 
@@ -274,13 +340,18 @@ std::size_t CachingAllocator::memory_cap() const {
 }
 
 AllocatorStats CachingAllocator::stats() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->st;
+  Impl::Exclusive ex(*impl_);
+  AllocatorStats s = impl_->st;
+  s.thread_cache_bytes = static_cast<std::int64_t>(impl_->cached_bytes());
+  return s;
 }
 
 void CachingAllocator::reset_peak_stats() {
-  std::lock_guard lock(impl_->mu);
+  Impl::Exclusive ex(*impl_);
   impl_->st.reset_peaks();
+  for (const auto& c : impl_->owner->caches)
+    for (auto& per_stat : c->headroom)
+      for (std::int64_t& h : per_stat) h = 0;  // total + headroom <= peak == total
 }
 
 }  // namespace stowage

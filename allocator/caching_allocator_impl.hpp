@@ -1,14 +1,16 @@
 #pragma once
-// The caching allocator's state, shared by its source files (allocation paths, growth and
-// release, inspection). Every member function expects `mu` held unless it says otherwise.
+// The caching allocator's state, shared by its source files (allocation paths, the threads'
+// caches, growth and release, inspection). Every member function expects an Exclusive section
+// (the device-wide lock `mu` and every thread cache's lock) unless it says otherwise.
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <vector>
 
-#include "allocator/address_map.hpp"
 #include "allocator/block_pool.hpp"
+#include "allocator/live_blocks.hpp"
 #include "allocator/segment.hpp"
+#include "allocator/thread_cache.hpp"
 #include "allocator/trace_ring.hpp"
 #include "stowage/caching_allocator.hpp"
 
@@ -28,9 +30,11 @@ struct CachingAllocator::Impl {
   AllocatorOptions opts;
   SegmentMode mode;
   std::size_t cap = 0;  // 0: none
-  mutable std::mutex mu;
+  std::shared_ptr<detail::CacheOwner> owner;  // the device-wide lock and the threads' caches
+  std::mutex& mu;                             // owner->mu
+  bool thread_caches = false;                 // the fast path is on
   detail::BlockPool pools[kPoolCount]{detail::BlockPool(Pool::small), detail::BlockPool(Pool::large)};
-  detail::AddressMap live;  // allocated blocks by address
+  detail::LiveBlocks live;  // allocated blocks by address (locked per shard, not by mu)
   std::vector<std::unique_ptr<detail::Segment>> classic;     // classic segments
   std::unique_ptr<detail::Segment> expandable[kPoolCount];   // one reservation per pool
   std::vector<Pending> pending;
@@ -40,11 +44,49 @@ struct CachingAllocator::Impl {
   detail::TraceRing trace;
 
   detail::BlockPool& pool(Pool p) { return pools[static_cast<int>(p)]; }
+
+  // The device-wide lock and every thread cache's lock, the caches' statistics folded in: the
+  // slow path and every reader of statistics, snapshots or segments run inside one. On leaving
+  // it, the calling thread's cache is granted the headroom left (thread_cache.hpp).
+  class Exclusive {
+   public:
+    explicit Exclusive(Impl& m);
+    ~Exclusive();
+    Exclusive(const Exclusive&) = delete;
+    Exclusive& operator=(const Exclusive&) = delete;
+
+   private:
+    Impl& m_;
+    std::unique_lock<std::mutex> lock_;
+  };
+
+  // --- the threads' caches (caching_allocator_fast.cpp) ---
+  // The calling thread's cache; created (taking mu: never inside an Exclusive) when asked.
+  detail::ThreadCache* thread_cache(bool create);
+  // Without mu: a cached block of the rounded size on the stream, within the cache's headroom;
+  // nullptr when there is none.
+  void* fast_allocate(std::size_t bytes, std::size_t rounded, Stream stream);
+  // Without mu: b, taken out of `live` and free of other streams' uses, into the calling thread's
+  // cache; false when it does not fit or the headroom does not allow it.
+  bool fast_free(detail::Block* b);
+  bool cacheable(const detail::Block* b) const;
+  // Inside an Exclusive: the same through the statistics themselves (peaks recorded exactly).
+  void* hand_out_cached(std::size_t bytes, std::size_t rounded, Stream stream);
+  bool cache_freed(detail::Block* b);
+  void fold_caches();
+  void grant_headroom(detail::ThreadCache* self);
+  void drain_caches();  // every cached block back to its pool
+  std::size_t cached_bytes() const;
+  void detach_caches() noexcept;  // the allocator goes: caches forget their blocks
+  static void retire_cache(void* allocator, const std::shared_ptr<detail::ThreadCache>& cache);
+  void apply_exact(const detail::FastDelta& d);
+  Stat& fast_stat(int stat, int slot);  // slot 0: all pools, 1: small, 2: large
   std::size_t limit() const;  // bytes the allocator may reserve
   std::size_t max_split() const { return mode == SegmentMode::classic ? opts.max_split_size : 0; }
 
   // --- allocation paths (caching_allocator.cpp) ---
   void* hand_out(detail::Block* b, std::size_t bytes, std::size_t rounded, Stream stream);
+  void free_block(detail::Block* b);  // b taken out of `live`: pending on its uses, or free
   detail::Block* slow_find(std::size_t bytes, std::size_t rounded, Pool p, Stream stream);
   detail::Block* take_from_other_streams(std::size_t rounded, Pool p, Stream stream);
   void complete_free(detail::Block* b);

@@ -72,7 +72,7 @@ TEST(AllocatorBlocks, ClassicPoolsAndSegmentSizes) {
 
 TEST(AllocatorBlocks, SplitAndCoalesceExactAddresses) {
   auto dev = small_device();
-  CachingAllocator a(*dev, classic_options());
+  CachingAllocator a(*dev, without_thread_caches(classic_options()));
   void* p0 = a.allocate(1000);  // 1024
   void* p1 = a.allocate(4096);
   void* p2 = a.allocate(512);

@@ -249,18 +249,19 @@ TEST_P(AllocatorFaults, RefusedEventRecordChangesNothing) {
   give(0);  // and frees now
   device_->synchronize();
 
-  // A free block of the default stream's, taken for s2 behind a wait.
-  void* q = alloc_->allocate(2 * MiB);
+  // A free block of the default stream's, taken for s2 behind a wait. (6 MiB: larger than a
+  // thread cache keeps, so it goes back to its pool and merges at once.)
+  void* q = alloc_->allocate(6 * MiB);
   alloc_->deallocate(q);
   const std::int64_t reserved = alloc_->stats().reserved_bytes.all.current;
   const std::int64_t waits = alloc_->stats().num_stream_waits;
   device_->set_plan({.record_every = 1});
-  EXPECT_THROW(alloc_->allocate(2 * MiB, s2), DeviceError);
+  EXPECT_THROW(alloc_->allocate(6 * MiB, s2), DeviceError);
   device_->set_plan({});
   EXPECT_EQ(alloc_->stats().allocated_bytes.all.current, 0);
   EXPECT_EQ(alloc_->stats().reserved_bytes.all.current, reserved);
   EXPECT_EQ(alloc_->stats().num_stream_waits, waits);
-  void* r = alloc_->allocate(2 * MiB, s2);  // the same block, now behind a wait
+  void* r = alloc_->allocate(6 * MiB, s2);  // the same block, now behind a wait
   EXPECT_EQ(r, q);
   EXPECT_EQ(alloc_->stats().num_stream_waits, waits + 1);
   alloc_->deallocate(r);

@@ -211,7 +211,9 @@ TEST(AllocatorStatsJson, FlatPyTorchKeys) {
   EXPECT_EQ(j["reserved_bytes.all.peak"], 4 * MiB);
   EXPECT_EQ(j["requested_bytes.all.allocated"], 3 * MiB);
   EXPECT_EQ(j["num_device_alloc"], 2);
-  EXPECT_EQ(j.size(), 7u * 3 * 4 + 6);
+  EXPECT_EQ(j["num_thread_cache_hits"], 0);
+  EXPECT_EQ(j["thread_cache_bytes"], 0);
+  EXPECT_EQ(j.size(), 7u * 3 * 4 + 8);
   a.deallocate(x);
 }
 

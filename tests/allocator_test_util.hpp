@@ -23,6 +23,13 @@ inline AllocatorOptions classic_options() {
   return o;
 }
 
+// For tests of where the pools place blocks: threads' caches keep freed blocks back from the
+// pools (and from merging) until the pools need them, which changes placement, not totals.
+inline AllocatorOptions without_thread_caches(AllocatorOptions o = {}) {
+  o.thread_cache_bytes = 0;
+  return o;
+}
+
 inline std::uintptr_t addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
 }  // namespace stowage::test

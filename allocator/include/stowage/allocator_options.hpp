@@ -22,11 +22,18 @@ struct AllocatorOptions {
   std::size_t trace_entries = 0;
   // Reserve this much address space per expandable pool (default: 2x device capacity).
   std::size_t expandable_reserve = 0;
+  // Each thread keeps up to this many bytes of blocks it freed for its own next allocations of
+  // the same size on the same stream, served without the allocator's device-wide lock (0 = off).
+  // Only blocks of at most thread_cache_max_block bytes that are part of a split or expandable
+  // segment are kept; a snapshot trace (trace_entries) turns the caches off.
+  std::size_t thread_cache_bytes = std::size_t{32} << 20;
+  std::size_t thread_cache_max_block = std::size_t{4} << 20;
 };
 
 // Parses PyTorch-style configuration text, e.g.
 // "expandable_segments:True,max_split_size_mb:512,garbage_collection_threshold:0.8",
-// plus stowage's keys (memory_cap_mb, memory_cap_fraction, trace_entries). ParseError on bad input.
+// plus stowage's keys (memory_cap_mb, memory_cap_fraction, trace_entries, expandable_reserve_mb,
+// thread_cache_mb, thread_cache_max_block_kb). ParseError on bad input.
 AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptions base = {});
 
 }  // namespace stowage

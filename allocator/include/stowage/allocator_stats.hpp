@@ -51,6 +51,8 @@ struct AllocatorStats {
   std::int64_t num_device_free = 0;
   std::int64_t num_stream_waits = 0;   // pending blocks handed out after a device-side wait
   std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_thread_cache_hits = 0;  // allocations served by a thread's own cache
+  std::int64_t thread_cache_bytes = 0;     // bytes in threads' caches now (reserved, not allocated)
   void reset_peaks();
 };
 

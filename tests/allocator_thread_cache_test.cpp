@@ -1,0 +1,364 @@
+// The allocator's fast path: each thread's cache of blocks it freed. Statistics stay exact at
+// every call (checked against a bookkeeper), peaks too when threads allocate at once, the caches
+// give their blocks back (empty_cache, out of memory, thread exit), streams stay ordered, and
+// snapshots see cached blocks as free.
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "allocator_test_util.hpp"
+
+namespace stowage {
+namespace {
+
+using namespace test;
+using ::testing::HasSubstr;
+
+// What the statistics must say, kept by the test from the calls it made.
+struct Books {
+  std::map<void*, std::pair<std::size_t, std::size_t>> live;  // requested, block size
+  std::int64_t requested = 0, requested_peak = 0, blocks = 0, blocks_peak = 0, count = 0, count_peak = 0;
+
+  void allocated(CachingAllocator& a, void* p, std::size_t bytes) {
+    const std::size_t size = a.block_size(p);
+    live[p] = {bytes, size};
+    requested += static_cast<std::int64_t>(bytes);
+    blocks += static_cast<std::int64_t>(size);
+    ++count;
+    requested_peak = std::max(requested_peak, requested);
+    blocks_peak = std::max(blocks_peak, blocks);
+    count_peak = std::max(count_peak, count);
+  }
+  void freed(void* p) {
+    auto it = live.find(p);
+    requested -= static_cast<std::int64_t>(it->second.first);
+    blocks -= static_cast<std::int64_t>(it->second.second);
+    --count;
+    live.erase(it);
+  }
+  void check(const CachingAllocator& a) const {
+    const AllocatorStats s = a.stats();
+    EXPECT_EQ(s.requested_bytes.all.current, requested);
+    EXPECT_EQ(s.requested_bytes.all.peak, requested_peak);
+    EXPECT_EQ(s.allocated_bytes.all.current, blocks);
+    EXPECT_EQ(s.allocated_bytes.all.peak, blocks_peak);
+    EXPECT_EQ(s.allocation.all.current, count);
+    EXPECT_EQ(s.allocation.all.peak, count_peak);
+  }
+};
+
+TEST(ThreadCache, TheSameSizeOnOneThreadComesFromItsCache) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* first = a.allocate(64 * KiB);
+  a.deallocate(first);
+  const std::int64_t reserved = a.stats().reserved_bytes.all.current;
+  for (int i = 0; i < 1000; ++i) {
+    void* p = a.allocate(64 * KiB);
+    EXPECT_EQ(p, first);
+    a.deallocate(p);
+  }
+  const AllocatorStats s = a.stats();
+  EXPECT_EQ(s.num_thread_cache_hits, 1000);
+  EXPECT_EQ(s.thread_cache_bytes, static_cast<std::int64_t>(64 * KiB));
+  EXPECT_EQ(s.allocated_bytes.all.current, 0);
+  EXPECT_EQ(s.allocated_bytes.all.peak, static_cast<std::int64_t>(64 * KiB));
+  EXPECT_EQ(s.allocation.all.allocated, 1001);
+  EXPECT_EQ(s.allocation.all.freed, 1001);
+  EXPECT_EQ(s.requested_bytes.small_pool.peak, static_cast<std::int64_t>(64 * KiB));
+  EXPECT_EQ(s.reserved_bytes.all.current, reserved);
+  // The cached block is free memory inside a split segment.
+  EXPECT_EQ(s.inactive_split_bytes.all.current, s.reserved_bytes.all.current - s.active_bytes.all.current);
+}
+
+// A random program of sizes (cached and not), streams and peak resets; the statistics agree
+// with the bookkeeper after every call.
+TEST(ThreadCache, StatisticsAreExactAtEveryCall) {
+  for (SegmentMode mode : {SegmentMode::expandable, SegmentMode::classic}) {
+    auto dev = small_device(512 * MiB);
+    AllocatorOptions o;
+    o.segments = mode;
+    CachingAllocator a(*dev, o);
+    const Stream side = dev->create_stream();
+    std::mt19937_64 rng(7);
+    Books books;
+    std::vector<void*> order;
+    const std::size_t sizes[] = {512, 1000, 4 * KiB, 64 * KiB, 1 * MiB, 3 * MiB, 5 * MiB, 12 * MiB};
+    for (int step = 0; step < 1500; ++step) {
+      if (order.size() < 40 && (order.empty() || rng() % 3 != 0)) {
+        const std::size_t bytes = sizes[rng() % std::size(sizes)];
+        void* p = a.allocate(bytes, rng() % 4 == 0 ? side : kDefaultStream);
+        books.allocated(a, p, bytes);
+        order.push_back(p);
+      } else {
+        const std::size_t i = rng() % order.size();
+        a.deallocate(order[i], books.live[order[i]].first);
+        books.freed(order[i]);
+        order.erase(order.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      if (step % 500 == 499) {
+        a.reset_peak_stats();
+        books.requested_peak = books.requested;
+        books.blocks_peak = books.blocks;
+        books.count_peak = books.count;
+      }
+      books.check(a);
+      if (::testing::Test::HasFailure()) return;
+    }
+    EXPECT_GT(a.stats().num_thread_cache_hits, 100) << "the program should reuse cached blocks";
+    for (void* p : order) a.deallocate(p);
+    dev->synchronize();
+    a.empty_cache();
+    EXPECT_EQ(a.stats().reserved_bytes.all.current, 0);
+    dev->destroy_stream(side);
+  }
+}
+
+// Threads allocate and free at once, in phases; between phases (all threads waiting) the totals
+// are known, and each peak must be the largest total so far.
+TEST(ThreadCache, PeaksStayExactWhenThreadsAllocateAtOnce) {
+  auto dev = small_device(1024 * MiB);
+  CachingAllocator a(*dev);
+  constexpr int kThreads = 4;
+  const int counts[] = {8, 3, 12, 5, 12, 1};
+  std::barrier sync(kThreads + 1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<void*> mine;
+      for (int k : counts) {
+        for (int i = 0; i < k; ++i) mine.push_back(a.allocate(256 * KiB));
+        sync.arrive_and_wait();  // allocated
+        sync.arrive_and_wait();  // checked
+        for (void* p : mine) a.deallocate(p);
+        mine.clear();
+        sync.arrive_and_wait();  // freed
+        sync.arrive_and_wait();  // checked
+      }
+    });
+  }
+  std::int64_t peak = 0;
+  for (int k : counts) {
+    sync.arrive_and_wait();
+    const std::int64_t total = std::int64_t{kThreads} * k * static_cast<std::int64_t>(256 * KiB);
+    peak = std::max(peak, total);
+    AllocatorStats s = a.stats();
+    EXPECT_EQ(s.allocated_bytes.all.current, total);
+    EXPECT_EQ(s.requested_bytes.all.current, total);
+    EXPECT_EQ(s.allocation.all.current, kThreads * k);
+    EXPECT_EQ(s.allocated_bytes.all.peak, peak);
+    EXPECT_EQ(s.requested_bytes.all.peak, peak);
+    EXPECT_EQ(s.allocation.all.peak, peak / static_cast<std::int64_t>(256 * KiB));
+    sync.arrive_and_wait();
+    sync.arrive_and_wait();
+    s = a.stats();
+    EXPECT_EQ(s.allocated_bytes.all.current, 0);
+    EXPECT_EQ(s.allocated_bytes.all.peak, peak);
+    EXPECT_EQ(s.active_bytes.all.current, 0);
+    sync.arrive_and_wait();
+  }
+  for (auto& t : threads) t.join();
+  const AllocatorStats s = a.stats();
+  EXPECT_GT(s.num_thread_cache_hits, 0);
+  EXPECT_EQ(s.thread_cache_bytes, 0) << "exited threads give their caches back";
+  EXPECT_EQ(s.inactive_split_bytes.all.current + s.active_bytes.all.current, s.reserved_bytes.all.current);
+}
+
+TEST(ThreadCache, ABlockFreedByAnotherThreadJoinsThatThreadsCache) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* p = a.allocate(100 * KiB);
+  std::thread([&] {
+    a.deallocate(p);
+    void* q = a.allocate(100 * KiB);  // from this thread's cache
+    EXPECT_EQ(q, p);
+    a.deallocate(q);
+  }).join();
+  const AllocatorStats s = a.stats();
+  EXPECT_EQ(s.num_thread_cache_hits, 1);
+  EXPECT_EQ(s.allocated_bytes.all.current, 0);
+  EXPECT_EQ(s.thread_cache_bytes, 0);
+  void* r = a.allocate(100 * KiB);  // the exited thread's block, back in the pool
+  EXPECT_EQ(r, p);
+  a.deallocate(r);
+}
+
+TEST(ThreadCache, EmptyCacheGivesCachedBlocksBack) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  a.deallocate(a.allocate(MiB));
+  EXPECT_EQ(a.stats().thread_cache_bytes, static_cast<std::int64_t>(MiB));
+  a.empty_cache();
+  const AllocatorStats s = a.stats();
+  EXPECT_EQ(s.thread_cache_bytes, 0);
+  EXPECT_EQ(s.reserved_bytes.all.current, 0);
+  EXPECT_EQ(dev->free_memory(), dev->capacity());
+}
+
+// A thread that keeps blocks in its cache does not make another thread run out of memory.
+TEST(ThreadCache, OutOfMemoryFirstEmptiesEveryThreadsCache) {
+  auto dev = small_device(8 * MiB);
+  CachingAllocator a(*dev);
+  std::mutex m;
+  std::condition_variable cv;
+  bool cached = false, done = false;
+  std::thread keeper([&] {
+    std::vector<void*> mine;
+    for (int i = 0; i < 3; ++i) mine.push_back(a.allocate(2 * MiB));
+    for (void* p : mine) a.deallocate(p);  // 6 MiB kept in this thread's cache
+    std::unique_lock lock(m);
+    cached = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return done; });
+  });
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return cached; });
+  }
+  EXPECT_EQ(a.stats().thread_cache_bytes, static_cast<std::int64_t>(6 * MiB));
+  void* big = a.allocate(7 * MiB);  // fits only with the keeper's blocks back in the pool
+  EXPECT_NE(big, nullptr);
+  EXPECT_EQ(a.stats().thread_cache_bytes, 0);
+  a.deallocate(big);
+  {
+    std::lock_guard lock(m);
+    done = true;
+  }
+  cv.notify_all();
+  keeper.join();
+}
+
+TEST(ThreadCache, AThreadMayOutliveItsAllocator) {
+  auto dev = small_device();
+  std::mutex m;
+  std::condition_variable cv;
+  int stage = 0;
+  auto a = std::make_unique<CachingAllocator>(*dev);
+  std::thread t([&] {
+    a->deallocate(a->allocate(8 * KiB));  // this thread now has a cache of a's
+    std::unique_lock lock(m);
+    stage = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return stage == 2; });
+  });  // and exits after a is gone: its cache must not touch a
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return stage == 1; });
+  }
+  a.reset();
+  EXPECT_EQ(dev->free_memory(), dev->capacity());
+  {
+    std::lock_guard lock(m);
+    stage = 2;
+  }
+  cv.notify_all();
+  t.join();
+  CachingAllocator b(*dev);  // a new allocator on this thread starts with a new cache
+  b.deallocate(b.allocate(8 * KiB));
+  EXPECT_EQ(b.stats().thread_cache_bytes, static_cast<std::int64_t>(8 * KiB));
+}
+
+TEST(ThreadCache, ABlockCachedForOneStreamReachesAnotherOnlyBehindAWait) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  const Stream s1 = dev->create_stream(), s2 = dev->create_stream();
+  void* p = a.allocate(256 * KiB, s1);
+  a.deallocate(p);
+  const std::int64_t waits = a.stats().num_stream_waits;
+  void* q = a.allocate(256 * KiB, s2);
+  if (q == p) EXPECT_EQ(a.stats().num_stream_waits, waits + 1) << "reused on s2 without waiting for s1";
+  EXPECT_EQ(a.stats().num_thread_cache_hits, 0);
+  a.deallocate(q);
+  dev->synchronize();
+  dev->destroy_stream(s1);
+  dev->destroy_stream(s2);
+}
+
+TEST(ThreadCache, SnapshotsShowCachedBlocksAsFree) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  ScopedTag tag("layer0.mlp");
+  void* kept = a.allocate(4 * KiB);
+  void* gone = a.allocate(16 * KiB);
+  a.deallocate(gone);
+  const Snapshot snap = a.snapshot();
+  EXPECT_EQ(snap.stats.thread_cache_bytes, static_cast<std::int64_t>(16 * KiB));
+  int allocated = 0;
+  for (const auto& seg : snap.segments)
+    for (const auto& b : seg.blocks) {
+      if (b.address == reinterpret_cast<std::uintptr_t>(gone)) {
+        EXPECT_EQ(b.state, BlockState::inactive);
+        EXPECT_EQ(b.tag, "");
+      }
+      if (b.state == BlockState::active_allocated) {
+        ++allocated;
+        EXPECT_EQ(b.address, reinterpret_cast<std::uintptr_t>(kept));
+        EXPECT_EQ(b.tag, "layer0.mlp");
+      }
+    }
+  EXPECT_EQ(allocated, 1);
+  a.deallocate(kept);
+}
+
+TEST(ThreadCache, ADoubleFreeOfACachedBlockIsRefused) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* p = a.allocate(32 * KiB);
+  a.deallocate(p);
+  const std::string before = to_json(a.stats());
+  try {
+    a.deallocate(p);
+    ADD_FAILURE() << "double free not detected";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("double free"));
+  }
+  EXPECT_EQ(to_json(a.stats()), before);
+}
+
+// A snapshot trace must be complete, so it turns the caches off.
+TEST(ThreadCache, ATraceTurnsTheCachesOff) {
+  auto dev = small_device();
+  AllocatorOptions o;
+  o.trace_entries = 100;
+  CachingAllocator a(*dev, o);
+  for (int i = 0; i < 5; ++i) a.deallocate(a.allocate(8 * KiB));
+  const Snapshot snap = a.snapshot();
+  EXPECT_EQ(snap.stats.num_thread_cache_hits, 0);
+  int allocs = 0, frees = 0;
+  for (const auto& e : snap.trace) {
+    allocs += e.action == TraceAction::alloc;
+    frees += e.action == TraceAction::free_completed;
+  }
+  EXPECT_EQ(allocs, 5);
+  EXPECT_EQ(frees, 5);
+}
+
+TEST(ThreadCache, OptionsBoundTheCache) {
+  auto dev = small_device();
+  AllocatorOptions o = parse_allocator_options("thread_cache_mb:1,thread_cache_max_block_kb:128");
+  EXPECT_EQ(o.thread_cache_bytes, MiB);
+  EXPECT_EQ(o.thread_cache_max_block, 128 * KiB);
+  CachingAllocator a(*dev, o);
+  a.deallocate(a.allocate(256 * KiB));  // above the block bound: back to the pool
+  EXPECT_EQ(a.stats().thread_cache_bytes, 0);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 12; ++i) blocks.push_back(a.allocate(100 * KiB));
+  for (void* p : blocks) a.deallocate(p);
+  EXPECT_LE(a.stats().thread_cache_bytes, static_cast<std::int64_t>(MiB));
+  EXPECT_GT(a.stats().thread_cache_bytes, 0);
+  CachingAllocator off(*dev, parse_allocator_options("thread_cache_mb:0"));
+  off.deallocate(off.allocate(4 * KiB));
+  EXPECT_EQ(off.stats().thread_cache_bytes, 0);
+}
+
+}  // namespace
+}  // namespace stowage
