@@ -212,6 +212,9 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
   if (m.thread_caches) {
     if (void* p = m.fast_allocate(bytes, rounded, stream)) return p;
   }
+  // A block never carries a stream that is not real: a bad one fails here, changing nothing.
+  // (A thread's cache holds blocks only for streams that passed this check.)
+  m.device.check_stream(stream);
   const Pool p = detail::pool_for(rounded);
   Impl::Exclusive ex(m);
   if (m.thread_caches) {
@@ -299,6 +302,7 @@ void CachingAllocator::Impl::free_block(Block* b) {
 }
 
 void CachingAllocator::do_record_stream(void* ptr, Stream stream) {
+  impl_->device.check_stream(stream);  // else every later free of the block would fail
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const bool found = impl_->live.with(addr, [&](detail::AddressMap& map) {
     Block* b = map.find(addr);

@@ -107,6 +107,7 @@ void FaultInjectingDevice::set_access(void* va, std::size_t bytes) {
 int FaultInjectingDevice::export_handle(PhysicalHandle h) { return inner_->export_handle(h); }
 Stream FaultInjectingDevice::create_stream(int priority) { return inner_->create_stream(priority); }
 void FaultInjectingDevice::destroy_stream(Stream s) { inner_->destroy_stream(s); }
+void FaultInjectingDevice::check_stream(Stream s) { inner_->check_stream(s); }
 std::pair<int, int> FaultInjectingDevice::priority_range() const { return inner_->priority_range(); }
 void FaultInjectingDevice::synchronize(Stream s) { inner_->synchronize(s); }
 void FaultInjectingDevice::synchronize() { inner_->synchronize(); }

@@ -125,6 +125,34 @@ TEST(AllocatorErrors, BadInputLeavesStateUnchanged) {
   EXPECT_EQ(a.stats().allocated_bytes.all.current, 0);
 }
 
+TEST(AllocatorErrors, AStreamThatIsNotRealIsRefusedAndChangesNothing) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  const Stream destroyed = dev->create_stream();
+  dev->destroy_stream(destroyed);
+  const Stream never{0xdead0};
+  void* x = a.allocate(4096);
+  const std::string before = to_json(a.stats());
+  for (Stream bad : {destroyed, never}) {
+    EXPECT_THROW(a.allocate(8192, bad), InvalidArgument);
+    EXPECT_THROW(a.record_stream(x, bad), InvalidArgument);
+  }
+  EXPECT_EQ(to_json(a.stats()), before);
+  // The block carries no bad stream: it frees and comes back at once.
+  a.deallocate(x);
+  EXPECT_EQ(a.allocate(4096), x);
+  a.deallocate(x);
+  // A live stream is still accepted for both.
+  const Stream live = dev->create_stream();
+  void* y = a.allocate(4096, live);
+  a.record_stream(y, kDefaultStream);
+  a.deallocate(y);
+  dev->synchronize();
+  EXPECT_EQ(a.stats().allocated_bytes.all.current, 0);
+  a.empty_cache();
+  dev->destroy_stream(live);
+}
+
 TEST(AllocatorErrors, LargerThanCapacityFailsAtOnce) {
   auto dev = small_device();
   AllocatorOptions o;

@@ -2,6 +2,7 @@
 // allocator's statistics unchanged, after which allocation and free keep working.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -132,6 +133,13 @@ TEST_F(CApiTest, BadInputChangesNothingAndAllocationContinues) {
   EXPECT_EQ(stowage_record_stream(&on_stack, 0, nullptr), -1);
   EXPECT_NE(error(), "");
   EXPECT_EQ(stowage_record_stream(nullptr, 0, nullptr), -1);
+  if (!stowage_using_cuda()) {  // CUDA cannot tell every non-handle from a stream without using it
+    void* bogus = reinterpret_cast<void*>(std::uintptr_t{0xdead0});
+    EXPECT_EQ(stowage_record_stream(b, 0, bogus), -1);
+    EXPECT_NE(error().find("stream"), std::string::npos) << error();
+    EXPECT_EQ(stowage_malloc(4096, 0, bogus), nullptr);
+    EXPECT_NE(error().find("stream"), std::string::npos) << error();
+  }
   EXPECT_EQ(state_of(0), before);
 
   // Double free: the first free works, the second changes nothing.

@@ -193,6 +193,28 @@ void CudaDevice::destroy_stream(Stream stream) {
   host_errors_.erase(s);
 }
 
+void CudaDevice::check_stream(Stream stream) {
+  auto s = static_cast<cudaStream_t>(native(stream));
+  // The legacy default stream, cudaStreamLegacy and cudaStreamPerThread are always there.
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return;
+  {
+    std::lock_guard lock(mu_);
+    if (streams_.count(s) != 0 || known_streams_.count(s) != 0) return;
+    if (destroyed_streams_.count(s) != 0)
+      throw InvalidArgument(fmt::format("stream {} of device {} was destroyed", native(stream), ordinal_));
+  }
+  // A stream a framework made: the runtime says whether it is one. (A value that is no stream
+  // handle at all may not be detectable: the runtime dereferences what it is given.)
+  Current current(ordinal_);
+  unsigned int flags = 0;
+  if (cudaStreamGetFlags(s, &flags) != cudaSuccess) {
+    cudaGetLastError();
+    throw InvalidArgument(fmt::format("{} is not a CUDA stream of device {}", native(stream), ordinal_));
+  }
+  std::lock_guard lock(mu_);
+  known_streams_.insert(s);
+}
+
 void CudaDevice::rethrow_host_error(cudaStream_t stream) {
   std::exception_ptr error;
   {

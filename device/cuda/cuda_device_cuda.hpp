@@ -40,6 +40,7 @@ class CudaDevice final : public Device {
 
   Stream create_stream(int priority) override;
   void destroy_stream(Stream stream) override;
+  void check_stream(Stream stream) override;
   std::pair<int, int> priority_range() const override;
   void synchronize(Stream stream) override;
   void synchronize() override;
@@ -111,6 +112,7 @@ class CudaDevice final : public Device {
   std::map<std::uintptr_t, Mapping> mappings_;
   std::map<std::uintptr_t, std::size_t> pinned_;
   std::unordered_set<cudaStream_t> streams_, destroyed_streams_;
+  std::unordered_set<cudaStream_t> known_streams_;  // others' streams the runtime vouched for
   std::unordered_map<cudaEvent_t, bool> events_;  // value: created with timing
   std::mutex errors_mu_;  // host callbacks take only this one
   std::unordered_map<cudaStream_t, std::exception_ptr> host_errors_;

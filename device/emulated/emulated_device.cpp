@@ -148,6 +148,10 @@ class EmulatedDevice final : public Device {
   }
 
   std::pair<int, int> priority_range() const override { return {0, -5}; }
+  void check_stream(Stream s) override {
+    if (s != kDefaultStream) worker(s);  // throws for a stream that is not this device's
+  }
+
   void synchronize(Stream s) override { worker(s)->synchronize(); }
 
   void synchronize() override {

@@ -110,6 +110,10 @@ class Device {
   // priority_range() gives {least, greatest} (e.g. {0, -5}); out-of-range values are clamped.
   virtual Stream create_stream(int priority = 0) = 0;
   virtual void destroy_stream(Stream stream) = 0;
+  // InvalidArgument when `stream` is not one work can be queued on: never created here, or
+  // destroyed. The default stream is always valid. (CUDA: also the legacy and per-thread default
+  // streams, and streams a framework created, which the driver is asked about.)
+  virtual void check_stream(Stream stream) = 0;
   virtual std::pair<int, int> priority_range() const = 0;
   virtual void synchronize(Stream stream) = 0;
   virtual void synchronize() = 0;  // the whole device

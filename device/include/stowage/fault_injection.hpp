@@ -50,6 +50,7 @@ class FaultInjectingDevice : public Device {
   int export_handle(PhysicalHandle handle) override;
   Stream create_stream(int priority = 0) override;
   void destroy_stream(Stream stream) override;
+  void check_stream(Stream stream) override;
   std::pair<int, int> priority_range() const override;
   void synchronize(Stream stream) override;
   void synchronize() override;
