@@ -1,5 +1,8 @@
 // PyTorch-style allocator configuration text: "key:value,key:value".
+#include <algorithm>
 #include <charconv>
+#include <string_view>
+#include <vector>
 #include <cmath>
 
 #include "fmt/format.h"
@@ -47,15 +50,38 @@ std::size_t mib_to_bytes(const std::string& key, std::uint64_t mib) {
   return static_cast<std::size_t>(mib) << 20;
 }
 
+// The items of "key:value,key:[a:b,c:d]": commas inside brackets (PyTorch's list values) do not
+// separate items.
+std::vector<std::string> split_items(std::string_view text) {
+  std::vector<std::string> items;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    const char c = i < text.size() ? text[i] : ',';
+    if (c == '[') ++depth;
+    if (c == ']' && depth > 0) --depth;
+    if (c == ',' && depth == 0) {
+      items.push_back(trim(text.substr(start, i - start)));
+      start = i + 1;
+    }
+  }
+  if (depth != 0) throw ParseError(fmt::format("allocator options: \"{}\": a '[' is not closed", trim(text)));
+  return items;
+}
+
+// PyTorch's keys that have no stowage counterpart: accepted, ignored, and said so.
+constexpr std::string_view kPytorchOnlyKeys[] = {
+    "roundup_power2_divisions",      "max_non_split_rounding_mb",     "backend",
+    "release_lock_on_cudamalloc",    "pinned_use_cuda_host_register", "pinned_num_register_threads",
+    "pinned_use_background_threads", "pinned_reserve_segment_size_mb", "graph_capture_record_stream_reuse"};
+
 }  // namespace
 
-AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptions base) {
+AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptions base,
+                                         std::vector<std::string>* warnings) {
   AllocatorOptions o = base;  // filled in a copy so bad text changes nothing
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    const auto comma = rest.find(',');
-    const std::string item = trim(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  std::vector<std::string> said;
+  for (const std::string& item : split_items(text)) {
     if (item.empty()) continue;
     const auto colon = item.find(':');
     if (colon == std::string::npos) {
@@ -75,7 +101,7 @@ AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptio
       o.gc_threshold = parse_fraction(key, value);
     } else if (key == "memory_cap_mb") {
       o.memory_cap_bytes = mib_to_bytes(key, parse_count(key, value));
-    } else if (key == "memory_cap_fraction") {
+    } else if (key == "memory_cap_fraction" || key == "per_process_memory_fraction") {
       o.memory_cap_fraction = parse_fraction(key, value);
     } else if (key == "trace_entries") {
       o.trace_entries = static_cast<std::size_t>(parse_count(key, value));
@@ -87,13 +113,20 @@ AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptio
       const std::uint64_t kib = parse_count(key, value);
       if (kib > (std::uint64_t{1} << 30)) throw ParseError(fmt::format("allocator options: {}: {} KiB is too large", key, kib));
       o.thread_cache_max_block = static_cast<std::size_t>(kib) << 10;
+    } else if (std::find(std::begin(kPytorchOnlyKeys), std::end(kPytorchOnlyKeys), key) != std::end(kPytorchOnlyKeys)) {
+      said.push_back(fmt::format("allocator options: {}:{} is PyTorch's own setting; stowage has no such knob and "
+                                 "ignores it",
+                                 key, value));
     } else {
       throw ParseError(fmt::format(
           "allocator options: unknown key \"{}\" (known: expandable_segments, max_split_size_mb, "
           "garbage_collection_threshold, memory_cap_mb, memory_cap_fraction, trace_entries, "
-          "expandable_reserve_mb, thread_cache_mb, thread_cache_max_block_kb)", key));
+          "expandable_reserve_mb, thread_cache_mb, thread_cache_max_block_kb; and PyTorch's "
+          "per_process_memory_fraction, roundup_power2_divisions, backend, ...)",
+          key));
     }
   }
+  if (warnings != nullptr) warnings->insert(warnings->end(), said.begin(), said.end());
   return o;
 }
 

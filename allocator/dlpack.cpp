@@ -31,7 +31,9 @@ DLDataType to_dl(DType t) {
   throw InvalidArgument("to_dlpack: unknown dtype");
 }
 
-DType from_dl(DLDataType t) {
+}  // namespace
+
+DType dtype_from_dlpack(DLDataType t) {
   if (t.lanes != 1) throw Unsupported(fmt::format("from_dlpack: vector dtypes ({} lanes) are not supported", t.lanes));
   switch (t.code) {
     case kDLFloat:
@@ -61,7 +63,6 @@ DType from_dl(DLDataType t) {
   throw Unsupported(fmt::format("from_dlpack: dtype code {} with {} bits has no stowage dtype", t.code, t.bits));
 }
 
-}  // namespace
 
 DLManagedTensor* to_dlpack(const TensorView& view) {
   if (!view.defined()) throw InvalidArgument("to_dlpack: undefined view");
@@ -105,7 +106,7 @@ TensorView from_dlpack(DLManagedTensor* tensor, Device& device) {
       throw Unsupported(fmt::format("from_dlpack: DLPack device type {} is not supported", static_cast<int>(t.device.device_type)));
   }
   if (t.ndim < 0) throw InvalidArgument("from_dlpack: negative ndim");
-  const DType dtype = from_dl(t.dtype);
+  const DType dtype = dtype_from_dlpack(t.dtype);
   const auto item = static_cast<std::int64_t>(itemsize(dtype));
   std::vector<std::int64_t> shape(t.shape, t.shape + t.ndim), strides;
   if (t.strides != nullptr) strides.assign(t.strides, t.strides + t.ndim);

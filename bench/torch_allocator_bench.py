@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""A cached alloc+free pair through PyTorch's allocator interface: PyTorch's own
-CUDACachingAllocator against libstowage.so loaded as its CUDAPluggableAllocator.
+"""stowage as PyTorch's allocator against PyTorch's own, each in its own process (the allocator
+is chosen before CUDA's first allocation). Prints Markdown tables.
 
-Both run the same Python loop over torch.cuda.caching_allocator_alloc / caching_allocator_delete
-(the binding to the current allocator's raw_alloc / raw_delete), each in its own process (the
-allocator is chosen before CUDA's first allocation), so both carry the same binding overhead; a
-loop of an empty ctypes call gives that overhead's order. Prints a Markdown table.
+1. A cached pair: `torch.empty(n, dtype=uint8, device='cuda')` and its free, in a loop, under
+   PyTorch's CUDACachingAllocator, stowage through the shim (`stowage.torch.enable()`), and
+   stowage as the plain CUDAPluggableAllocator. Target: shim <= 1.1x PyTorch.
+2. Peak reserved over a training-like trace whose sequence length changes every step (activations
+   of a transformer block allocated and freed in forward/backward order), against PyTorch with and
+   without `expandable_segments:True`. Target: stowage below both.
 
     python3 bench/torch_allocator_bench.py path/to/libstowage.so
 """
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,46 +20,71 @@ import time
 SIZES = [512, 64 << 10, 1 << 20, 8 << 20]
 PAIRS = 20000
 REPEATS = 7
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = {  # name: (how stowage is enabled, PYTORCH_CUDA_ALLOC_CONF)
+    "torch": (None, ""), "torch_expandable": (None, "expandable_segments:True"),
+    "stowage_shim": ("required", ""), "stowage_plain": (False, ""),
+}
 
 
-def child(use_stowage, library):
+def enable(mode):
+    how = MODES[mode][0]
+    if how is None:
+        return
+    import stowage.torch
+    stowage.torch.enable(shim=how)
+
+
+def pair_times():
     import torch
-
-    if use_stowage:
-        allocator = torch.cuda.memory.CUDAPluggableAllocator(library, "stowage_malloc", "stowage_free")
-        torch.cuda.memory.change_current_allocator(allocator)
-    stream = torch.cuda.current_stream().cuda_stream
-    alloc, free = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
     result = {}
     for size in SIZES:
-        free(alloc(size, 0, stream))  # the size is cached from here on
+        torch.empty(size, dtype=torch.uint8, device="cuda")  # the size is cached from here on
         times = []
         for _ in range(REPEATS):
             t0 = time.perf_counter()
             for _ in range(PAIRS):
-                free(alloc(size, 0, stream))
+                x = torch.empty(size, dtype=torch.uint8, device="cuda")
+                del x
             times.append((time.perf_counter() - t0) / PAIRS * 1e9)
         result[size] = sorted(times)[REPEATS // 2]
     return result
 
 
-def call_overhead_ns():
-    import ctypes
+def trace_peak(mode):
+    """Forward keeps each layer's activations, backward frees them in reverse; the sequence
+    length changes every step, so blocks of the last step rarely fit the next one exactly."""
+    import torch
+    hidden, layers, batch = 4096, 8, 4
+    seqs = [512, 2048, 1024, 3072, 768, 4096, 1536, 2560, 640, 3584]
+    for seq in seqs:
+        kept = []
+        for _ in range(layers):
+            n = batch * seq * hidden
+            kept.append([torch.empty(n * 2, dtype=torch.bfloat16, device="cuda"),   # qkv + attn out
+                         torch.empty(n * 4, dtype=torch.bfloat16, device="cuda"),   # mlp up
+                         torch.empty(n, dtype=torch.bfloat16, device="cuda")])      # residual
+            tmp = torch.empty(batch * 32 * seq * seq // 8, dtype=torch.bfloat16, device="cuda")  # scores
+            del tmp
+        while kept:
+            grads = [torch.empty_like(t) for t in kept[-1]]
+            del grads
+            kept.pop()
+    torch.cuda.synchronize()
+    if MODES[mode][0] is None:
+        return torch.cuda.max_memory_reserved()
+    import stowage.torch
+    return stowage.torch.max_memory_reserved()
 
-    noop = ctypes.CDLL(None).getpid
-    times = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        for _ in range(PAIRS):
-            noop()
-            noop()
-        times.append((time.perf_counter() - t0) / PAIRS * 1e9)
-    return sorted(times)[REPEATS // 2]
+
+def child(mode):
+    enable(mode)
+    return {"pairs": pair_times(), "trace_peak": trace_peak(mode)}
 
 
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "--child":
-        print("RESULT " + json.dumps(child(sys.argv[2] == "stowage", sys.argv[3] if len(sys.argv) > 3 else "")))
+        print("RESULT " + json.dumps(child(sys.argv[2])))
         return 0
     try:
         import torch
@@ -66,23 +94,33 @@ def main():
     if not torch.cuda.is_available():
         print("skipped: no CUDA GPU visible to PyTorch")
         return 0
-    library = sys.argv[1]
+    env = dict(os.environ, STOWAGE_LIBRARY=os.path.abspath(sys.argv[1]),
+               PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     results = {}
-    for name in ("torch", "stowage"):
-        run = subprocess.run([sys.executable, __file__, "--child", name, library], capture_output=True, text=True)
+    for mode, (_, conf) in MODES.items():
+        run = subprocess.run([sys.executable, __file__, "--child", mode], capture_output=True, text=True,
+                             env=dict(env, PYTORCH_CUDA_ALLOC_CONF=conf))
         lines = [l for l in run.stdout.splitlines() if l.startswith("RESULT ")]
         if run.returncode != 0 or not lines:
-            print(f"{name} run failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}")
+            print(f"{mode} run failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}")
             return 1
-        results[name] = {int(k): v for k, v in json.loads(lines[-1][len("RESULT "):]).items()}
-    print(f"GPU: {torch.cuda.get_device_name(0)}; PyTorch {torch.__version__}; median of {REPEATS} x {PAIRS} pairs")
-    print(f"two empty ctypes calls from the same loop: {call_overhead_ns():.0f} ns\n")
-    print("| size | PyTorch CUDACachingAllocator ns/pair | stowage (pluggable) ns/pair | stowage / PyTorch |")
-    print("|---:|---:|---:|---:|")
+        r = json.loads(lines[-1][len("RESULT "):])
+        results[mode] = {"pairs": {int(k): v for k, v in r["pairs"].items()}, "trace_peak": r["trace_peak"]}
+    print(f"GPU: {torch.cuda.get_device_name(0)}; PyTorch {torch.__version__}; median of {REPEATS} x {PAIRS} pairs\n")
+    print("| size | PyTorch ns/pair | stowage shim ns/pair | shim / PyTorch | stowage plain ns/pair | plain / PyTorch |")
+    print("|---:|---:|---:|---:|---:|---:|")
     for size in SIZES:
-        t, s = results["torch"][size], results["stowage"][size]
+        t = results["torch"]["pairs"][size]
+        s = results["stowage_shim"]["pairs"][size]
+        p = results["stowage_plain"]["pairs"][size]
         label = f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1 << 10 else f"{size} B")
-        print(f"| {label} | {t:.0f} | {s:.0f} | {s / t:.2f}x |")
+        print(f"| {label} | {t:.0f} | {s:.0f} | {s / t:.2f}x | {p:.0f} | {p / t:.2f}x |")
+    print("\n| trace (sequence length varies per step) | peak reserved | vs PyTorch | vs PyTorch expandable |")
+    print("|---|---:|---:|---:|")
+    base, expandable = results["torch"]["trace_peak"], results["torch_expandable"]["trace_peak"]
+    for mode in MODES:
+        peak = results[mode]["trace_peak"]
+        print(f"| {mode} | {peak / 2**30:.2f} GiB | {peak / base:.3f}x | {peak / expandable:.3f}x |")
     return 0
 
 

@@ -4,16 +4,23 @@
 #include "stowage/stowage.h"
 
 #include <atomic>
+#include <cstdio>
+#include <limits>
 #include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include <dlpack/dlpack.h>
 
 #include <fmt/format.h>
 
 #include "common/log.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
+#include "stowage/dlpack.hpp"
 #include "stowage/event_log.hpp"
 #include "stowage/logging_resource.hpp"
 
@@ -21,6 +28,9 @@ namespace stowage {
 namespace {
 
 thread_local std::string last_error;
+thread_local int last_error_code = STOWAGE_OK;
+thread_local std::vector<std::unique_ptr<ScopedTag>> tags;  // stowage_push_tag's, innermost last
+std::atomic<bool> first_error_said{false};
 
 // A device's resources: the caching allocator, and what callers allocate through (the caching
 // allocator itself, or a LoggingResource over it when STOWAGE_EVENT_LOG names a file).
@@ -72,21 +82,57 @@ Allocators& allocators() {
   return *a;
 }
 
+int code_of(const std::exception& e) {
+  if (dynamic_cast<const OutOfMemory*>(&e) != nullptr) return STOWAGE_ERROR_OUT_OF_MEMORY;
+  if (dynamic_cast<const InvalidArgument*>(&e) != nullptr) return STOWAGE_ERROR_INVALID_ARGUMENT;
+  if (dynamic_cast<const ParseError*>(&e) != nullptr) return STOWAGE_ERROR_CONFIG;
+  if (dynamic_cast<const Unsupported*>(&e) != nullptr) return STOWAGE_ERROR_UNSUPPORTED;
+  if (dynamic_cast<const DeviceError*>(&e) != nullptr) return STOWAGE_ERROR_DEVICE;
+  return STOWAGE_ERROR_OTHER;
+}
+
+void fail(const char* message, int code) noexcept {
+  try {
+    last_error = message;
+  } catch (...) {
+  }
+  last_error_code = code;
+  // Frameworks often drop a NULL without reading stowage_last_error(): the first failure of the
+  // process reaches stderr whatever the log level.
+  if (!first_error_said.exchange(true)) {
+    const bool named = std::string_view(message).starts_with("stowage");
+    std::fprintf(stderr, "%s%s (the first error of this process; stowage_last_error() has each one)\n",
+                 named ? "" : "stowage: ", message);
+  }
+}
+
 // Runs f, turning any exception into `on_error` plus the thread's last error.
 template <class R, class F>
 R guarded(R on_error, F&& f) noexcept {
   try {
     last_error.clear();
+    last_error_code = STOWAGE_OK;
     return f();
   } catch (const std::exception& e) {
-    try {
-      last_error = e.what();
-    } catch (...) {
-    }
+    fail(e.what(), code_of(e));
   } catch (...) {
-    last_error = "unknown error";
+    fail("unknown error", STOWAGE_ERROR_OTHER);
   }
   return on_error;
+}
+
+void check_buffer(const char* buf, std::size_t len, const char* what) {
+  if (buf == nullptr && len != 0) throw InvalidArgument(fmt::format("{}: null buffer of non-zero length", what));
+}
+
+// snprintf's convention: as much as fits, NUL-terminated; returns the whole length.
+ssize_t copy_out(const std::string& text, char* buf, std::size_t len) {
+  if (len > 0) {
+    const std::size_t n = std::min(len - 1, text.size());
+    text.copy(buf, n);
+    buf[n] = '\0';
+  }
+  return static_cast<ssize_t>(text.size());
 }
 
 std::size_t checked_size(ssize_t size, const char* what) {
@@ -126,7 +172,13 @@ void stowage_free(void* ptr, ssize_t size, int device, void* stream) {
 
 int stowage_empty_cache(int device) {
   return guarded(-1, [&] {
-    allocators().get(device).allocator->empty_cache();
+    Allocators& all = allocators();
+    if (device != -1) {
+      all.get(device).allocator->empty_cache();
+      return 0;
+    }
+    for (int d = 0; d < all.count; ++d)
+      if (DeviceAllocator* a = all.created(d)) a->allocator->empty_cache();
     return 0;
   });
 }
@@ -134,21 +186,28 @@ int stowage_empty_cache(int device) {
 int stowage_record_stream(void* ptr, int device, void* stream) {
   return guarded(-1, [&] {
     if (ptr == nullptr) throw InvalidArgument("stowage_record_stream: null pointer");
-    allocators().get(device).top->record_stream(ptr, stream_from_native(stream));
+    Allocators& all = allocators();
+    if (device == -1) {  // the owner's: PyTorch's record-stream hook names no device
+      for (int d = 0; d < all.count && device == -1; ++d)
+        if (DeviceAllocator* a = all.created(d); a != nullptr && a->allocator->owns(ptr)) device = d;
+      if (device == -1) throw InvalidArgument(fmt::format("stowage_record_stream: {} is not a live stowage block", ptr));
+    }
+    all.get(device).top->record_stream(ptr, stream_from_native(stream));
     return 0;
   });
 }
 
 ssize_t stowage_get_stats(int device, char* buf, size_t len) {
   return guarded<ssize_t>(-1, [&]() -> ssize_t {
-    if (buf == nullptr && len != 0) throw InvalidArgument("stowage_get_stats: null buffer of non-zero length");
-    const std::string json = to_json(allocators().get(device).allocator->stats());
-    if (len > 0) {
-      const std::size_t n = std::min(len - 1, json.size());
-      json.copy(buf, n);
-      buf[n] = '\0';
-    }
-    return static_cast<ssize_t>(json.size());
+    check_buffer(buf, len, "stowage_get_stats");
+    return copy_out(to_json(allocators().get(device).allocator->stats()), buf, len);
+  });
+}
+
+ssize_t stowage_snapshot_json(int device, char* buf, size_t len) {
+  return guarded<ssize_t>(-1, [&]() -> ssize_t {
+    check_buffer(buf, len, "stowage_snapshot_json");
+    return copy_out(to_json(allocators().get(device).allocator->snapshot()), buf, len);
   });
 }
 
@@ -179,6 +238,57 @@ int stowage_set_memory_cap(int device, size_t bytes) {
   });
 }
 
+int stowage_set_memory_fraction(int device, double fraction) {
+  return guarded(-1, [&] {
+    if (!(fraction > 0.0 && fraction <= 1.0))
+      throw InvalidArgument(fmt::format("stowage_set_memory_fraction: {} is not in (0, 1]", fraction));
+    CachingAllocator& a = *allocators().get(device).allocator;
+    a.set_memory_cap(static_cast<std::size_t>(fraction * static_cast<double>(a.device().capacity())));
+    return 0;
+  });
+}
+
+ssize_t stowage_device_capacity(int device) {
+  return guarded<ssize_t>(-1, [&] {
+    return static_cast<ssize_t>(allocators().get(device).allocator->device().capacity());
+  });
+}
+
+int stowage_push_tag(const char* tag) {
+  return guarded(-1, [&] {
+    if (tag == nullptr) throw InvalidArgument("stowage_push_tag: null tag");
+    tags.push_back(std::make_unique<ScopedTag>(tag));
+    return 0;
+  });
+}
+
+int stowage_pop_tag(void) {
+  return guarded(-1, [&] {
+    if (tags.empty()) throw InvalidArgument("stowage_pop_tag: no tag was pushed on this thread");
+    tags.pop_back();
+    return 0;
+  });
+}
+
+DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code, uint8_t bits,
+                                      void* stream) {
+  return guarded<DLManagedTensor*>(nullptr, [&] {
+    if (ndim < 0 || ndim > 64) throw InvalidArgument(fmt::format("stowage_dlpack_empty: ndim {} is not 0 to 64", ndim));
+    if (shape == nullptr && ndim > 0) throw InvalidArgument("stowage_dlpack_empty: null shape");
+    const DType dtype = dtype_from_dlpack(DLDataType{code, bits, 1});
+    std::vector<std::int64_t> dims(shape, shape + ndim);
+    std::size_t bytes = itemsize(dtype);
+    for (std::int64_t d : dims) {
+      if (d < 0) throw InvalidArgument(fmt::format("stowage_dlpack_empty: negative dimension {}", d));
+      if (d != 0 && bytes > std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(d))
+        throw InvalidArgument("stowage_dlpack_empty: the tensor's size overflows");
+      bytes *= static_cast<std::size_t>(d);
+    }
+    DeviceAllocator& a = allocators().get(device);
+    return to_dlpack(TensorView::empty(a.top, dtype, std::move(dims), stream_from_native(stream)));
+  });
+}
+
 int stowage_device_count(void) {
   return guarded(-1, [] { return allocators().count; });
 }
@@ -188,5 +298,7 @@ int stowage_using_cuda(void) {
 }
 
 const char* stowage_last_error(void) { return last_error.c_str(); }
+
+int stowage_last_error_code(void) { return last_error_code; }
 
 }  // extern "C"

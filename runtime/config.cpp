@@ -66,7 +66,7 @@ Config load_config(const EnvLookup& lookup) {
   }
   if (auto v = get("STOWAGE_ALLOC_CONF")) {
     try {
-      c.allocator = parse_allocator_options(std::string(*v), c.allocator);
+      c.allocator = parse_allocator_options(std::string(*v), c.allocator, &c.warnings);
     } catch (const ParseError& e) {
       throw ParseError(fmt::format("STOWAGE_ALLOC_CONF: {}", e.what()));
     }
@@ -146,6 +146,7 @@ const Config& config() {
     for (const std::string& w : unknown_variable_warnings(names)) std::fprintf(stderr, "stowage: %s\n", w.c_str());
     try {
       parsed = load_config_from_environment();
+      for (const std::string& w : parsed.warnings) std::fprintf(stderr, "stowage: STOWAGE_ALLOC_CONF: %s\n", w.c_str());
     } catch (const ParseError& e) {
       failure = e.what();
     }

@@ -102,6 +102,13 @@ run() {
     PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/tests/integration/torch_pluggable.py" "$build/libstowage.so" \
       > "$logs/torch.log" 2>&1
     torch_rc=$?
+    # The Python package's tests, GPU ones included (the shim compiles against this torch).
+    if python3 -c "import pytest" 2>/dev/null; then
+      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONPATH="$ROOT/python" timeout 900 \
+        python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/python/tests" > "$logs/pytest.log" 2>&1 || torch_rc=$?
+    else
+      echo "pytest is not installed for $(command -v python3)" > "$logs/pytest.log"
+    fi
     pack
   fi
 

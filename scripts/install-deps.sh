@@ -2,7 +2,7 @@
 # Installs the Debian packages stowage builds with, when any is missing.
 # As root it runs apt-get; otherwise it prints the exact command to run.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config git python3
+pkgs=(build-essential cmake pkg-config git python3 python3-pytest python3-torch python3-pip python3-setuptools
       libnuma-dev libhwloc-dev libjemalloc-dev libspdlog-dev libfmt-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libdlpack-dev
       clang libclang-rt-14-dev libxml2-utils)

@@ -121,6 +121,29 @@ TEST(Config, MisspeltVariablesAreNamedWithTheClosestKnownOne) {
   EXPECT_NE(w[2].find("STOWAGE_ZZZZZZZZZZZZ is not a stowage variable; it is ignored"), std::string::npos) << w[2];
 }
 
+TEST(Config, APyTorchAllocConfParsesWithAWarningPerIgnoredKey) {
+  // A PYTORCH_CUDA_ALLOC_CONF value pasted as it is, list value and all.
+  const Config c = load({{"STOWAGE_ALLOC_CONF",
+                          "expandable_segments:True,roundup_power2_divisions:[256:1,512:2,1024:4,>:8],"
+                          "max_split_size_mb:512,backend:native,per_process_memory_fraction:0.5,"
+                          "pinned_use_cuda_host_register:True"}});
+  EXPECT_EQ(c.allocator.segments, SegmentMode::expandable);
+  EXPECT_EQ(c.allocator.max_split_size, 512u << 20);
+  EXPECT_EQ(c.allocator.memory_cap_fraction, 0.5);  // PyTorch's fraction is stowage's cap
+  ASSERT_EQ(c.warnings.size(), 3u);
+  EXPECT_NE(c.warnings[0].find("roundup_power2_divisions:[256:1,512:2,1024:4,>:8] is PyTorch's own setting"),
+            std::string::npos)
+      << c.warnings[0];
+  EXPECT_NE(c.warnings[1].find("backend:native"), std::string::npos) << c.warnings[1];
+  EXPECT_NE(c.warnings[2].find("pinned_use_cuda_host_register:True"), std::string::npos) << c.warnings[2];
+  EXPECT_TRUE(load({{"STOWAGE_ALLOC_CONF", "max_split_size_mb:512"}}).warnings.empty());
+  // Still refused: a key neither knows, and an unclosed list.
+  EXPECT_NE(parse_error_of({{"STOWAGE_ALLOC_CONF", "roundup_power2_division:4"}}).find("unknown key"),
+            std::string::npos);
+  EXPECT_NE(parse_error_of({{"STOWAGE_ALLOC_CONF", "roundup_power2_divisions:[256:1,512:2"}}).find("not closed"),
+            std::string::npos);
+}
+
 TEST(Config, NamesOfEnums) {
   EXPECT_STREQ(to_string(LogLevel::critical), "critical");
   EXPECT_STREQ(to_string(DeviceKind::cuda), "cuda");

@@ -2,6 +2,7 @@
 // The caching allocator's options, and their PyTorch-style text form.
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace stowage {
 
@@ -34,6 +35,10 @@ struct AllocatorOptions {
 // "expandable_segments:True,max_split_size_mb:512,garbage_collection_threshold:0.8",
 // plus stowage's keys (memory_cap_mb, memory_cap_fraction, trace_entries, expandable_reserve_mb,
 // thread_cache_mb, thread_cache_max_block_kb). ParseError on bad input.
-AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptions base = {});
+// A PYTORCH_CUDA_ALLOC_CONF value pasted as it is parses: PyTorch's per_process_memory_fraction
+// maps to memory_cap_fraction, and its keys stowage has no knob for (roundup_power2_divisions,
+// backend, pinned_*, ...) are ignored, each with a line in `warnings` (when given) saying so.
+AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptions base = {},
+                                         std::vector<std::string>* warnings = nullptr);
 
 }  // namespace stowage

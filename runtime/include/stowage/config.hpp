@@ -28,6 +28,9 @@ struct Config {
   // STOWAGE_FAULTS: "alloc=N,map=N,pin=N,copy=N"; any non-zero wraps every registry device in
   // a FaultInjectingDevice (testing error paths of a whole program; off by default).
   FaultPlan faults;
+  // What was accepted but not used as written (e.g. PyTorch-only STOWAGE_ALLOC_CONF keys).
+  // config() writes each to stderr once, even with logging off.
+  std::vector<std::string> warnings;
 };
 
 // Looks a variable up; nullptr when unset. The default reads the process environment.

@@ -9,17 +9,24 @@
  *
  * Errors never escape as C++ exceptions. A failing call returns NULL (stowage_malloc), -1
  * (functions returning int or ssize_t) or does nothing (stowage_free), leaves the allocator as
- * it was, and stowage_last_error() says why. Every call clears the calling thread's error first,
- * so after a successful call stowage_last_error() is "". */
+ * it was, and stowage_last_error() says why (stowage_last_error_code() says what kind of error).
+ * Every call clears the calling thread's error first, so after a successful call
+ * stowage_last_error() is "". The first failure of a process is also written to stderr, once,
+ * even with logging off: a framework that ignores NULL still leaves a trace of why.
+ *
+ * Symbols: libstowage.so exports only this API and the stowage:: C++ API. */
 #ifndef STOWAGE_STOWAGE_H
 #define STOWAGE_STOWAGE_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+struct DLManagedTensor; /* <dlpack/dlpack.h>; declared here so this header needs nothing else */
 
 /* size bytes usable on `stream` of `device`. NULL for size 0 (not an error) and on failure
  * (negative size, bad device, out of memory or beyond the memory cap). */
@@ -31,11 +38,13 @@ void* stowage_malloc(ssize_t size, int device, void* stream);
  * device changes nothing and sets stowage_last_error(). */
 void stowage_free(void* ptr, ssize_t size, int device, void* stream);
 
-/* Gives every cached, unused segment of `device` back to the device. 0, or -1 on error. */
+/* Gives every cached, unused segment of `device` back to the device; device -1: of every device
+ * whose allocator exists. 0, or -1 on error. */
 int stowage_empty_cache(int device);
 
 /* The block at `ptr` is also used on `stream`: its memory is not reused before `stream`
- * reaches this point. 0, or -1 on error (e.g. a pointer this allocator did not give). */
+ * reaches this point. `device` -1: the device whose allocator gave `ptr`. 0, or -1 on error
+ * (a pointer this allocator did not give; a stream that was never created or was destroyed). */
 int stowage_record_stream(void* ptr, int device, void* stream);
 
 /* The allocator's statistics as flat JSON ("allocated_bytes.all.current": ...), written into
@@ -50,8 +59,31 @@ int stowage_reset_peak_stats(int device);
  * `path`. 0, or -1 on error. */
 int stowage_snapshot(int device, const char* path);
 
+/* Writes the snapshot's JSON into buf as stowage_get_stats does (snprintf's convention). */
+ssize_t stowage_snapshot_json(int device, char* buf, size_t len);
+
 /* Caps the bytes the allocator of `device` reserves (0 removes the cap). 0, or -1 on error. */
 int stowage_set_memory_cap(int device, size_t bytes);
+
+/* Caps reserved bytes at `fraction` (0 < fraction <= 1) of the device's capacity, as PyTorch's
+ * set_per_process_memory_fraction does. 0, or -1 on error. */
+int stowage_set_memory_fraction(int device, double fraction);
+
+/* The device's memory in bytes; -1 on error. */
+ssize_t stowage_device_capacity(int device);
+
+/* Tags: every block allocated on the calling thread while a tag is pushed records the innermost
+ * one (snapshots and `stowage inspect` show it). Tags nest; pop restores the outer one.
+ * 0, or -1 on error (NULL tag; pop with no tag pushed). */
+int stowage_push_tag(const char* tag);
+int stowage_pop_tag(void);
+
+/* A new contiguous tensor of `ndim` dimensions `shape` and DLPack type (code, bits) on `device`,
+ * allocated on `stream`, as a DLManagedTensor: pass it to a DLPack consumer, which calls its
+ * deleter (that frees the memory); or call the deleter yourself. Emulated devices' memory is
+ * kDLCPU data. NULL on error. */
+struct DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code,
+                                             uint8_t bits, void* stream);
 
 /* Number of devices the ordinals above may name; -1 on error (e.g. a malformed STOWAGE_*). */
 int stowage_device_count(void);
@@ -63,6 +95,18 @@ int stowage_using_cuda(void);
 /* The calling thread's last error message, "" when the last call succeeded. Valid until the
  * thread's next stowage call. */
 const char* stowage_last_error(void);
+
+/* What kind of error the calling thread's last call had. */
+enum stowage_error_code {
+  STOWAGE_OK = 0,
+  STOWAGE_ERROR_INVALID_ARGUMENT = 1, /* bad pointer, size, device, stream, double free */
+  STOWAGE_ERROR_OUT_OF_MEMORY = 2,    /* the device or the memory cap refused */
+  STOWAGE_ERROR_CONFIG = 3,           /* a malformed STOWAGE_* variable or file */
+  STOWAGE_ERROR_UNSUPPORTED = 4,
+  STOWAGE_ERROR_DEVICE = 5, /* the device or driver failed */
+  STOWAGE_ERROR_OTHER = 6
+};
+int stowage_last_error_code(void);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,116 @@
+"""Loads libstowage and declares its C ABI (runtime/include/stowage/stowage.h) for ctypes.
+
+Plain ctypes, so the package works under any Python 3 with or without PyTorch. The library is
+looked for, in order, at $STOWAGE_LIBRARY, beside this package, through the system's loader
+(after `cmake --install`), and in a build folder of the source tree the package sits in.
+"""
+import ctypes
+import ctypes.util
+import os
+import threading
+
+from .errors import StowageError, error_for
+
+_lock = threading.Lock()
+_lib = None
+
+# Where a checkout keeps its build (python/ beside build/).
+_SOURCE_BUILDS = ("build", "build-asan", "build-tsan")
+
+
+def _candidates():
+    explicit = os.environ.get("STOWAGE_LIBRARY")
+    if explicit:
+        return [explicit], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = [os.path.join(here, "libstowage.so")]
+    system = ctypes.util.find_library("stowage")
+    if system:
+        found.append(system)
+    root = os.path.dirname(os.path.dirname(here))
+    found += [os.path.join(root, b, "libstowage.so") for b in _SOURCE_BUILDS]
+    return found, False
+
+
+def _declare(lib):
+    c_ssize = ctypes.c_ssize_t
+    sig = {
+        "stowage_malloc": (ctypes.c_void_p, [c_ssize, ctypes.c_int, ctypes.c_void_p]),
+        "stowage_free": (None, [ctypes.c_void_p, c_ssize, ctypes.c_int, ctypes.c_void_p]),
+        "stowage_empty_cache": (ctypes.c_int, [ctypes.c_int]),
+        "stowage_record_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
+        "stowage_get_stats": (c_ssize, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+        "stowage_reset_peak_stats": (ctypes.c_int, [ctypes.c_int]),
+        "stowage_snapshot": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
+        "stowage_snapshot_json": (c_ssize, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+        "stowage_set_memory_cap": (ctypes.c_int, [ctypes.c_int, ctypes.c_size_t]),
+        "stowage_set_memory_fraction": (ctypes.c_int, [ctypes.c_int, ctypes.c_double]),
+        "stowage_device_capacity": (c_ssize, [ctypes.c_int]),
+        "stowage_push_tag": (ctypes.c_int, [ctypes.c_char_p]),
+        "stowage_pop_tag": (ctypes.c_int, []),
+        "stowage_dlpack_empty": (ctypes.c_void_p, [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+                                                   ctypes.c_uint8, ctypes.c_uint8, ctypes.c_void_p]),
+        "stowage_device_count": (ctypes.c_int, []),
+        "stowage_using_cuda": (ctypes.c_int, []),
+        "stowage_last_error": (ctypes.c_char_p, []),
+        "stowage_last_error_code": (ctypes.c_int, []),
+    }
+    for name, (restype, argtypes) in sig.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise StowageError(f"{lib._name} has no {name}: it is older than this package; rebuild stowage") from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def library():
+    """The loaded libstowage (ctypes.CDLL); StowageError naming every place looked in."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        paths, explicit = _candidates()
+        tried = []
+        for path in paths:
+            if not explicit and os.sep in path and not os.path.exists(path):
+                tried.append(f"{path} (no such file)")
+                continue
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                tried.append(f"{path} ({e})")
+                continue
+            _declare(lib)
+            _lib = lib
+            return lib
+        hint = "STOWAGE_LIBRARY names it" if explicit else "set STOWAGE_LIBRARY to libstowage.so's path"
+        raise StowageError("cannot load libstowage: tried " + "; ".join(tried) + f" ({hint})")
+
+
+def path():
+    """The file the library was loaded from."""
+    return library()._name
+
+
+def check(result, failed):
+    """Raises the error the calling thread's last stowage call left when `failed(result)`."""
+    if failed(result):
+        lib = library()
+        raise error_for(lib.stowage_last_error_code(), lib.stowage_last_error().decode(errors="replace"))
+    return result
+
+
+def call_int(name, *args):
+    return check(getattr(library(), name)(*args), lambda r: r == -1)
+
+
+def read_text(name, device):
+    """Calls a (device, buf, len) -> length function twice: once to size, once to fill."""
+    fn = getattr(library(), name)
+    need = check(fn(device, None, 0), lambda r: r < 0)
+    buf = ctypes.create_string_buffer(need + 1)
+    got = check(fn(device, buf, need + 1), lambda r: r < 0)
+    if got != need:  # it grew between the calls: one more try with the new size
+        return read_text(name, device)
+    return buf.value.decode()

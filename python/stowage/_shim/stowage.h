@@ -1,0 +1,1 @@
+../../../runtime/include/stowage/stowage.h

@@ -1,0 +1,83 @@
+"""Tensors in stowage's memory reach PyTorch through DLPack without a copy, and come back to
+stowage when the last user lets go."""
+import ctypes
+import gc
+
+import pytest
+
+import stowage
+
+torch = pytest.importorskip("torch")  # Debian's python3-torch; scripts/install-deps.sh installs it
+from torch.utils.dlpack import from_dlpack  # noqa: E402
+
+host_memory = pytest.mark.skipif(stowage.using_cuda(), reason="reads device memory from the host")
+
+
+@host_memory
+def test_zero_copy_both_ways():
+    gc.collect()
+    before = stowage.memory_allocated()
+    buf = stowage.empty((4, 256), "float32")
+    ptr = buf.data_ptr
+    t = from_dlpack(buf)
+    assert t.data_ptr() == ptr and t.shape == (4, 256) and t.dtype == torch.float32
+    assert stowage.memory_allocated() == before + 4096
+    t.fill_(2.5)
+    raw = (ctypes.c_float * 1024).from_address(ptr)  # what torch wrote is in stowage's block
+    assert raw[0] == 2.5 and raw[1023] == 2.5
+    raw[7] = -1.0  # and what is written there torch sees
+    assert t.view(-1)[7].item() == -1.0
+    view = t[1:3]
+    del t, buf
+    gc.collect()
+    assert stowage.memory_allocated() == before + 4096  # a view still holds the storage
+    del view
+    gc.collect()
+    assert stowage.memory_allocated() == before
+
+
+def torch_version():
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in torch.__version__.split(".")[:2])
+
+
+# DLPack's bool (code 6) is newer than torch 1.13's reader.
+BOOL = pytest.param("bool", torch.bool, marks=pytest.mark.skipif(torch_version() < (2, 0), reason="torch<2 lacks kDLBool"))
+
+
+@pytest.mark.parametrize("name,dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float16),
+                                        ("int64", torch.int64), ("uint8", torch.uint8), BOOL])
+def test_dtypes_map(name, dtype):
+    t = from_dlpack(stowage.empty((2, 3), name))
+    assert t.dtype == dtype and t.shape == (2, 3)
+    assert stowage.empty(5, dtype).shape == (5,)  # a torch.dtype names the type too
+
+
+def test_unexported_and_unconsumed_memory_goes_back():
+    gc.collect()
+    before = stowage.memory_allocated()
+    buf = stowage.empty((1024,), "int32")
+    assert stowage.memory_allocated() == before + 4096
+    del buf  # never exported
+    gc.collect()
+    assert stowage.memory_allocated() == before
+    capsule = stowage.empty((1024,), "int32").__dlpack__()
+    assert stowage.memory_allocated() == before + 4096
+    del capsule  # exported, never consumed
+    gc.collect()
+    assert stowage.memory_allocated() == before
+
+
+def test_a_buffer_exports_once():
+    buf = stowage.empty((8,), "float32")
+    t = from_dlpack(buf)
+    with pytest.raises(stowage.InvalidArgumentError, match="already exported"):
+        buf.__dlpack__()
+    del t
+
+
+def test_tensors_carry_their_tag():
+    with stowage.tag("kv_cache"):
+        t = from_dlpack(stowage.empty((3, 1000), "float32"))
+    blocks = [b for s in stowage.snapshot()["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert [b["tag"] for b in blocks if b["requested_size"] == 12000] == ["kv_cache"]
+    del t

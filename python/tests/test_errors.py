@@ -1,0 +1,105 @@
+"""Every bad input gets a clear error of its own class and changes nothing."""
+import pytest
+
+import stowage
+
+MiB = 1 << 20
+
+
+def current():
+    """What the allocator holds now (the cumulative counters move with every call)."""
+    return {k: v for k, v in stowage.memory_stats().items() if k.endswith(".current")}
+
+
+def refused(error, match, call, *args):
+    """`call(*args)` raises `error` whose message matches, holding the same memory as before."""
+    before = current()
+    with pytest.raises(error, match=match) as e:
+        call(*args)
+    assert current() == before
+    return e.value
+
+
+def test_bad_frees_are_refused():
+    p = stowage.raw_alloc(4096)
+    on_the_side = stowage.raw_alloc(MiB)
+    refused(stowage.InvalidArgumentError, "4095", stowage.raw_free, p, 4095)  # wrong size
+    refused(stowage.InvalidArgumentError, "", stowage.raw_free, on_the_side + 512, 512)  # inside a block
+    refused(stowage.InvalidArgumentError, "negative size", stowage.raw_free, p, -4096)
+    refused(stowage.InvalidArgumentError, "never gave out", stowage.raw_free, 0x1000, 4096)  # foreign
+    stowage.raw_free(p, 4096)
+    refused(stowage.InvalidArgumentError, "double free", stowage.raw_free, p, 4096)
+    stowage.raw_free(on_the_side, MiB)
+
+
+def test_bad_allocations_are_refused():
+    refused(stowage.InvalidArgumentError, "negative size", stowage.raw_alloc, -5)
+    refused(stowage.InvalidArgumentError, "device 57", stowage.raw_alloc, 16, 57)
+    oom = refused(stowage.OutOfMemoryError, "out of memory", stowage.raw_alloc, stowage.device_capacity() * 4)
+    assert "capacity" in str(oom)  # stowage's whole report
+    refused(stowage.InvalidArgumentError, "dtype", stowage.empty, (2, 2), "complex64")
+    refused(stowage.InvalidArgumentError, "non-negative", stowage.empty, (2, -2))
+    refused(stowage.InvalidArgumentError, "overflows", stowage.empty, (1 << 40, 1 << 40))
+
+
+def test_bad_streams_tags_and_caps_are_refused():
+    p = stowage.raw_alloc(4096)
+    refused(stowage.InvalidArgumentError, "not a live stowage block", stowage.record_stream, p + 8, 0)
+    if not stowage.using_cuda():  # CUDA cannot tell every non-handle from a stream
+        refused(stowage.InvalidArgumentError, "stream", stowage.record_stream, p, 0xDEAD0)
+    stowage.record_stream(p, 0)  # the default stream is real
+    stowage.raw_free(p, 4096)
+    refused(stowage.InvalidArgumentError, "no tag was pushed", stowage._lib.call_int, "stowage_pop_tag")
+    refused(stowage.InvalidArgumentError, "not in", stowage.set_per_process_memory_fraction, 1.5)
+    refused(stowage.InvalidArgumentError, "not in", stowage.set_per_process_memory_fraction, float("nan"))
+    refused(ValueError, "negative", stowage.set_memory_cap, -1)
+    refused(stowage.InvalidArgumentError, "no path", stowage.dump_snapshot, "")
+
+
+def test_a_tag_is_popped_when_its_block_raises():
+    with pytest.raises(stowage.InvalidArgumentError):
+        with stowage.tag("doomed"):
+            stowage.raw_alloc(-1)
+    p = stowage.raw_alloc(4096 + 7)
+    tags = [b["tag"] for s in stowage.snapshot()["segments"] for b in s["blocks"] if b["requested_size"] == 4096 + 7]
+    assert tags == [""]
+    stowage.raw_free(p, 4096 + 7)
+
+
+def test_the_first_failure_reaches_stderr_once(python):
+    r = python("import stowage\n"
+               "for n in (-1, -2, -3):\n"
+               "    try: stowage.raw_alloc(n)\n"
+               "    except stowage.InvalidArgumentError: pass\n")
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("stowage")]
+    assert len(lines) == 1, r.stderr
+    assert "negative size -1" in lines[0] and "first error of this process" in lines[0]
+
+
+def test_a_pytorch_alloc_conf_works_and_says_what_it_ignores(python):
+    conf = "expandable_segments:True,roundup_power2_divisions:[256:1,512:2,1024:4,>:8],backend:native"
+    r = python("import stowage\np = stowage.raw_alloc(4096)\nstowage.raw_free(p, 4096)\nprint('ok')",
+               env={"STOWAGE_ALLOC_CONF": conf})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    warned = [l for l in r.stderr.splitlines() if "PyTorch's own setting" in l]
+    assert len(warned) == 2, r.stderr
+    assert "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]" in warned[0]
+
+
+def test_a_malformed_alloc_conf_is_a_config_error_naming_the_variable(python):
+    r = python("import stowage\n"
+               "try: stowage.raw_alloc(4096)\n"
+               "except stowage.ConfigError as e: print('ConfigError:', e)\n",
+               env={"STOWAGE_ALLOC_CONF": "expandable_segments:maybe"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ConfigError: STOWAGE_ALLOC_CONF: allocator options: expandable_segments"), r.stdout
+
+
+def test_a_missing_library_names_where_it_looked(python):
+    r = python("import stowage\n"
+               "try: stowage.memory_stats()\n"
+               "except stowage.StowageError as e: print(e)\n",
+               env={"STOWAGE_LIBRARY": "/nonexistent/libstowage.so"})
+    assert r.returncode == 0, r.stderr
+    assert "cannot load libstowage: tried /nonexistent/libstowage.so" in r.stdout, r.stdout
