@@ -6,6 +6,7 @@
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "common/json_depth.hpp"
 #include "stowage/snapshot.hpp"
 
 namespace stowage {
@@ -44,30 +45,40 @@ std::uint64_t stream_value(Stream s) { return static_cast<std::uint64_t>(s); }
 
 json stat_arrays(const AllocatorStats& s) { return json::parse(to_json(s)); }
 
-// A field reader that reports "where: expected what".
+// A field reader that reports "where: expected what". The path ("snapshot.segments[3].blocks[0]")
+// is put together only for an error: building it for every entry dominated reading large traces.
 struct Reader {
+  static constexpr std::size_t kNoIndex = static_cast<std::size_t>(-1);
   const json& j;
-  std::string where;
+  const char* name;
+  std::size_t index = kNoIndex;
+  const Reader* parent = nullptr;
+
+  std::string where() const {
+    std::string w = parent != nullptr ? parent->where() + "." + name : std::string(name);
+    if (index != kNoIndex) w += fmt::format("[{}]", index);
+    return w;
+  }
 
   const json& field(const char* key) const {
-    if (!j.is_object()) throw ParseError(fmt::format("snapshot: {}: expected an object", where));
+    if (!j.is_object()) throw ParseError(fmt::format("snapshot: {}: expected an object", where()));
     auto it = j.find(key);
-    if (it == j.end()) throw ParseError(fmt::format("snapshot: {}.{}: missing", where, key));
+    if (it == j.end()) throw ParseError(fmt::format("snapshot: {}.{}: missing", where(), key));
     return *it;
   }
   std::uint64_t u64(const char* key) const {
     const json& v = field(key);
     if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0)) {
-      throw ParseError(fmt::format("snapshot: {}.{}: expected an unsigned integer", where, key));
+      throw ParseError(fmt::format("snapshot: {}.{}: expected an unsigned integer", where(), key));
     }
     return v.get<std::uint64_t>();
   }
   std::int64_t i64(const char* key) const {
     const json& v = field(key);
-    if (!v.is_number_integer()) throw ParseError(fmt::format("snapshot: {}.{}: expected an integer", where, key));
+    if (!v.is_number_integer()) throw ParseError(fmt::format("snapshot: {}.{}: expected an integer", where(), key));
     // is_number_integer() also holds for unsigned values, which may not fit
     if (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t{INT64_MAX}) {
-      throw ParseError(fmt::format("snapshot: {}.{}: {} is out of range (at most {})", where, key,
+      throw ParseError(fmt::format("snapshot: {}.{}: {} is out of range (at most {})", where(), key,
                                    v.get<std::uint64_t>(), INT64_MAX));
     }
     return v.get<std::int64_t>();
@@ -75,23 +86,23 @@ struct Reader {
   int i32(const char* key) const {
     const std::int64_t v = i64(key);
     if (v < INT_MIN || v > INT_MAX) {
-      throw ParseError(fmt::format("snapshot: {}.{}: {} is out of range for an int", where, key, v));
+      throw ParseError(fmt::format("snapshot: {}.{}: {} is out of range for an int", where(), key, v));
     }
     return static_cast<int>(v);
   }
   std::string str(const char* key) const {
     const json& v = field(key);
-    if (!v.is_string()) throw ParseError(fmt::format("snapshot: {}.{}: expected a string", where, key));
+    if (!v.is_string()) throw ParseError(fmt::format("snapshot: {}.{}: expected a string", where(), key));
     return v.get<std::string>();
   }
   bool boolean(const char* key) const {
     const json& v = field(key);
-    if (!v.is_boolean()) throw ParseError(fmt::format("snapshot: {}.{}: expected true or false", where, key));
+    if (!v.is_boolean()) throw ParseError(fmt::format("snapshot: {}.{}: expected true or false", where(), key));
     return v.get<bool>();
   }
   const json& array(const char* key) const {
     const json& v = field(key);
-    if (!v.is_array()) throw ParseError(fmt::format("snapshot: {}.{}: expected an array", where, key));
+    if (!v.is_array()) throw ParseError(fmt::format("snapshot: {}.{}: expected an array", where(), key));
     return v;
   }
   template <typename E, std::size_t N>
@@ -100,7 +111,7 @@ struct Reader {
     for (E e : values) {
       if (s == to_string(e)) return e;
     }
-    throw ParseError(fmt::format("snapshot: {}.{}: unknown value \"{}\"", where, key, s));
+    throw ParseError(fmt::format("snapshot: {}.{}: unknown value \"{}\"", where(), key, s));
   }
 };
 
@@ -175,10 +186,10 @@ Snapshot read_snapshot(const json& j) {
   snap.device = top.i32("device");
   snap.device_name = top.str("device_name");
   snap.capacity = top.u64("capacity");
-  read_stats(Reader{top.field("stats"), "snapshot.stats"}, snap.stats);
+  read_stats(Reader{top.field("stats"), "stats", Reader::kNoIndex, &top}, snap.stats);
   const json& segs = top.array("segments");
   for (std::size_t i = 0; i < segs.size(); ++i) {
-    const Reader r{segs[i], fmt::format("snapshot.segments[{}]", i)};
+    const Reader r{segs[i], "segments", i, &top};
     SegmentInfo s;
     s.address = r.u64("address");
     s.total_size = r.u64("total_size");
@@ -186,14 +197,14 @@ Snapshot read_snapshot(const json& j) {
     s.active_size = r.u64("active_size");
     const std::string pool = r.str("pool");
     if (pool != "small" && pool != "large") {
-      throw ParseError(fmt::format("snapshot: {}.pool: expected \"small\" or \"large\"", r.where));
+      throw ParseError(fmt::format("snapshot: {}.pool: expected \"small\" or \"large\"", r.where()));
     }
     s.pool = pool == "small" ? Pool::small : Pool::large;
     s.stream = Stream{r.u64("stream")};
     s.expandable = r.boolean("expandable");
     const json& blocks = r.array("blocks");
     for (std::size_t k = 0; k < blocks.size(); ++k) {
-      const Reader b{blocks[k], fmt::format("{}.blocks[{}]", r.where, k)};
+      const Reader b{blocks[k], "blocks", k, &r};
       BlockInfo bi;
       bi.address = b.u64("address");
       bi.size = b.u64("size");
@@ -208,7 +219,7 @@ Snapshot read_snapshot(const json& j) {
   }
   const json& trace = top.array("trace");
   for (std::size_t i = 0; i < trace.size(); ++i) {
-    const Reader r{trace[i], fmt::format("snapshot.trace[{}]", i)};
+    const Reader r{trace[i], "trace", i, &top};
     TraceEntry t;
     t.action = r.named("action", {TraceAction::alloc, TraceAction::free_requested, TraceAction::free_completed,
                                   TraceAction::segment_map, TraceAction::segment_unmap, TraceAction::oom});
@@ -228,15 +239,13 @@ Snapshot snapshot_from_json(const std::string& text) {
   if (text.size() > kMaxSnapshotJsonBytes) {
     throw ParseError(fmt::format("snapshot: {} bytes, more than the limit of {}", text.size(), kMaxSnapshotJsonBytes));
   }
+  if (const auto at = detail::json_too_deep_at(text, kMaxDepth))
+    throw ParseError(fmt::format("snapshot: nested deeper than {} levels at byte {}", kMaxDepth, *at));
   json j;
-  auto depth_guard = [](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxDepth) throw ParseError(fmt::format("snapshot: nested deeper than {} levels", kMaxDepth));
-    return true;
-  };
   try {
-    j = json::parse(text, depth_guard);
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
-    throw ParseError(fmt::format("snapshot: not JSON: {}", e.what()));
+    throw ParseError(fmt::format("snapshot: not JSON (malformed at byte {}): {}", e.byte, e.what()));
   } catch (const json::exception& e) {  // e.g. a number beyond double's range (out_of_range 406)
     throw ParseError(fmt::format("snapshot: unreadable JSON: {}", e.what()));
   }

@@ -1,5 +1,6 @@
 #pragma once
 // Small text helpers for parsing configuration values; private to the library.
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10,5 +11,7 @@ std::string lower(std::string_view text);
 std::string_view trim(std::string_view text);
 // A finite, non-negative decimal number taking the whole text ("1.5", ".5", "1e3").
 std::optional<double> parse_number(std::string_view text);
+// Levenshtein distance: for "did you mean ...?" suggestions.
+std::size_t edit_distance(std::string_view a, std::string_view b);
 
 }  // namespace stowage::detail

@@ -19,6 +19,7 @@
 
 namespace stowage {
 
+using detail::edit_distance;
 using detail::lower;
 using detail::parse_number;
 using detail::trim;
@@ -87,21 +88,6 @@ constexpr std::string_view kKnownVariables[] = {
     "STOWAGE_LOG_LEVEL", "STOWAGE_DEVICE",  "STOWAGE_EMULATED_DEVICES", "STOWAGE_EMULATED_CAPACITY",
     "STOWAGE_EMULATED_LINK_GBPS", "STOWAGE_ALLOC_CONF", "STOWAGE_EVENT_LOG", "STOWAGE_FAULTS", "STOWAGE_SIMD",
     "STOWAGE_LIBRARY", "STOWAGE_WERROR"};
-
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -12,11 +13,13 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <sys/wait.h>
 
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"
 #include "tools/demo/configurations.hpp"
 #include "tools/demo/estimate_bridge.hpp"
+#include "tools/demo/fit_check.hpp"
 #include "tools/demo/report.hpp"
 #include "tools/demo/run.hpp"
 #include "tools/demo/savings.hpp"
@@ -192,6 +195,71 @@ TEST(DemoReport, SvgIsWellFormedAndJsonCarriesEveryLoss) {
   EXPECT_EQ(j["configs"][1]["bit_identical_to_baseline"], true);
 }
 
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+};
+
+CliRun run_cli(const std::string& args) {
+  const std::string cmd = "STOWAGE_LOG_LEVEL=off STOWAGE_DEVICE=emulated " + std::string(STOWAGE_CLI) + " " + args;
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(DemoFit, TheFloorCountsTheLayoutsParameters) {
+  ModelShape s;
+  s.layers = 3;
+  s.hidden = 32;
+  s.heads = 2;
+  s.vocab = 50;
+  std::int64_t exact = 0;
+  for (const auto& p : make_layout(s).params) exact += p.numel();
+  EXPECT_EQ(fit_floor(s).parameters, static_cast<double>(exact));
+  EXPECT_EQ(fit_floor(s).device_bytes, 8.0 * exact + 4.0 * 3 * s.batch * s.seq * 32);
+}
+
+TEST(DemoFit, AModelThatCannotFitIsRefusedAtOnce) {
+  // Each of these used to build its parameters on the host first (51 GB for the first) or never
+  // finished; now each ends at once with the sizes.
+  for (const char* args : {"--hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline",
+                           "--layers 2147483647 --steps 1 --configs baseline",
+                           "--batch 2147483647 --steps 1 --configs baseline",
+                           "--hidden 2147483647 --heads 1 --steps 1 --configs baseline"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const CliRun r = run_cli(std::string("demo ") + args + " 2>&1");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
+    EXPECT_TRUE(r.out.find("does not fit") != std::string::npos || r.out.find("too large") != std::string::npos)
+        << args << "\n" << r.out;
+    EXPECT_LT(seconds, 20.0) << args;  // a refusal, not a run (generous for loaded machines)
+  }
+  const CliRun r = run_cli("demo --hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline 2>&1");
+  EXPECT_NE(r.out.find("--layers 64 --hidden 4096 --heads 32"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("8.00 GiB"), std::string::npos) << r.out;  // the emulated device's default capacity
+}
+
+TEST(DemoCommand, ProgressLinesCarryAnEta) {
+  const CliRun r = run_cli("demo --layers 1 --hidden 16 --heads 2 --seq 8 --batch 2 --steps 10 --configs baseline,shared "
+                        "2>&1 >/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  int with_eta = 0, finished = 0;
+  while (std::getline(lines, line)) {
+    if (line.find(" step ") == std::string::npos) continue;
+    with_eta += line.find("ETA ") != std::string::npos;
+    finished += line.find("done in ") != std::string::npos;
+  }
+  EXPECT_GE(with_eta, 10) << r.out;  // every step but the last (stderr is not a terminal: each is a line)
+  EXPECT_EQ(finished, 1) << r.out;
+}
+
 TEST(DemoCommand, RunsFromTheCommandLineAndExitsZero) {
   const std::string svg = std::string(STOWAGE_BINARY_DIR) + "/tools_demo_test_chart.svg";
   const std::string cmd = std::string(STOWAGE_CLI) +
@@ -203,6 +271,7 @@ TEST(DemoCommand, RunsFromTheCommandLineAndExitsZero) {
   while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   EXPECT_EQ(pclose(p), 0);
   const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["schema"], "stowage.demo/1");
   EXPECT_EQ(j["configs"].size(), all_configurations().size());
   for (const auto& c : j["configs"]) EXPECT_EQ(c["bit_identical_to_baseline"], true) << c["name"];
   std::ifstream f(svg);

@@ -5,8 +5,10 @@
 
 #include <array>
 #include <cstdio>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "stowage/device.hpp"
 #include "stowage/cuda_device.hpp"
@@ -64,10 +66,70 @@ TEST(ToolsInfo, TextNamesTheEmulatedDevicesAndWhyNotCuda) {
 #endif
 }
 
+TEST(ToolsCli, VersionPrintsTheProjectVersion) {
+  const CliResult r = run_cli(kTwoEmulated, "--version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(run_cli(kTwoEmulated, "info --json").output);
+  EXPECT_EQ(r.output, "stowage " + j["build"]["version"].get<std::string>() + "\n");
+}
+
+TEST(ToolsCli, AnUnknownSubcommandIsNamedWithTheClosestOne) {
+  CliResult r = run_cli(kTwoEmulated, "inspct snap.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output,
+            "stowage: unknown subcommand 'inspct' (did you mean inspect?); the subcommands are info, estimate, plan, "
+            "inspect, demo (stowage --help)\n");
+  r = run_cli(kTwoEmulated, "frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output.find("did you mean"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("unknown subcommand 'frobnicate'"), std::string::npos) << r.output;
+}
+
+// The options of `stowage SUB --help`: each entry's first line and its continuation lines.
+std::vector<std::string> help_entries(const std::string& help) {
+  std::vector<std::string> entries;
+  std::istringstream lines(help);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("  --", 0) == 0) entries.push_back(line);
+    else if (!entries.empty() && line.rfind("        ", 0) == 0) entries.back() += line;
+  }
+  return entries;
+}
+
+TEST(ToolsCli, HelpShowsEveryDefault) {
+  // Every option that takes a value shows what holds when it is not given ("=value" from CLI11,
+  // or "default" in its description), except those that name an input or output file or text.
+  const std::vector<std::string> without_default = {"--model-json", "--megatron-args", "--deepspeed-config", "--svg",
+                                                    "--fit ",       "--compare",       "--configs"};
+  for (const char* sub : {"estimate", "plan", "inspect", "demo"}) {
+    const CliResult r = run_cli(kTwoEmulated, std::string(sub) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    int checked = 0;
+    for (const std::string& e : help_entries(r.output)) {
+      const bool takes_value = e.find(" INT") != std::string::npos || e.find(" TEXT") != std::string::npos ||
+                               e.find(" FLOAT") != std::string::npos || e.find(" UINT") != std::string::npos;
+      if (!takes_value) continue;
+      bool exempt = false;
+      for (const auto& name : without_default) exempt = exempt || e.find("  " + name) == 0;
+      if (exempt) continue;
+      ++checked;
+      EXPECT_TRUE(e.find('=') != std::string::npos || e.find("default") != std::string::npos ||
+                  e.find("required") != std::string::npos)
+          << sub << ": " << e;
+    }
+    EXPECT_GT(checked, 0) << sub;
+  }
+  const CliResult demo = run_cli(kTwoEmulated, "demo --help");
+  for (const char* shown : {"--layers INT=4", "--steps INT=60", "--rounding TEXT=nearest_even"})
+    EXPECT_NE(demo.output.find(shown), std::string::npos) << shown << "\n" << demo.output;
+}
+
 TEST(ToolsInfo, JsonCarriesTheSameFacts) {
   const CliResult r = run_cli(kTwoEmulated, "info --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["schema"], "stowage.info/1");
   EXPECT_FALSE(j["using_cuda"].get<bool>());
   EXPECT_EQ(j["device_selection"], "emulated");
   ASSERT_EQ(j["devices"].size(), 2u);

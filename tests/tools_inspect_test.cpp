@@ -175,7 +175,7 @@ TEST(InspectBadInput, ExitCodeTwoWithThePosition) {
   std::string wrong_type = good;
   wrong_type.replace(wrong_type.find("\"size\": 8388608"), 15, "\"size\": \"big\"");
   expect_error(temp_file("wrong_type.json", wrong_type), "blocks[0].size");
-  expect_error(temp_file("deep.json", std::string(10000, '[') + std::string(10000, ']')), "nesting");
+  expect_error(temp_file("deep.json", std::string(10000, '[') + std::string(10000, ']')), "deeper than");
   expect_error(temp_file("not_object.json", "42"), "snapshot");
   expect_error(temp_file("binary.json", std::string("\x00\xff\xfe{", 4)), "byte");
   expect_error(temp_file("bad_action.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,64,0\n1,0.2,steal,0x10,64,0\n"),
@@ -225,4 +225,113 @@ TEST(InspectSnapshot, RealAllocatorSnapshot) {
   EXPECT_EQ(a.largest_blocks[0].tag, "weights");
   EXPECT_EQ(a.timeline.back().allocated, 6 * MiB);
   alloc.deallocate(weights);
+}
+
+namespace {
+
+// A consistent snapshot whose trace has `small` 4 KiB alloc/free pairs with one 64 MiB block
+// allocated and freed in the middle: the spike a thinned timeline must keep.
+Snapshot spiky_snapshot(int small) {
+  Snapshot s;
+  s.device_name = "emulated";
+  s.capacity = 1024 * MiB;
+  const std::size_t seg = 128 * MiB;
+  s.stats.reserved_bytes.all = s.stats.reserved_bytes.large_pool = Stat{std::int64_t(seg), std::int64_t(seg), std::int64_t(seg), 0};
+  s.stats.allocated_bytes.all.peak = 64 * MiB + 4096;
+  s.stats.allocated_bytes.all.allocated = 64 * MiB + 4096LL * small;
+  s.stats.allocated_bytes.all.freed = s.stats.allocated_bytes.all.allocated;
+  SegmentInfo info;
+  info.address = 0x7f0000000000;
+  info.total_size = seg;
+  info.blocks.push_back({info.address, seg, 0, BlockState::inactive, Stream{}, ""});
+  s.segments.push_back(info);
+  std::int64_t t = 1000;
+  s.trace.push_back({TraceAction::segment_map, info.address, seg, Stream{}, t++, ""});
+  for (int i = 0; i < small; ++i) {
+    if (i == small / 2) {
+      s.trace.push_back({TraceAction::alloc, info.address + 4096, 64 * MiB, Stream{}, t++, "spike"});
+      s.trace.push_back({TraceAction::free_completed, info.address + 4096, 64 * MiB, Stream{}, t++, "spike"});
+    }
+    s.trace.push_back({TraceAction::alloc, info.address, 4096, Stream{}, t++, "small"});
+    s.trace.push_back({TraceAction::free_completed, info.address, 4096, Stream{}, t++, "small"});
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(InspectOutput, AThinnedTimelineKeepsItsPeak) {
+  const std::string path = temp_file("spiky.json", to_json(spiky_snapshot(20000)));
+  const SnapshotAnalysis a = analyze(load_snapshot(path));
+  EXPECT_EQ(a.trace_peak_allocated, 64 * MiB);  // the spike alone: the 4 KiB block was freed first
+  ASSERT_GT(a.timeline.size(), 40000u);
+  auto r = run_cli("inspect --json " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  ASSERT_LE(j["timeline"].size(), 2002u);  // thinned
+  std::int64_t highest = 0;
+  for (const auto& p : j["timeline"]) highest = std::max(highest, p["allocated"].get<std::int64_t>());
+  EXPECT_EQ(highest, 64 * MiB);
+  EXPECT_EQ(j["timeline"].front()["time_ns"], 1000);  // the first point stays
+  // The SVG's allocated line reaches the spike: its highest point is the spike's height.
+  const std::string svg_path = temp_file("spiky.svg", "");
+  ASSERT_EQ(run_cli("inspect " + path + " --svg " + svg_path).exit_code, 0);
+  const std::string svg = slurp(svg_path);
+  const auto line = svg.find("<polyline");
+  ASSERT_NE(line, std::string::npos);
+  const auto points_at = svg.find("points=\"", line) + 8;
+  std::istringstream points(svg.substr(points_at, svg.find('"', points_at) - points_at));
+  double lowest_y = 1e9;  // SVG y grows downwards
+  std::string pair;
+  while (points >> pair) lowest_y = std::min(lowest_y, std::stod(pair.substr(pair.find(',') + 1)));
+  // y_max is the reserved 128 MiB; the chart is 300 high from y = 50: 64 MiB is at 50 + 150.
+  EXPECT_NEAR(lowest_y, 200.0, 0.05) << svg.substr(line, 300);
+  // Both axes carry tick labels: bytes and time.
+  EXPECT_NE(svg.find(">128.00 MiB<"), std::string::npos);
+  EXPECT_NE(svg.find(">0<"), std::string::npos);
+}
+
+TEST(InspectOutput, ExtremeValuesStayReadable) {
+  // A size of 2^64 - 1 is not "-1 B"; a time of 1e308 gives no nan or inf coordinates.
+  const std::string log = temp_file("extreme.csv",
+                                    "Thread,Time,Action,Pointer,Size,Stream\n"
+                                    "1,0.5,allocate,0x1000,18446744073709551615,0\n"
+                                    "1,1e308,allocate,0x2000,4096,0\n"
+                                    "1,1e308,free,0x1000,18446744073709551615,0\n");
+  const std::string svg_path = temp_file("extreme.svg", "");
+  auto r = run_cli("inspect " + log + " --svg " + svg_path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("-1 B"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TiB"), std::string::npos) << r.output;
+  const std::string svg = slurp(svg_path);
+  for (const char* bad : {"nan", "inf", "-nan"}) EXPECT_EQ(svg.find(bad), std::string::npos) << bad << "\n" << svg;
+  EXPECT_NE(svg.find("<polyline"), std::string::npos);
+}
+
+TEST(InspectBadInput, AnInconsistentSnapshotIsRefusedWithWhatIsWrong) {
+  const Snapshot good = spiky_snapshot(3);
+  ASSERT_TRUE(analyze(good).timeline.size() > 0);
+  auto refused = [](Snapshot s, const std::string& needle) {
+    const std::string path = temp_file("inconsistent.json", to_json(s));
+    auto r = run_cli("inspect " + path);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("not a consistent snapshot"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  };
+  Snapshot s = good;
+  s.stats.allocated_bytes.all.peak = -5;  // a negative peak
+  refused(s, "stats.allocated_bytes.all has a negative value");
+  s = good;
+  s.stats.reserved_bytes.all.peak = 1;  // below current
+  refused(s, "stats.reserved_bytes.all: peak 1 is below current");
+  s = good;
+  s.stats.allocated_bytes.all.current = s.stats.allocated_bytes.all.peak = 256 * MiB;
+  refused(s, "exceed reserved_bytes");
+  s = good;
+  s.segments[0].blocks[0].size -= 512;
+  refused(s, "blocks add up to");
+  s = good;
+  s.segments[0].blocks[0].address += 512;
+  refused(s, "starts at");
+  EXPECT_EQ(run_cli("inspect " + temp_file("consistent.json", to_json(good))).exit_code, 0);
 }

@@ -75,7 +75,8 @@ nlohmann::ordered_json device_facts(Device& d) {
 nlohmann::ordered_json collect() {
   nlohmann::ordered_json cuda = {{"devices", cuda_device_count()}};
   if (cuda_device_count() == 0) cuda["reason"] = cuda_unavailable_reason();
-  nlohmann::ordered_json j = {{"build", build_facts()},
+  nlohmann::ordered_json j = {{"schema", "stowage.info/1"},
+                              {"build", build_facts()},
                               {"cuda", cuda},
                               {"host", {{"numa_nodes", numa_node_count()}}},
                               {"device_selection", config().device}};

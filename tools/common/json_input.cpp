@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "common/json_depth.hpp"
 #include "stowage/error.hpp"
 
 namespace stowage::tools {
@@ -14,15 +15,12 @@ namespace stowage::tools {
 nlohmann::json parse_json(const std::string& text, const std::string& what, std::size_t max_bytes) {
   if (text.size() > max_bytes)
     throw ParseError(fmt::format("{}: input is {} bytes, more than the limit of {}", what, text.size(), max_bytes));
-  // The callback sees each nesting step; refusing deep input keeps destruction and later
-  // recursive walks bounded.
-  auto depth_guard = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-    if (depth > kMaxJsonDepth)
-      throw ParseError(fmt::format("{}: nesting deeper than {} levels", what, kMaxJsonDepth));
-    return true;
-  };
+  // Bounded nesting keeps destruction and later recursive walks bounded; checked by one pass
+  // over the bytes, so the parse itself is the plain (fast) one.
+  if (const auto at = detail::json_too_deep_at(text, kMaxJsonDepth))
+    throw ParseError(fmt::format("{}: nesting deeper than {} levels at byte {}", what, kMaxJsonDepth, *at));
   try {
-    return nlohmann::json::parse(text, depth_guard);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw ParseError(fmt::format("{}: malformed JSON at byte {}: {}", what, e.byte, e.what()));
   } catch (const nlohmann::json::exception& e) {  // e.g. a number beyond double's range

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -42,6 +43,14 @@ std::vector<Configuration> configs_in_build(const std::string& requested, bool e
   return select_configurations(available);
 }
 
+// "ETA 1m05s": the time left at the average pace of the steps so far (configurations take
+// similar times; the first steps include set-up, so the estimate settles as the run goes).
+std::string eta_text(double elapsed_s, double done, double total) {
+  if (done <= 0 || done >= total) return done >= total ? fmt::format("done in {:.1f}s  ", elapsed_s) : "";
+  const auto left = static_cast<long long>(elapsed_s / done * (total - done) + 0.5);
+  return left >= 60 ? fmt::format("ETA {}m{:02}s", left / 60, left % 60) : fmt::format("ETA {}s ", left);
+}
+
 int run(CliOptions& o, bool configs_given) {
   o.demo.rounding = parse_rounding(o.rounding);
   o.demo.configs = configs_in_build(o.configs, configs_given);
@@ -55,13 +64,17 @@ int run(CliOptions& o, bool configs_given) {
   // One line rewritten in place on a terminal; every tenth of the run otherwise (logs, CI).
   const bool tty = isatty(fileno(stderr)) != 0;
   const int every = std::max(1, o.demo.steps / 10);
+  const auto started = std::chrono::steady_clock::now();
+  const double total_steps = static_cast<double>(o.demo.configs.size()) * o.demo.steps;
   auto progress = [&](std::size_t config, int step, float loss, const ConfigResult&) {
     if (o.json) return;
     const bool end = step == o.demo.steps;
     if (!tty && !end && step % every != 0) return;
-    std::fprintf(stderr, "%s[%zu/%zu] %-10s step %4d/%d  loss %.4f%s", tty ? "\r" : "", config + 1,
+    const double done = static_cast<double>(config) * o.demo.steps + step;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::fprintf(stderr, "%s[%zu/%zu] %-10s step %4d/%d  loss %.4f  %s%s", tty ? "\r" : "", config + 1,
                  o.demo.configs.size(), o.demo.configs[config].name.c_str(), step, o.demo.steps,
-                 static_cast<double>(loss), tty && !end ? "" : "\n");
+                 static_cast<double>(loss), eta_text(elapsed, done, total_steps).c_str(), tty && !end ? "" : "\n");
     std::fflush(stderr);
   };
   const auto results = run_demo(o.demo, progress);

@@ -74,6 +74,7 @@ std::string format_table(const std::vector<ConfigResult>& results, const DemoOpt
 std::string to_json(const std::vector<ConfigResult>& results, const DemoOptions& o) {
   nlohmann::json j;
   const auto& s = o.shape;
+  j["schema"] = "stowage.demo/1";
   j["model"] = {{"layers", s.layers}, {"hidden", s.hidden}, {"heads", s.heads}, {"seq", s.seq},
                 {"batch", s.batch},   {"vocab", s.vocab}};
   j["steps"] = o.steps;

@@ -1,5 +1,7 @@
 #include "tools/demo/run.hpp"
 
+#include "tools/demo/fit_check.hpp"
+
 #include <bit>
 #include <chrono>
 #include <memory>
@@ -131,6 +133,7 @@ std::vector<ConfigResult> run_demo(const DemoOptions& o, const Progress& progres
   Device& dev = o.device ? *o.device : demo_device();
   if (!dev.properties().host_accessible)
     throw Unsupported("demo: the CPU kernels need a device whose memory the host can address");
+  check_fits(shape, dev);  // before anything the size of the model is built
   const ParameterLayout layout = make_layout(shape);
   const std::vector<float> init = initial_parameters(layout, shape);
 

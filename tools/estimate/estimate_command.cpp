@@ -153,37 +153,37 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_flag("--ignore-unknown-megatron-args", o->ignore_unknown,
                 "skip arguments Megatron-LM does not have (default: error)");
   cmd->add_option("--deepspeed-config", o->deepspeed_config, "DeepSpeed config JSON (ZeRO stage, offload)");
-  cmd->add_option("--seq", o->seq, "sequence length");
-  cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size");
-  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per step (in flight for pipeline stages)");
-  cmd->add_option("--global-batch", o->global_batch, "global batch (sets grad-accum = global / (micro × dp))");
-  cmd->add_option("--precision", o->precision, "bf16, fp16 or fp32");
-  cmd->add_option("--optimizer", o->optimizer, "adam or sgd");
-  cmd->add_option("--grad-bytes", o->grad_bytes, "bytes per gradient: 2 or 4");
+  cmd->add_option("--seq", o->seq, "sequence length (default 4096, or from --megatron-args)");
+  cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size (default 1)");
+  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per step, in flight for pipeline stages (default 1)");
+  cmd->add_option("--global-batch", o->global_batch, "global batch: sets grad-accum = global / (micro × dp) (default: unset)");
+  cmd->add_option("--precision", o->precision, "bf16, fp16 or fp32 (default bf16)");
+  cmd->add_option("--optimizer", o->optimizer, "adam or sgd (default adam)");
+  cmd->add_option("--grad-bytes", o->grad_bytes, "bytes per gradient: 2 or 4 (default 2 for bf16/fp16, 4 for fp32 or megatron accounting)");
   cmd->add_flag("--no-flash-attention", o->no_flash, "attention stores the s² scores");
   cmd->add_flag("--unfused-swiglu", o->unfused_swiglu, "SwiGLU keeps silu(x1) too");
-  cmd->add_option("--tp", o->tp, "tensor parallel size");
-  cmd->add_option("--pp", o->pp, "pipeline parallel size");
-  cmd->add_option("--vpp", o->vpp, "virtual pipeline stages per rank");
-  cmd->add_option("--dp", o->dp, "data parallel size");
-  cmd->add_option("--cp", o->cp, "context parallel size");
-  cmd->add_option("--ep", o->ep, "expert parallel size");
+  cmd->add_option("--tp", o->tp, "tensor parallel size (default 1)");
+  cmd->add_option("--pp", o->pp, "pipeline parallel size (default 1)");
+  cmd->add_option("--vpp", o->vpp, "virtual pipeline stages per rank (default 1)");
+  cmd->add_option("--dp", o->dp, "data parallel size (default 1)");
+  cmd->add_option("--cp", o->cp, "context parallel size (default 1)");
+  cmd->add_option("--ep", o->ep, "expert parallel size (default 1)");
   cmd->add_flag("--sequence-parallel", o->sp, "Megatron sequence parallelism");
-  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3");
+  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3 (default 0)");
   cmd->add_flag("--distributed-optimizer", o->dist_opt, "Megatron distributed optimizer (ZeRO-1)");
-  cmd->add_option("--accounting", o->accounting, "zero-paper, deepspeed or megatron model-state bookkeeping");
-  cmd->add_option("--recompute", o->recompute, "none, selective, full or activation-function");
+  cmd->add_option("--accounting", o->accounting, "zero-paper, deepspeed or megatron model-state bookkeeping (default zero-paper)");
+  cmd->add_option("--recompute", o->recompute, "none, selective, full or activation-function (default none)");
   cmd->add_option("--recompute-method", o->recompute_method,
-                  "full recompute: block (first n layers) or uniform (chunks of n)");
+                  "full recompute: block (first n layers) or uniform (chunks of n) (default block)");
   cmd->add_option("--recompute-num-layers", o->recompute_layers,
-                  "block: layers per model chunk recomputed (0 = all); uniform: layers per chunk");
+                  "block: layers per model chunk recomputed (0 = all); uniform: layers per chunk (default 0)");
   cmd->add_flag("--shared-storage", o->shared, "bf16 weights inside the fp32 master");
-  cmd->add_option("--rounding", o->rounding, "shared storage rounding: half_up or nearest_even");
+  cmd->add_option("--rounding", o->rounding, "shared storage rounding: half_up or nearest_even (default half_up)");
   cmd->add_flag("--act-fn-recompute", o->act_fn, "release and recompute the MLP activation output");
   cmd->add_flag("--swap-attention", o->swap, "move attention activations to host memory");
-  cmd->add_option("--prefetch-window", o->prefetch_window, "layers prefetched ahead of backward");
-  cmd->add_option("--optimizer-offload", o->offload, "none, mapped or streamed");
-  cmd->add_option("--stream-window", o->stream_window, "streamed offload: layers per buffer");
+  cmd->add_option("--prefetch-window", o->prefetch_window, "layers prefetched ahead of backward (default 1)");
+  cmd->add_option("--optimizer-offload", o->offload, "none, mapped or streamed (default none)");
+  cmd->add_option("--stream-window", o->stream_window, "streamed offload: layers per buffer (default 1)");
   cmd->add_option("--allocator-overhead", o->overhead,
                   "reserved − allocated as a fraction of peak allocated, 0..4 (default 0.05)");
   cmd->add_option("--cublas-workspace", o->cublas_workspace,
@@ -194,7 +194,7 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", o->json, "JSON output (schema in docs/estimate.md)");
   cmd->add_option("--svg", o->svg, "write a stacked-bar chart to this file");
   cmd->add_option("--fit", o->fit, "device memory, e.g. 80GiB: largest micro-batch (or --fit-dim seq) that fits");
-  cmd->add_option("--fit-dim", o->fit_dim, "micro-batch or seq");
+  cmd->add_option("--fit-dim", o->fit_dim, "micro-batch or seq (default micro-batch)");
   cmd->callback([o, &exit_code] { exit_code = run(*o); });
 }
 

@@ -7,6 +7,8 @@
 // (--use-flash-attn, --num-layers-per-virtual-pipeline-stage). Sorted, for binary search.
 #include "tools/estimate/megatron_arg_names.hpp"
 
+#include "common/text.hpp"
+
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -980,21 +982,6 @@ std::span<const std::string_view> megatron_argument_names() { return kNames; }
 
 namespace {
 std::string_view bare(std::string_view name) { return name.substr(name.rfind("--", 0) == 0 ? 2 : 0); }
-
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
 }  // namespace
 
 bool is_megatron_argument(std::string_view name) {
@@ -1006,7 +993,7 @@ std::string nearest_megatron_argument(std::string_view name) {
   std::size_t best = n.size() / 3 + 1;
   std::string_view found;
   for (std::string_view k : kNames) {
-    const std::size_t d = edit_distance(n, k);
+    const std::size_t d = detail::edit_distance(n, k);
     if (d < best) {
       best = d;
       found = k;

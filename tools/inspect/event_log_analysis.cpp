@@ -12,23 +12,31 @@
 
 namespace stowage::inspect {
 
+namespace {
+// Live bytes saturate instead of wrapping: a log of absurd sizes still gives a readable peak.
+std::int64_t add(std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+}  // namespace
+
 EventLogAnalysis analyze(const std::vector<EventRecord>& records, std::size_t top) {
   EventLogAnalysis a;
   std::unordered_map<std::uintptr_t, std::int64_t> live;
   std::int64_t bytes = 0;
   for (const auto& r : records) {
     ++a.events;
-    const auto size = static_cast<std::int64_t>(std::min<std::size_t>(r.size, INT64_MAX / 4));
+    const auto size = static_cast<std::int64_t>(std::min<std::uint64_t>(r.size, INT64_MAX));
     if (r.action == EventAction::allocate) {
       ++a.allocations;
-      if (auto it = live.find(r.pointer); it != live.end()) bytes -= it->second;  // reuse without a logged free
+      if (auto it = live.find(r.pointer); it != live.end()) bytes = add(bytes, -it->second);  // reused, no free logged
       live[r.pointer] = size;
-      bytes += size;
+      bytes = add(bytes, size);
       a.largest.push_back(r);
     } else {
       ++a.frees;
       if (auto it = live.find(r.pointer); it != live.end()) {
-        bytes -= it->second;
+        bytes = add(bytes, -it->second);
         live.erase(it);
       } else {
         ++a.unmatched_frees;

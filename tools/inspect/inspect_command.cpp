@@ -52,9 +52,9 @@ void setup(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("inspect", "Read an allocator snapshot or event log: peaks, fragmentation, largest blocks, owning tags");
   cmd->add_option("file", o->file, "snapshot JSON (docs/snapshot.md) or event-log CSV (docs/event_log.md)");
   cmd->add_option("--compare", o->compare, "two snapshots: what changed from A to B")->expected(2);
-  cmd->add_flag("--json", o->json, "JSON output (schema in docs/estimate.md)");
+  cmd->add_flag("--json", o->json, "JSON output (schema stowage.inspect/1, docs/estimate.md)");
   cmd->add_option("--svg", o->svg, "write a timeline of allocated and reserved bytes");
-  cmd->add_option("--top", o->top, "how many blocks and tags to list")->check(CLI::Range(1, 100000));
+  cmd->add_option("--top", o->top, "how many blocks and tags to list")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->callback([o, &exit_code] { exit_code = run(*o); });
 }
 

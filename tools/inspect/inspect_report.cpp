@@ -11,7 +11,6 @@
 
 namespace stowage::inspect {
 
-
 namespace {
 
 nlohmann::json tags_json(const std::vector<TagBytes>& tags) {
@@ -20,13 +19,28 @@ nlohmann::json tags_json(const std::vector<TagBytes>& tags) {
   return out;
 }
 
-// Keeps charts small: at most `limit` points, every k-th kept plus the last.
-template <typename T>
-std::vector<T> thin(const std::vector<T>& v, std::size_t limit) {
-  if (v.size() <= limit) return v;
+// Keeps charts and JSON small: at most about `limit` points. The points are cut into limit / 2
+// runs; each run keeps its lowest and highest point by `value` (in their order), so a spike
+// stays visible however short (a 64 MiB block among thousands of 4 KiB ones), and the first
+// and last points stay.
+template <typename T, typename Value>
+std::vector<T> thin(const std::vector<T>& v, std::size_t limit, Value value) {
+  if (v.size() <= limit || limit < 4) return v;
   std::vector<T> out;
-  const std::size_t k = (v.size() + limit - 1) / limit;
-  for (std::size_t i = 0; i < v.size(); i += k) out.push_back(v[i]);
+  out.reserve(limit + 2);
+  out.push_back(v.front());
+  const std::size_t runs = limit / 2, n = v.size() - 2;  // the first and last are kept anyway
+  for (std::size_t r = 0; r < runs; ++r) {
+    const std::size_t begin = 1 + n * r / runs, end = 1 + n * (r + 1) / runs;
+    if (begin >= end) continue;
+    std::size_t lo = begin, hi = begin;
+    for (std::size_t i = begin; i < end; ++i) {
+      if (value(v[i]) < value(v[lo])) lo = i;
+      if (value(v[i]) > value(v[hi])) hi = i;
+    }
+    out.push_back(v[std::min(lo, hi)]);
+    if (lo != hi) out.push_back(v[std::max(lo, hi)]);
+  }
   out.push_back(v.back());
   return out;
 }
@@ -37,6 +51,25 @@ struct Series {
   std::vector<std::pair<double, double>> points;  // (x, bytes)
 };
 
+// Where x falls between lo and hi, in [0, 1], for any finite inputs: ranges wider than a double
+// holds (1e308 − -1e308) are scaled down first, so a coordinate is never inf or nan.
+double fraction(double x, double lo, double hi) {
+  double f = (x - lo) / (hi - lo);
+  if (!std::isfinite(f)) f = (x / 4 - lo / 4) / (hi / 4 - lo / 4);
+  if (!std::isfinite(f)) return 0.0;
+  return std::clamp(f, 0.0, 1.0);
+}
+
+std::string byte_label(double b) {
+  return b >= 0x1p64 ? fmt::format("{:.3g} B", b) : format_bytes(static_cast<std::uint64_t>(std::max(0.0, b)));
+}
+
+// An x value as an axis label: short, whatever its magnitude.
+std::string x_label_text(double x) {
+  const double a = std::fabs(x);
+  return a != 0 && (a >= 1e6 || a < 1e-3) ? fmt::format("{:.3g}", x) : fmt::format("{:.4g}", x);
+}
+
 std::string chart(const std::string& title, const std::string& x_label, const std::vector<Series>& series) {
   const double left = 90, top = 50, w = 640, h = 300;
   tools::SvgWriter svg(left + w + 160, top + h + 60);
@@ -45,23 +78,32 @@ std::string chart(const std::string& title, const std::string& x_label, const st
   bool first = true;
   for (const auto& s : series)
     for (const auto& [x, y] : s.points) {
+      if (!std::isfinite(x) || !std::isfinite(y)) continue;
       if (first) x_min = x_max = x, first = false;
       x_min = std::min(x_min, x);
       x_max = std::max(x_max, x);
       y_max = std::max(y_max, y);
     }
-  if (x_max <= x_min) x_max = x_min + 1;
+  if (!(x_max > x_min)) x_max = x_min + 1;
+  if (x_max == x_min) x_min = x_max - 1;  // + 1 is lost at magnitudes beyond 2^53
+  // Axis ticks: five on each axis, with their values.
   for (int i = 0; i <= 4; ++i) {
     const double y = top + h - h * i / 4.0;
     svg.line(left, y, left + w, y, "#dddddd");
-    svg.text(left - 6, y + 4, format_bytes(std::llround(y_max * i / 4.0)), 10, "end");
+    svg.text(left - 6, y + 4, byte_label(y_max * i / 4.0), 10, "end");
+    const double x = left + w * i / 4.0;
+    svg.line(x, top + h, x, top + h + 5, "#888888");
+    svg.text(x, top + h + 18, x_label_text(x_min / 4 * (4 - i) + x_max / 4 * i), 10, "middle");
   }
   svg.text(left + w / 2, top + h + 35, x_label, 11, "middle");
   std::size_t row = 0;
   for (const auto& s : series) {
     std::string pts;
-    for (const auto& [x, y] : s.points)
-      pts += fmt::format("{:.1f},{:.1f} ", left + (x - x_min) / (x_max - x_min) * w, top + h - y / y_max * h);
+    for (const auto& [x, y] : s.points) {
+      if (!std::isfinite(x) || !std::isfinite(y)) continue;
+      pts += fmt::format("{:.1f},{:.1f} ", left + fraction(x, x_min, x_max) * w,
+                         top + h - fraction(y, 0.0, y_max) * h);
+    }
     if (!pts.empty()) svg.polyline(pts, s.color);
     svg.rect(left + w + 20, top + 20.0 * double(row), 12, 12, s.color);
     svg.text(left + w + 38, top + 20.0 * double(row) + 10, s.name, 11);
@@ -77,7 +119,7 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
   for (const auto& b : a.largest_blocks)
     blocks.push_back({{"address", b.address}, {"size", b.size}, {"requested_size", b.requested}, {"state", b.state}, {"tag", b.tag}});
   nlohmann::json timeline = nlohmann::json::array();
-  for (const auto& p : thin(a.timeline, 2000))
+  for (const auto& p : thin(a.timeline, 2000, [](const TimelinePoint& q) { return q.allocated; }))
     timeline.push_back({{"time_ns", p.time_ns}, {"allocated", p.allocated}, {"reserved", p.reserved},
                         {"fragmentation", p.fragmentation()}});
   return {{"schema", "stowage.inspect/1"},
@@ -127,7 +169,8 @@ nlohmann::json to_json(const EventLogAnalysis& a) {
   for (const auto& r : a.largest)
     largest.push_back({{"time", r.time}, {"pointer", r.pointer}, {"size", r.size}, {"thread", r.thread}, {"stream", r.stream}});
   nlohmann::json timeline = nlohmann::json::array();
-  for (const auto& [t, b] : thin(a.timeline, 2000)) timeline.push_back({{"time", t}, {"live", b}});
+  for (const auto& [t, b] : thin(a.timeline, 2000, [](const auto& q) { return q.second; }))
+    timeline.push_back({{"time", t}, {"live", b}});
   return {{"schema", "stowage.inspect/1"}, {"kind", "event_log"},       {"events", a.events},
           {"allocations", a.allocations},  {"frees", a.frees},          {"unmatched_frees", a.unmatched_frees},
           {"peak_live", a.peak_live},      {"peak_time", a.peak_time},  {"live_at_end", a.live_at_end},
@@ -141,7 +184,7 @@ std::string to_table(const EventLogAnalysis& a) {
                      format_bytes(a.live_at_end), a.live_blocks_at_end);
   out += "largest allocations:\n";
   for (const auto& r : a.largest)
-    out += fmt::format("  {:>14}  {:#x}  at {:.6f} s, stream {}\n", format_bytes(static_cast<std::int64_t>(r.size)),
+    out += fmt::format("  {:>14}  {:#x}  at {:.6f} s, stream {}\n", format_bytes(r.size),
                        r.pointer, r.time, r.stream);
   return out;
 }
@@ -186,13 +229,12 @@ std::string compare_table(const SnapshotAnalysis& a, const SnapshotAnalysis& b) 
 
 std::string timeline_svg(const SnapshotAnalysis& a, const std::string& title) {
   Series alloc{"allocated", "#4e79a7", {}}, res{"reserved", "#e15759", {}};
-  const auto pts = thin(a.timeline, 4000);
-  const double t0 = pts.empty() ? 0.0 : double(pts.front().time_ns);
-  for (const auto& p : pts) {
+  const double t0 = a.timeline.empty() ? 0.0 : double(a.timeline.front().time_ns);
+  for (const auto& p : thin(a.timeline, 4000, [](const TimelinePoint& q) { return q.allocated; }))
     alloc.points.emplace_back((double(p.time_ns) - t0) / 1e6, double(p.allocated));
+  for (const auto& p : thin(a.timeline, 4000, [](const TimelinePoint& q) { return q.reserved; }))
     res.points.emplace_back((double(p.time_ns) - t0) / 1e6, double(p.reserved));
-  }
-  if (pts.empty()) {
+  if (a.timeline.empty()) {
     alloc.points = {{0, double(a.allocated)}, {1, double(a.allocated)}};
     res.points = {{0, double(a.reserved)}, {1, double(a.reserved)}};
   }
@@ -201,7 +243,8 @@ std::string timeline_svg(const SnapshotAnalysis& a, const std::string& title) {
 
 std::string timeline_svg(const EventLogAnalysis& a, const std::string& title) {
   Series live{"live (requested)", "#4e79a7", {}};
-  for (const auto& [t, b] : thin(a.timeline, 4000)) live.points.emplace_back(t, double(b));
+  for (const auto& [t, b] : thin(a.timeline, 4000, [](const auto& q) { return q.second; }))
+    live.points.emplace_back(t, double(b));
   return chart(title, "time (s)", {live});
 }
 

@@ -7,6 +7,7 @@
 
 #include "stowage/error.hpp"
 #include "tools/common/json_input.hpp"
+#include "tools/inspect/snapshot_consistency.hpp"
 
 namespace stowage::inspect {
 
@@ -53,27 +54,17 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
   a.tags_now = top_tags(now, top);
 
   // The trace is a ring: it may begin mid-run. Deltas are replayed forward, then shifted so the
-  // last point equals the snapshot's current allocated/reserved bytes.
+  // last point equals the snapshot's current allocated/reserved bytes. One pass finds the peak,
+  // a second replays up to it for the tags there: linear in the trace.
   std::int64_t alloc = 0, reserved = 0;
-  std::unordered_map<std::uintptr_t, std::pair<std::int64_t, std::string>> live;
-  std::map<std::string, std::int64_t> by_tag, at_peak;
   std::int64_t best = INT64_MIN;
   std::size_t peak_index = 0;
+  a.timeline.reserve(s.trace.size());
   for (const auto& t : s.trace) {
     const std::int64_t size = as_bytes(t.size);
     switch (t.action) {
-      case TraceAction::alloc:
-        alloc += size;
-        live[t.address] = {size, t.tag};
-        by_tag[t.tag] += size;
-        break;
-      case TraceAction::free_completed:
-        alloc -= size;
-        if (auto it = live.find(t.address); it != live.end()) {
-          by_tag[it->second.second] -= it->second.first;
-          live.erase(it);
-        }
-        break;
+      case TraceAction::alloc: alloc += size; break;
+      case TraceAction::free_completed: alloc -= size; break;
       case TraceAction::segment_map: reserved += size; break;
       case TraceAction::segment_unmap: reserved -= size; break;
       default: break;
@@ -82,7 +73,22 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
     if (alloc > best) {
       best = alloc;
       peak_index = a.timeline.size() - 1;
-      at_peak = by_tag;
+    }
+  }
+  std::map<std::string, std::int64_t> at_peak;
+  if (!s.trace.empty()) {
+    std::unordered_map<std::uintptr_t, std::pair<std::int64_t, const std::string*>> live;
+    for (std::size_t i = 0; i <= peak_index; ++i) {
+      const auto& t = s.trace[i];
+      if (t.action == TraceAction::alloc) {
+        live[t.address] = {as_bytes(t.size), &t.tag};
+        at_peak[t.tag] += as_bytes(t.size);
+      } else if (t.action == TraceAction::free_completed) {
+        if (auto it = live.find(t.address); it != live.end()) {
+          at_peak[*it->second.second] -= it->second.first;
+          live.erase(it);
+        }
+      }
     }
   }
   if (!a.timeline.empty()) {
@@ -103,13 +109,20 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
 }
 
 Snapshot load_snapshot(const std::string& path) {
-  const std::string text = tools::read_file(path);
-  tools::parse_json(text, path);  // bounded size and depth, position of malformed input
+  const std::string text = tools::read_file(path);  // bounded size; the reader bounds the depth
+  Snapshot snapshot;
   try {
-    return snapshot_from_json(text);
+    snapshot = snapshot_from_json(text);
   } catch (const ParseError& e) {
     throw ParseError(fmt::format("{}: {}", path, e.what()));
   }
+  if (const auto broken = inconsistencies(snapshot); !broken.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < broken.size() && i < 5; ++i) list += "\n  " + broken[i];
+    throw ParseError(fmt::format("{}: not a consistent snapshot ({} problem{}):{}{}", path, broken.size(),
+                                 broken.size() == 1 ? "" : "s", list, broken.size() > 5 ? "\n  ..." : ""));
+  }
+  return snapshot;
 }
 
 }  // namespace stowage::inspect

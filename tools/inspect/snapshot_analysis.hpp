@@ -50,8 +50,8 @@ struct SnapshotAnalysis {
 // `top` bounds largest_blocks and the tag lists.
 SnapshotAnalysis analyze(const Snapshot& snapshot, std::size_t top = 10);
 
-// Reads a snapshot file: size and nesting are checked before the allocator's reader sees it.
-// ParseError naming the file and the position or field.
+// Reads a snapshot file: bounded in size and nesting, then checked for consistency
+// (snapshot_consistency.hpp). ParseError naming the file and the position, field or problem.
 Snapshot load_snapshot(const std::string& path);
 
 }  // namespace stowage::inspect

@@ -1,0 +1,17 @@
+#pragma once
+// What must hold in any snapshot the allocator writes: a file that breaks it (hand-edited,
+// truncated and repaired, written by something else) is refused rather than analysed.
+#include <string>
+#include <vector>
+
+#include "stowage/snapshot.hpp"
+
+namespace stowage::inspect {
+
+// Each broken invariant, named with where it breaks; empty when the snapshot is consistent.
+// Statistics: no negative value, peak >= current, allocated <= reserved. Segments: blocks tile
+// the segment from its address in order, sizes adding up to total_size; a block's requested
+// size is at most its size.
+std::vector<std::string> inconsistencies(const Snapshot& snapshot);
+
+}  // namespace stowage::inspect
