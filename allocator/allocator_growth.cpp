@@ -5,8 +5,8 @@
 
 #include "allocator/caching_allocator_impl.hpp"
 #include "allocator/size_classes.hpp"
-#include "fmt/format.h"
 #include "common/log.hpp"
+#include "fmt/format.h"
 #include "stowage/byte_size.hpp"
 
 namespace stowage {
@@ -26,7 +26,8 @@ void CachingAllocator::Impl::grow_classic(Pool p, std::size_t rounded, Stream st
   const std::size_t size = detail::classic_segment_size(rounded);
   const auto reserved = static_cast<std::size_t>(st.reserved_bytes.all.current);
   if (reserved + size > limit()) {
-    throw OutOfMemory(fmt::format("a new {} segment would pass the limit of {}", format_bytes(size), format_bytes(limit())));
+    throw OutOfMemory(
+        fmt::format("a new {} segment would pass the limit of {}", format_bytes(size), format_bytes(limit())));
   }
   void* ptr = device.allocate(size);
   auto seg = std::make_unique<Segment>();
@@ -93,7 +94,8 @@ void CachingAllocator::Impl::grow_expandable(Pool p, std::size_t rounded, Stream
   const std::size_t bytes = pl.count * g;
   const auto reserved = static_cast<std::size_t>(st.reserved_bytes.all.current);
   if (reserved + bytes > limit()) {
-    throw OutOfMemory(fmt::format("mapping {} more would pass the limit of {}", format_bytes(bytes), format_bytes(limit())));
+    throw OutOfMemory(
+        fmt::format("mapping {} more would pass the limit of {}", format_bytes(bytes), format_bytes(limit())));
   }
   const std::size_t n = seg->granules(), a = pl.at, k = pl.count;
   Block* prev = a > 0 && seg->mapped(a - 1) ? seg->last_at[a] : nullptr;
@@ -247,31 +249,33 @@ void CachingAllocator::Impl::throw_oom(std::size_t bytes, std::size_t rounded, c
   const auto reserved = static_cast<std::size_t>(st.reserved_bytes.all.current);
   std::string advice;
   if (mode == SegmentMode::classic) {
-    advice += device.properties().virtual_memory
-                  ? "set expandable_segments:True to avoid fragmentation; "
-                  : "expandable segments are not available on this device; ";
+    advice += device.properties().virtual_memory ? "set expandable_segments:True to avoid fragmentation; "
+                                                 : "expandable segments are not available on this device; ";
   }
   advice += cap > 0 ? "raise or remove the memory cap (memory_cap_mb); "
                     : "set a memory cap (memory_cap_mb) to share the device predictably; ";
   advice += "call empty_cache() in other allocators on this device, or use smaller batches";
-  throw OutOfMemory(fmt::format(
-      "stowage: out of memory on device {} ({}): tried to allocate {} ({} bytes, {} rounded); "
-      "capacity {}, memory cap {}, device free {}; {} allocated, {} reserved but unallocated, "
-      "largest free block {}; segments {}; cause: {}. Try: {}",
-      device.ordinal(), device.name(), format_bytes(bytes), bytes, rounded, format_bytes(device.capacity()),
-      cap > 0 ? format_bytes(cap) : std::string("none"), format_bytes(device.free_memory()), format_bytes(allocated),
-      format_bytes(reserved - allocated), format_bytes(largest_free_block()),
-      mode == SegmentMode::expandable ? "expandable" : "classic", why, advice));
+  throw OutOfMemory(
+      fmt::format("stowage: out of memory on device {} ({}): tried to allocate {} ({} bytes, {} rounded); "
+                  "capacity {}, memory cap {}, device free {}; {} allocated, {} reserved but unallocated, "
+                  "largest free block {}; segments {}; cause: {}. Try: {}",
+                  device.ordinal(), device.name(), format_bytes(bytes), bytes, rounded, format_bytes(device.capacity()),
+                  cap > 0 ? format_bytes(cap) : std::string("none"), format_bytes(device.free_memory()),
+                  format_bytes(allocated), format_bytes(reserved - allocated), format_bytes(largest_free_block()),
+                  mode == SegmentMode::expandable ? "expandable" : "classic", why, advice));
 }
 
 std::string CachingAllocator::Impl::describe_foreign(std::uintptr_t addr) const {
   auto in = [&](const Segment& s) { return addr >= s.base && addr < s.base + s.size; };
   const Segment* seg = nullptr;
-  for (const auto& s : classic) if (in(*s)) seg = s.get();
-  for (const auto& s : expandable) if (s && in(*s)) seg = s.get();
+  for (const auto& s : classic)
+    if (in(*s)) seg = s.get();
+  for (const auto& s : expandable)
+    if (s && in(*s)) seg = s.get();
   if (!seg) return fmt::format("stowage: free of {:#x}, which this allocator never gave out", addr);
   for (const auto& pe : pending) {
-    if (pe.block->addr == addr) return fmt::format("stowage: double free of {:#x} (already freed, pending on other streams)", addr);
+    if (pe.block->addr == addr)
+      return fmt::format("stowage: double free of {:#x} (already freed, pending on other streams)", addr);
   }
   for (const auto& c : owner->caches)
     for (const auto& bin : c->bins)
@@ -280,7 +284,8 @@ std::string CachingAllocator::Impl::describe_foreign(std::uintptr_t addr) const 
           return fmt::format("stowage: double free of {:#x} (already freed, kept in a thread's cache)", addr);
   for (const auto& bp : pools) {
     for (const Block* b : bp.free_blocks()) {
-      if (b->addr <= addr && addr < b->end()) return fmt::format("stowage: double free of {:#x} (the memory is free)", addr);
+      if (b->addr <= addr && addr < b->end())
+        return fmt::format("stowage: double free of {:#x} (the memory is free)", addr);
     }
   }
   return fmt::format("stowage: free of {:#x}, which points inside a block rather than at its start", addr);
@@ -335,7 +340,11 @@ void CachingAllocator::Impl::release_everything() noexcept {
     } catch (...) {
     }
   }
-  for (auto& pe : pending) for (Event e : pe.events) try { device.destroy_event(e); } catch (...) {}
+  for (auto& pe : pending)
+    for (Event e : pe.events) try {
+        device.destroy_event(e);
+      } catch (...) {
+      }
   spare_events.clear();
   pending.clear();
 }

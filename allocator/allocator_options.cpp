@@ -1,9 +1,9 @@
 // PyTorch-style allocator configuration text: "key:value,key:value".
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <string_view>
 #include <vector>
-#include <cmath>
 
 #include "fmt/format.h"
 #include "stowage/allocator_options.hpp"
@@ -71,8 +71,8 @@ std::vector<std::string> split_items(std::string_view text) {
 
 // PyTorch's keys that have no stowage counterpart: accepted, ignored, and said so.
 constexpr std::string_view kPytorchOnlyKeys[] = {
-    "roundup_power2_divisions",      "max_non_split_rounding_mb",     "backend",
-    "release_lock_on_cudamalloc",    "pinned_use_cuda_host_register", "pinned_num_register_threads",
+    "roundup_power2_divisions",      "max_non_split_rounding_mb",      "backend",
+    "release_lock_on_cudamalloc",    "pinned_use_cuda_host_register",  "pinned_num_register_threads",
     "pinned_use_background_threads", "pinned_reserve_segment_size_mb", "graph_capture_record_stream_reuse"};
 
 }  // namespace
@@ -111,19 +111,21 @@ AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptio
       o.thread_cache_bytes = mib_to_bytes(key, parse_count(key, value));
     } else if (key == "thread_cache_max_block_kb") {
       const std::uint64_t kib = parse_count(key, value);
-      if (kib > (std::uint64_t{1} << 30)) throw ParseError(fmt::format("allocator options: {}: {} KiB is too large", key, kib));
+      if (kib > (std::uint64_t{1} << 30))
+        throw ParseError(fmt::format("allocator options: {}: {} KiB is too large", key, kib));
       o.thread_cache_max_block = static_cast<std::size_t>(kib) << 10;
     } else if (std::find(std::begin(kPytorchOnlyKeys), std::end(kPytorchOnlyKeys), key) != std::end(kPytorchOnlyKeys)) {
-      said.push_back(fmt::format("allocator options: {}:{} is PyTorch's own setting; stowage has no such knob and "
-                                 "ignores it",
-                                 key, value));
+      said.push_back(
+          fmt::format("allocator options: {}:{} is PyTorch's own setting; stowage has no such knob and "
+                      "ignores it",
+                      key, value));
     } else {
-      throw ParseError(fmt::format(
-          "allocator options: unknown key \"{}\" (known: expandable_segments, max_split_size_mb, "
-          "garbage_collection_threshold, memory_cap_mb, memory_cap_fraction, trace_entries, "
-          "expandable_reserve_mb, thread_cache_mb, thread_cache_max_block_kb; and PyTorch's "
-          "per_process_memory_fraction, roundup_power2_divisions, backend, ...)",
-          key));
+      throw ParseError(
+          fmt::format("allocator options: unknown key \"{}\" (known: expandable_segments, max_split_size_mb, "
+                      "garbage_collection_threshold, memory_cap_mb, memory_cap_fraction, trace_entries, "
+                      "expandable_reserve_mb, thread_cache_mb, thread_cache_max_block_kb; and PyTorch's "
+                      "per_process_memory_fraction, roundup_power2_divisions, backend, ...)",
+                      key));
     }
   }
   if (warnings != nullptr) warnings->insert(warnings->end(), said.begin(), said.end());

@@ -1,6 +1,6 @@
 // AllocatorStats: peak reset and the flat JSON layout of torch.cuda.memory_stats().
-#include "nlohmann/json.hpp"
 #include "stowage/allocator_stats.hpp"
+#include "nlohmann/json.hpp"
 
 namespace stowage {
 
@@ -18,7 +18,8 @@ std::string to_json(const AllocatorStats& s) {
   nlohmann::ordered_json j;
   auto put = [&](const char* name, const StatArray& a) {
     for (auto [pool, stat] : {std::pair<const char*, const Stat*>{"all", &a.all},
-                              {"small_pool", &a.small_pool}, {"large_pool", &a.large_pool}}) {
+                              {"small_pool", &a.small_pool},
+                              {"large_pool", &a.large_pool}}) {
       const std::string prefix = std::string(name) + "." + pool + ".";
       j[prefix + "current"] = stat->current;
       j[prefix + "peak"] = stat->peak;

@@ -56,9 +56,7 @@ struct BlockOrder {
 using FreeSet = std::set<Block*, BlockOrder>;
 
 // Two free neighbours may become one block when no stream has to wait for the other's uses.
-inline bool streams_compatible(Stream a, Stream b) {
-  return a == b || a == kAnyStream || b == kAnyStream;
-}
+inline bool streams_compatible(Stream a, Stream b) { return a == b || a == kAnyStream || b == kAnyStream; }
 inline Stream merged_stream(Stream a, Stream b) { return a == kAnyStream ? b : a; }
 
 }  // namespace stowage::detail

@@ -69,10 +69,12 @@ Block* BlockPool::find_other_stream(std::size_t rounded, Stream stream, std::siz
 
 void BlockPool::count_in(const Block* b, bool in) {
   if (b->stream == kAnyStream) {
-    if (in) ++any_stream_blocks_; else --any_stream_blocks_;
+    if (in) ++any_stream_blocks_;
+    else --any_stream_blocks_;
   }
   if (b->segment->expandable || b->prev || b->next) return;
-  if (in) unsplit_free_ += b->size; else unsplit_free_ -= b->size;
+  if (in) unsplit_free_ += b->size;
+  else unsplit_free_ -= b->size;
 }
 
 void BlockPool::remove(Block* b) {

@@ -49,7 +49,6 @@ class BlockPool {
   void count_in(const Block* b, bool in);
   void file(Block* b);  // into the free set, reusing a spare tree node
 
-
   Pool pool_;
   FreeSet free_;
   std::vector<Block*> spare_;

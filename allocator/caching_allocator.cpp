@@ -62,7 +62,8 @@ void* CachingAllocator::Impl::hand_out(Block* b, std::size_t bytes, std::size_t 
   b->use = BlockUse::allocated;
   const std::size_t ms = max_split();
   const bool unsplittable = ms > 0 && b->size >= ms;
-  if (!unsplittable && detail::should_split(b->size, rounded, b->pool, b->segment->expandable)) bp.split(b, rounded, rest_stream);
+  if (!unsplittable && detail::should_split(b->size, rounded, b->pool, b->segment->expandable))
+    bp.split(b, rounded, rest_stream);
   b->stream = stream;
   b->requested = bytes;
   b->tag = ScopedTag::current();
@@ -97,8 +98,7 @@ Event CachingAllocator::Impl::take_event() {
 void CachingAllocator::Impl::process_events() {
   for (std::size_t i = 0; i < pending.size();) {
     Pending& pe = pending[i];
-    const bool done = std::all_of(pe.events.begin(), pe.events.end(),
-                                  [&](Event e) { return device.query(e); });
+    const bool done = std::all_of(pe.events.begin(), pe.events.end(), [&](Event e) { return device.query(e); });
     if (!done) {
       ++i;
       continue;
@@ -250,9 +250,9 @@ void CachingAllocator::do_deallocate(void* ptr, std::size_t expected_bytes) {
     throw InvalidArgument(m.describe_foreign(addr));
   }
   if (size_mismatch) {
-    throw InvalidArgument(fmt::format(
-        "stowage: free of {} with size {} bytes, but the block was allocated with {} bytes",
-        ptr, expected_bytes, b->requested));
+    throw InvalidArgument(
+        fmt::format("stowage: free of {} with size {} bytes, but the block was allocated with {} bytes", ptr,
+                    expected_bytes, b->requested));
   }
   if (taken) {
     if (m.fast_free(b)) return;

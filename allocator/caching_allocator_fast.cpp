@@ -53,8 +53,8 @@ void CachingAllocator::Impl::retire_cache(void* allocator, const std::shared_ptr
 }
 
 Stat& CachingAllocator::Impl::fast_stat(int stat, int slot) {
-  StatArray* arrays[detail::kFastStats] = {&st.allocated_bytes, &st.active_bytes, &st.requested_bytes,
-                                           &st.allocation, &st.inactive_split_bytes};
+  StatArray* arrays[detail::kFastStats] = {&st.allocated_bytes, &st.active_bytes, &st.requested_bytes, &st.allocation,
+                                           &st.inactive_split_bytes};
   StatArray& a = *arrays[stat];
   return slot == 0 ? a.all : slot == 1 ? a.small_pool : a.large_pool;
 }
@@ -114,8 +114,8 @@ bool CachingAllocator::Impl::fast_free(Block* b) {
 
 void CachingAllocator::Impl::apply_exact(const FastDelta& d) {
   const Pool p = d.pool_slot == 1 ? Pool::small : Pool::large;
-  StatArray* arrays[detail::kFastStats] = {&st.allocated_bytes, &st.active_bytes, &st.requested_bytes,
-                                           &st.allocation, &st.inactive_split_bytes};
+  StatArray* arrays[detail::kFastStats] = {&st.allocated_bytes, &st.active_bytes, &st.requested_bytes, &st.allocation,
+                                           &st.inactive_split_bytes};
   for (int k = 0; k < detail::kFastStats; ++k) {
     if (d.by_stat[k] > 0) arrays[k]->add(p, d.by_stat[k]);
     if (d.by_stat[k] < 0) arrays[k]->sub(p, -d.by_stat[k]);

@@ -29,14 +29,14 @@ struct CachingAllocator::Impl {
   Device& device;
   AllocatorOptions opts;
   SegmentMode mode;
-  std::size_t cap = 0;  // 0: none
+  std::size_t cap = 0;                        // 0: none
   std::shared_ptr<detail::CacheOwner> owner;  // the device-wide lock and the threads' caches
   std::mutex& mu;                             // owner->mu
   bool thread_caches = false;                 // the fast path is on
   detail::BlockPool pools[kPoolCount]{detail::BlockPool(Pool::small), detail::BlockPool(Pool::large)};
-  detail::LiveBlocks live;  // allocated blocks by address (locked per shard, not by mu)
-  std::vector<std::unique_ptr<detail::Segment>> classic;     // classic segments
-  std::unique_ptr<detail::Segment> expandable[kPoolCount];   // one reservation per pool
+  detail::LiveBlocks live;                                  // allocated blocks by address (locked per shard, not by mu)
+  std::vector<std::unique_ptr<detail::Segment>> classic;    // classic segments
+  std::unique_ptr<detail::Segment> expandable[kPoolCount];  // one reservation per pool
   std::vector<Pending> pending;
   std::vector<Event> spare_events;
   AllocatorStats st;
@@ -81,7 +81,7 @@ struct CachingAllocator::Impl {
   static void retire_cache(void* allocator, const std::shared_ptr<detail::ThreadCache>& cache);
   void apply_exact(const detail::FastDelta& d);
   Stat& fast_stat(int stat, int slot);  // slot 0: all pools, 1: small, 2: large
-  std::size_t limit() const;  // bytes the allocator may reserve
+  std::size_t limit() const;            // bytes the allocator may reserve
   std::size_t max_split() const { return mode == SegmentMode::classic ? opts.max_split_size : 0; }
 
   // --- allocation paths (caching_allocator.cpp) ---

@@ -31,7 +31,8 @@ void* DeviceResource::do_allocate(std::size_t bytes, Stream) {
 void DeviceResource::do_deallocate(void* ptr, std::size_t bytes) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(ptr);
-  if (it == live_.end()) throw InvalidArgument(fmt::format("DeviceResource: free of {}, which it did not give out", ptr));
+  if (it == live_.end())
+    throw InvalidArgument(fmt::format("DeviceResource: free of {}, which it did not give out", ptr));
   if (bytes != 0 && bytes != it->second) {
     throw InvalidArgument(fmt::format("DeviceResource: free of {} with size {} bytes, but it was allocated with {}",
                                       ptr, bytes, it->second));

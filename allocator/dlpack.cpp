@@ -22,10 +22,16 @@ void delete_export(DLManagedTensor* self) { delete static_cast<ExportContext*>(s
 DLDataType to_dl(DType t) {
   const auto bits = static_cast<std::uint8_t>(itemsize(t) * 8);
   switch (t) {
-    case DType::f32: case DType::f16: case DType::f64: return {kDLFloat, bits, 1};
+    case DType::f32:
+    case DType::f16:
+    case DType::f64: return {kDLFloat, bits, 1};
     case DType::bf16: return {kDLBfloat, bits, 1};
-    case DType::i8: case DType::i16: case DType::i32: case DType::i64: return {kDLInt, bits, 1};
-    case DType::u8: case DType::u16: return {kDLUInt, bits, 1};
+    case DType::i8:
+    case DType::i16:
+    case DType::i32:
+    case DType::i64: return {kDLInt, bits, 1};
+    case DType::u8:
+    case DType::u16: return {kDLUInt, bits, 1};
     case DType::boolean: return {kBoolCode, 8, 1};
   }
   throw InvalidArgument("to_dlpack: unknown dtype");
@@ -57,12 +63,10 @@ DType dtype_from_dlpack(DLDataType t) {
     case kBoolCode:
       if (t.bits == 8) return DType::boolean;
       break;
-    default:
-      break;
+    default: break;
   }
   throw Unsupported(fmt::format("from_dlpack: dtype code {} with {} bits has no stowage dtype", t.code, t.bits));
 }
-
 
 DLManagedTensor* to_dlpack(const TensorView& view) {
   if (!view.defined()) throw InvalidArgument("to_dlpack: undefined view");
@@ -94,16 +98,16 @@ TensorView from_dlpack(DLManagedTensor* tensor, Device& device) {
   const DLTensor& t = tensor->dl_tensor;
   switch (t.device.device_type) {
     case kDLCPU:
-    case kDLCUDAHost:
-      break;
+    case kDLCUDAHost: break;
     case kDLCUDA:
     case kDLCUDAManaged:
       if (device.properties().dlpack_device_type != kDLCUDA || device.ordinal() != t.device.device_id)
-        throw InvalidArgument(fmt::format("from_dlpack: CUDA device {} data given for {} device {}",
-                                          t.device.device_id, to_string(device.kind()), device.ordinal()));
+        throw InvalidArgument(fmt::format("from_dlpack: CUDA device {} data given for {} device {}", t.device.device_id,
+                                          to_string(device.kind()), device.ordinal()));
       break;
     default:
-      throw Unsupported(fmt::format("from_dlpack: DLPack device type {} is not supported", static_cast<int>(t.device.device_type)));
+      throw Unsupported(
+          fmt::format("from_dlpack: DLPack device type {} is not supported", static_cast<int>(t.device.device_type)));
   }
   if (t.ndim < 0) throw InvalidArgument("from_dlpack: negative ndim");
   const DType dtype = dtype_from_dlpack(t.dtype);
@@ -119,8 +123,7 @@ TensorView from_dlpack(DLManagedTensor* tensor, Device& device) {
   std::int64_t lo = 0, hi = 0;
   if (numel > 0 && !strides.empty())
     for (std::size_t i = 0; i < shape.size(); ++i) (strides[i] < 0 ? lo : hi) += strides[i] * (shape[i] - 1);
-  else if (numel > 0)
-    hi = numel - 1;
+  else if (numel > 0) hi = numel - 1;
   auto* first = static_cast<std::byte*>(t.data) + t.byte_offset;
   if (t.data == nullptr && numel > 0) throw InvalidArgument("from_dlpack: null data");
   std::byte* base = numel > 0 ? first + lo * item : first;

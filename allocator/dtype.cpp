@@ -7,10 +7,17 @@ namespace stowage {
 
 std::size_t itemsize(DType t) {
   switch (t) {
-    case DType::f64: case DType::i64: return 8;
-    case DType::f32: case DType::i32: return 4;
-    case DType::f16: case DType::bf16: case DType::i16: case DType::u16: return 2;
-    case DType::i8: case DType::u8: case DType::boolean: return 1;
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::f16:
+    case DType::bf16:
+    case DType::i16:
+    case DType::u16: return 2;
+    case DType::i8:
+    case DType::u8:
+    case DType::boolean: return 1;
   }
   throw InvalidArgument("itemsize: unknown dtype " + std::to_string(static_cast<int>(t)));
 }

@@ -35,9 +35,10 @@ std::string expand_event_log_path(const std::string& pattern) {
       }
       case '%': out += '%'; break;
       default:
-        throw InvalidArgument(fmt::format("event log: '{}': %{} is not a placeholder (%p the process id, %r the "
-                                          "rank, %% a percent sign)",
-                                          pattern, pattern[i]));
+        throw InvalidArgument(
+            fmt::format("event log: '{}': %{} is not a placeholder (%p the process id, %r the "
+                        "rank, %% a percent sign)",
+                        pattern, pattern[i]));
     }
   }
   return out;
@@ -101,8 +102,9 @@ const std::string& EventLog::path() const { return impl_->path; }
 void EventLog::record(EventAction action, const void* pointer, std::size_t size, Stream stream) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - impl_->start).count();
   const auto thread = static_cast<long>(::syscall(SYS_gettid));
-  write_all(impl_->fd, fmt::format("{},{:.9f},{},{:#x},{},{}\n", thread, seconds, to_string(action),
-                                   reinterpret_cast<std::uintptr_t>(pointer), size, static_cast<std::uint64_t>(stream)));
+  write_all(impl_->fd,
+            fmt::format("{},{:.9f},{},{:#x},{},{}\n", thread, seconds, to_string(action),
+                        reinterpret_cast<std::uintptr_t>(pointer), size, static_cast<std::uint64_t>(stream)));
 }
 
 }  // namespace stowage

@@ -51,9 +51,7 @@ std::vector<EventRecord> parse_event_log(std::istream& in, const std::string& so
   std::string line;
   std::size_t number = 0;
   bool header = false;
-  auto fail = [&](std::string_view why) {
-    return ParseError(fmt::format("{} line {}: {}", source, number, why));
-  };
+  auto fail = [&](std::string_view why) { return ParseError(fmt::format("{} line {}: {}", source, number, why)); };
   while (std::getline(in, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();

@@ -11,9 +11,7 @@ std::string& current_tag() {
 
 }  // namespace
 
-ScopedTag::ScopedTag(std::string tag) : previous_(std::move(current_tag())) {
-  current_tag() = std::move(tag);
-}
+ScopedTag::ScopedTag(std::string tag) : previous_(std::move(current_tag())) { current_tag() = std::move(tag); }
 
 ScopedTag::~ScopedTag() { current_tag() = std::move(previous_); }
 

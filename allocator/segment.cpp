@@ -35,9 +35,9 @@ bool plan_expansion(const Segment& seg, std::size_t rounded, Stream stream, Plac
     const std::size_t left = begin > 0 ? usable(seg.last_at[begin], stream) : 0;
     const std::size_t right = end < n ? usable(seg.first_at[end], stream) : 0;
     auto need = [&](std::size_t have) { return have >= rounded ? 1 : (rounded - have + g - 1) / g; };
-    if (std::size_t k = need(left); k <= gap) consider(begin, k);  // grow the left block
+    if (std::size_t k = need(left); k <= gap) consider(begin, k);     // grow the left block
     if (std::size_t k = need(right); k <= gap) consider(end - k, k);  // grow the right one down
-    if (left + gap * g + right >= rounded) consider(begin, gap);  // bridge both
+    if (left + gap * g + right >= rounded) consider(begin, gap);      // bridge both
   }
   return best != std::numeric_limits<std::size_t>::max();
 }

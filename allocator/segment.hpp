@@ -16,7 +16,7 @@ struct Segment {
   std::uintptr_t base = 0;
   std::size_t size = 0;  // classic: the allocation; expandable: the reservation
   Pool pool = Pool::large;
-  Stream stream{};       // the stream whose request created it
+  Stream stream{};  // the stream whose request created it
   bool expandable = false;
   Block* first = nullptr;  // classic: the lowest block
 
@@ -24,9 +24,9 @@ struct Segment {
   std::size_t granule = 0;
   std::size_t mapped_bytes = 0;
   std::map<std::size_t, std::size_t> gaps;  // unmapped runs of granules: begin -> end
-  std::vector<PhysicalHandle> handles;  // PhysicalHandle{0}: not mapped
-  std::vector<Block*> first_at;         // block starting a mapped run at granule g
-  std::vector<Block*> last_at;          // block ending a mapped run at granule g (its end)
+  std::vector<PhysicalHandle> handles;      // PhysicalHandle{0}: not mapped
+  std::vector<Block*> first_at;             // block starting a mapped run at granule g
+  std::vector<Block*> last_at;              // block ending a mapped run at granule g (its end)
 
   std::size_t granules() const { return handles.size(); }
   bool mapped(std::size_t g) const { return handles[g] != PhysicalHandle{0}; }

@@ -6,12 +6,12 @@
 
 namespace stowage::detail {
 
-inline constexpr std::size_t kMinBlockSize = 512;               // every block is a multiple
-inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;  // <= this: small pool
-inline constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;   // small-pool segment
+inline constexpr std::size_t kMinBlockSize = 512;                     // every block is a multiple
+inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;       // <= this: small pool
+inline constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;     // small-pool segment
 inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;  // below: share a 20 MiB segment
 inline constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;
-inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;    // big segments round to this
+inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;  // big segments round to this
 // Larger requests are refused as invalid: rounding them would overflow.
 inline constexpr std::size_t kMaxRequest = std::size_t{1} << 60;
 
@@ -23,9 +23,7 @@ constexpr std::size_t round_size(std::size_t bytes) {
   return bytes < kMinBlockSize ? kMinBlockSize : round_up(bytes, kMinBlockSize);
 }
 
-constexpr Pool pool_for(std::size_t rounded) {
-  return rounded <= kSmallSize ? Pool::small : Pool::large;
-}
+constexpr Pool pool_for(std::size_t rounded) { return rounded <= kSmallSize ? Pool::small : Pool::large; }
 
 // Size of a classic segment (one device allocation) made for a block of `rounded` bytes.
 constexpr std::size_t classic_segment_size(std::size_t rounded) {

@@ -4,9 +4,9 @@
 #include <cstring>
 #include <limits>
 
+#include "common/json_depth.hpp"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
-#include "common/json_depth.hpp"
 #include "stowage/snapshot.hpp"
 
 namespace stowage {
@@ -117,8 +117,8 @@ struct Reader {
 
 void read_stats(const Reader& r, AllocatorStats& s) {
   auto arr = [&](const char* name, StatArray& a) {
-    for (auto [pool, stat] : {std::pair<const char*, Stat*>{"all", &a.all},
-                              {"small_pool", &a.small_pool}, {"large_pool", &a.large_pool}}) {
+    for (auto [pool, stat] :
+         {std::pair<const char*, Stat*>{"all", &a.all}, {"small_pool", &a.small_pool}, {"large_pool", &a.large_pool}}) {
       const std::string prefix = std::string(name) + "." + pool + ".";
       stat->current = r.i64((prefix + "current").c_str());
       stat->peak = r.i64((prefix + "peak").c_str());
@@ -154,13 +154,17 @@ std::string to_json(const Snapshot& snap) {
   j["stats"] = stat_arrays(snap.stats);
   json segs = json::array();
   for (const SegmentInfo& s : snap.segments) {
-    json js{{"address", s.address}, {"total_size", s.total_size}, {"allocated_size", s.allocated_size},
-            {"active_size", s.active_size}, {"pool", pool_name(s.pool)},
-            {"stream", stream_value(s.stream)}, {"expandable", s.expandable}};
+    json js{{"address", s.address},         {"total_size", s.total_size}, {"allocated_size", s.allocated_size},
+            {"active_size", s.active_size}, {"pool", pool_name(s.pool)},  {"stream", stream_value(s.stream)},
+            {"expandable", s.expandable}};
     json blocks = json::array();
     for (const BlockInfo& b : s.blocks) {
-      blocks.push_back({{"address", b.address}, {"size", b.size}, {"requested_size", b.requested_size},
-                        {"state", to_string(b.state)}, {"stream", stream_value(b.stream)}, {"tag", b.tag}});
+      blocks.push_back({{"address", b.address},
+                        {"size", b.size},
+                        {"requested_size", b.requested_size},
+                        {"state", to_string(b.state)},
+                        {"stream", stream_value(b.stream)},
+                        {"tag", b.tag}});
     }
     js["blocks"] = std::move(blocks);
     segs.push_back(std::move(js));
@@ -168,8 +172,12 @@ std::string to_json(const Snapshot& snap) {
   j["segments"] = std::move(segs);
   json trace = json::array();
   for (const TraceEntry& t : snap.trace) {
-    trace.push_back({{"action", to_string(t.action)}, {"address", t.address}, {"size", t.size},
-                     {"stream", stream_value(t.stream)}, {"time_ns", t.time_ns}, {"tag", t.tag}});
+    trace.push_back({{"action", to_string(t.action)},
+                     {"address", t.address},
+                     {"size", t.size},
+                     {"stream", stream_value(t.stream)},
+                     {"time_ns", t.time_ns},
+                     {"tag", t.tag}});
   }
   j["trace"] = std::move(trace);
   return j.dump(1);
@@ -209,8 +217,8 @@ Snapshot read_snapshot(const json& j) {
       bi.address = b.u64("address");
       bi.size = b.u64("size");
       bi.requested_size = b.u64("requested_size");
-      bi.state = b.named("state", {BlockState::active_allocated, BlockState::active_pending_free,
-                                   BlockState::inactive});
+      bi.state =
+          b.named("state", {BlockState::active_allocated, BlockState::active_pending_free, BlockState::inactive});
       bi.stream = Stream{b.u64("stream")};
       bi.tag = b.str("tag");
       s.blocks.push_back(std::move(bi));

@@ -95,11 +95,9 @@ Stream Storage::stream() const {
 
 void Storage::release(StorageState state) {
   auto& s = checked(impl_);
-  if (state == StorageState::resident)
-    throw InvalidArgument("Storage::release: the new state must not be resident");
+  if (state == StorageState::resident) throw InvalidArgument("Storage::release: the new state must not be resident");
   std::lock_guard lock(s.mutex);
-  if (!s.resource.valid())
-    throw InvalidArgument("Storage::release: wrapped storage does not own its bytes");
+  if (!s.resource.valid()) throw InvalidArgument("Storage::release: wrapped storage does not own its bytes");
   if (s.state != StorageState::resident)
     throw InvalidArgument(fmt::format("Storage::release: storage is {}, not resident", to_string(s.state)));
   if (s.data != nullptr) s.resource->deallocate(s.data, s.nbytes);
@@ -110,10 +108,8 @@ void Storage::release(StorageState state) {
 void Storage::materialize(Stream stream) {
   auto& s = checked(impl_);
   std::lock_guard lock(s.mutex);
-  if (!s.resource.valid())
-    throw InvalidArgument("Storage::materialize: wrapped storage has no memory resource");
-  if (s.state == StorageState::resident)
-    throw InvalidArgument("Storage::materialize: storage is already resident");
+  if (!s.resource.valid()) throw InvalidArgument("Storage::materialize: wrapped storage has no memory resource");
+  if (s.state == StorageState::resident) throw InvalidArgument("Storage::materialize: storage is already resident");
   s.data = s.resource->allocate(s.nbytes, stream);  // may throw OutOfMemory: nothing changed
   s.stream = stream;
   s.state = StorageState::resident;
@@ -122,10 +118,8 @@ void Storage::materialize(Stream stream) {
 void Storage::adopt(void* data, Stream stream) {
   auto& s = checked(impl_);
   std::lock_guard lock(s.mutex);
-  if (!s.resource.valid())
-    throw InvalidArgument("Storage::adopt: wrapped storage has no memory resource");
-  if (s.state == StorageState::resident)
-    throw InvalidArgument("Storage::adopt: storage is already resident");
+  if (!s.resource.valid()) throw InvalidArgument("Storage::adopt: wrapped storage has no memory resource");
+  if (s.state == StorageState::resident) throw InvalidArgument("Storage::adopt: storage is already resident");
   if (s.nbytes != 0) {
     if (data == nullptr) throw InvalidArgument("Storage::adopt: null bytes for a non-empty storage");
     // The caching allocator under the resource knows its blocks; other resources are trusted.

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-
 namespace stowage {
 
 namespace {
@@ -35,9 +34,12 @@ std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::size_t i
 
 }  // namespace
 
-TensorView::TensorView(Storage storage, DType dtype, std::vector<std::int64_t> shape,
-                       std::vector<std::int64_t> strides, std::size_t byte_offset)
-    : storage_(std::move(storage)), dtype_(dtype), shape_(std::move(shape)), strides_(std::move(strides)),
+TensorView::TensorView(Storage storage, DType dtype, std::vector<std::int64_t> shape, std::vector<std::int64_t> strides,
+                       std::size_t byte_offset)
+    : storage_(std::move(storage)),
+      dtype_(dtype),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
       byte_offset_(byte_offset) {
   if (!storage_.valid()) throw InvalidArgument("TensorView: empty storage handle");
   const std::size_t item = itemsize(dtype_);
@@ -65,8 +67,7 @@ TensorView::TensorView(Storage storage, DType dtype, std::vector<std::int64_t> s
         static_cast<long long>(begin), static_cast<long long>(end), storage_.nbytes()));
 }
 
-TensorView TensorView::empty(ResourceHandle resource, DType dtype, std::vector<std::int64_t> shape,
-                             Stream stream) {
+TensorView TensorView::empty(ResourceHandle resource, DType dtype, std::vector<std::int64_t> shape, Stream stream) {
   const std::size_t item = itemsize(dtype);
   const std::int64_t n = checked_numel(shape, item);
   return TensorView(Storage::allocate(std::move(resource), static_cast<std::size_t>(n) * item, stream), dtype,
@@ -122,8 +123,8 @@ TensorView TensorView::reshape(std::vector<std::int64_t> shape) const {
     known = numel();
   }
   if (known != numel())
-    throw InvalidArgument(fmt::format("reshape: shape [{}] has {} elements, the view has {}",
-                                      fmt::join(shape, ", "), known, numel()));
+    throw InvalidArgument(
+        fmt::format("reshape: shape [{}] has {} elements, the view has {}", fmt::join(shape, ", "), known, numel()));
   return TensorView(storage_, dtype_, std::move(shape), {}, byte_offset_);
 }
 
@@ -136,8 +137,8 @@ TensorView TensorView::slice(int dim, std::int64_t begin, std::int64_t end) cons
     throw InvalidArgument(fmt::format("slice: [{}, {}) outside dimension {} of size {}", begin, end, dim, shape_[dim]));
   auto shape = shape_;
   shape[dim] = end - begin;
-  const std::int64_t offset = static_cast<std::int64_t>(byte_offset_) +
-                              begin * strides_[dim] * static_cast<std::int64_t>(itemsize(dtype_));
+  const std::int64_t offset =
+      static_cast<std::int64_t>(byte_offset_) + begin * strides_[dim] * static_cast<std::int64_t>(itemsize(dtype_));
   if (offset < 0) throw InvalidArgument("slice: starts before the storage");  // only with negative strides
   return TensorView(storage_, dtype_, std::move(shape), strides_, static_cast<std::size_t>(offset));
 }

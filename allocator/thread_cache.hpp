@@ -43,9 +43,9 @@ struct alignas(64) ThreadCache {
   std::int64_t current[kPoolCount][kFastStats] = {};    // of Stat::current
   std::int64_t allocated[kPoolCount][kFastStats] = {};  // of Stat::allocated
   std::int64_t freed[kPoolCount][kFastStats] = {};      // of Stat::freed
-  std::int64_t hits = 0;                    // allocations served here since the last fold
-  std::size_t bytes = 0;                    // bytes of the blocks cached
-  bool detached = false;                    // the allocator is gone
+  std::int64_t hits = 0;                                // allocations served here since the last fold
+  std::size_t bytes = 0;                                // bytes of the blocks cached
+  bool detached = false;                                // the allocator is gone
 
   struct Bin {
     Stream stream;

@@ -13,8 +13,7 @@ class TraceRing {
   explicit TraceRing(std::size_t capacity) : capacity_(capacity) {}
   bool enabled() const { return capacity_ > 0; }
 
-  void push(TraceAction action, std::uintptr_t address, std::size_t size, Stream stream,
-            const std::string& tag) {
+  void push(TraceAction action, std::uintptr_t address, std::size_t size, Stream stream, const std::string& tag) {
     if (capacity_ == 0) return;
     TraceEntry e{action, address, size, stream, now_ns(), tag};
     if (entries_.size() < capacity_) {
@@ -33,8 +32,8 @@ class TraceRing {
   }
 
   static std::int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch()).count();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
 
  private:

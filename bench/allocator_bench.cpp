@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "stowage/allocator.hpp"
+#include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"
-#include "stowage/cuda_device.hpp"
 
 #if defined(STOWAGE_HAVE_CUDA)
 #include <cuda_runtime.h>

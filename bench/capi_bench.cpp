@@ -6,8 +6,8 @@
 #include <cstdlib>
 
 #include "stowage/allocator.hpp"
-#include "stowage/stowage.h"
 #include "stowage/emulated_device.hpp"
+#include "stowage/stowage.h"
 
 namespace {
 

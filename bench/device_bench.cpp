@@ -31,10 +31,8 @@ void BM_EmulatedCopy(benchmark::State& state) {
   dev->fill_async(buf, 0xA5, kBytes, stowage::kDefaultStream);
   dev->synchronize();
   for (auto _ : state) {
-    if (h2d)
-      dev->copy_async(buf, host.data(), kBytes, stowage::CopyKind::host_to_device, stowage::kDefaultStream);
-    else
-      dev->copy_async(host.data(), buf, kBytes, stowage::CopyKind::device_to_host, stowage::kDefaultStream);
+    if (h2d) dev->copy_async(buf, host.data(), kBytes, stowage::CopyKind::host_to_device, stowage::kDefaultStream);
+    else dev->copy_async(host.data(), buf, kBytes, stowage::CopyKind::device_to_host, stowage::kDefaultStream);
     dev->synchronize(stowage::kDefaultStream);
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kBytes));
@@ -90,7 +88,12 @@ void BM_CopyComputeOverlap(benchmark::State& state) {
   dev->deallocate(buf);
   dev->unpin_host(host.data());
 }
-BENCHMARK(BM_CopyComputeOverlap)->ArgNames({"mode"})->DenseRange(0, 3)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
+BENCHMARK(BM_CopyComputeOverlap)
+    ->ArgNames({"mode"})
+    ->DenseRange(0, 3)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.3);
 
 }  // namespace
 

@@ -66,26 +66,26 @@ Trace make_trace(const Shape& m, const std::vector<std::size_t>& seq_eighths) {
     const std::size_t input = t.alloc(sbh * bf16);
     for (std::size_t l = 0; l < m.layers; ++l) {
       auto& s = saved[l];
-      s.push_back(t.alloc(sbh * bf16));        // ln1 out
-      s.push_back(t.alloc(sb * 4 * 2));        // ln1 mean, rstd
+      s.push_back(t.alloc(sbh * bf16));  // ln1 out
+      s.push_back(t.alloc(sb * 4 * 2));  // ln1 mean, rstd
       t.temp(workspace);
-      s.push_back(t.alloc(3 * sbh * bf16));    // qkv
+      s.push_back(t.alloc(3 * sbh * bf16));  // qkv
       t.temp(workspace);
       s.push_back(t.alloc(sbh * bf16));        // attention out
       s.push_back(t.alloc(m.heads * sb * 4));  // log-sum-exp
       const std::size_t proj = t.alloc(sbh * bf16);
-      s.push_back(t.alloc(sbh));               // dropout mask
-      s.push_back(t.alloc(sbh * bf16));        // residual
+      s.push_back(t.alloc(sbh));         // dropout mask
+      s.push_back(t.alloc(sbh * bf16));  // residual
       t.free(proj);
-      s.push_back(t.alloc(sbh * bf16));        // ln2 out
+      s.push_back(t.alloc(sbh * bf16));  // ln2 out
       s.push_back(t.alloc(sb * 4 * 2));
       t.temp(workspace);
-      s.push_back(t.alloc(4 * sbh * bf16));    // fc1 out
-      s.push_back(t.alloc(4 * sbh * bf16));    // gelu out
+      s.push_back(t.alloc(4 * sbh * bf16));  // fc1 out
+      s.push_back(t.alloc(4 * sbh * bf16));  // gelu out
       t.temp(workspace);
       const std::size_t fc2 = t.alloc(sbh * bf16);
-      s.push_back(t.alloc(sbh));               // dropout mask
-      s.push_back(t.alloc(sbh * bf16));        // residual
+      s.push_back(t.alloc(sbh));         // dropout mask
+      s.push_back(t.alloc(sbh * bf16));  // residual
       t.free(fc2);
     }
     const std::size_t logits = t.alloc(sb * m.vocab * bf16);
@@ -175,20 +175,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s [layers hidden seq micro_batch steps]\n", argv[0]);
     return 2;
   }
-  std::printf("model: %zu layers, hidden %zu, sequence %zu, micro-batch %zu, %zu steps\n\n", m.layers,
-              m.hidden, m.seq, m.batch, m.steps);
-  std::printf("| trace | segments | peak allocated (MiB) | peak reserved (MiB) | reserved / allocated | device allocs or maps | replay ms |\n");
+  std::printf("model: %zu layers, hidden %zu, sequence %zu, micro-batch %zu, %zu steps\n\n", m.layers, m.hidden, m.seq,
+              m.batch, m.steps);
+  std::printf(
+      "| trace | segments | peak allocated (MiB) | peak reserved (MiB) | reserved / allocated | device allocs or maps "
+      "| replay ms |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|\n");
-  const std::pair<const char*, std::vector<std::size_t>> traces[] = {
-      {"fixed sequence", {8}}, {"sequence 6/8, 7/8, 8/8 of it", {6, 7, 8}}};
+  const std::pair<const char*, std::vector<std::size_t>> traces[] = {{"fixed sequence", {8}},
+                                                                     {"sequence 6/8, 7/8, 8/8 of it", {6, 7, 8}}};
   for (const auto& [name, eighths] : traces) {
     const Trace trace = make_trace(m, eighths);
     for (auto mode : {stowage::SegmentMode::classic, stowage::SegmentMode::expandable}) {
       const Result r = replay(trace, mode);
       std::printf("| %s (%zu calls) | %s | %.1f | %.1f | %.3f | %lld | %.1f |\n", name, trace.ops().size(),
                   mode == stowage::SegmentMode::classic ? "classic" : "expandable",
-                static_cast<double>(r.peak_allocated) / MiB, static_cast<double>(r.peak_reserved) / MiB,
-                static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_allocated),
+                  static_cast<double>(r.peak_allocated) / MiB, static_cast<double>(r.peak_reserved) / MiB,
+                  static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_allocated),
                   static_cast<long long>(r.device_allocs), r.ms);
     }
   }

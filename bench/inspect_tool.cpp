@@ -96,10 +96,13 @@ int main(int argc, char** argv) {
   const double total = load_s + analyze_s + render_s;
   std::remove(path.c_str());
 
-  std::printf("| snapshot | trace entries | read + check | analyse | render (JSON, table, SVG) | inspect total | plain JSON parse (peer) | total / parse |\n");
+  std::printf(
+      "| snapshot | trace entries | read + check | analyse | render (JSON, table, SVG) | inspect total | plain JSON "
+      "parse (peer) | total / parse |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
-  std::printf("| %.1f MiB | %zu | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.2fx |\n", double(text.size()) / (1 << 20),
-              snap.trace.size(), load_s, analyze_s, render_s, total, parse_s, total / parse_s);
+  std::printf("| %.1f MiB | %zu | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.2fx |\n",
+              double(text.size()) / (1 << 20), snap.trace.size(), load_s, analyze_s, render_s, total, parse_s,
+              total / parse_s);
   std::printf("\ntrace peak %lld bytes; %zu timeline points; JSON %zu bytes, SVG %zu bytes\n",
               static_cast<long long>(a.trace_peak_allocated), a.timeline.size(), json.size(), svg.size());
   return parsed.is_object() && total > 0 ? 0 : 1;

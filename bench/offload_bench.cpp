@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-#include "stowage/host_pool.hpp"
-#include "stowage/emulated_device.hpp"
 #include "stowage/cuda_device.hpp"
+#include "stowage/emulated_device.hpp"
+#include "stowage/host_pool.hpp"
 
 #if defined(STOWAGE_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -95,7 +95,8 @@ void BM_CudaHostAllocPerBuffer(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   for (auto _ : state) {
     void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) return state.SkipWithError("cudaHostAlloc failed");
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess)
+      return state.SkipWithError("cudaHostAlloc failed");
     static_cast<volatile char*>(p)[0] = 1;
     cudaFreeHost(p);
   }

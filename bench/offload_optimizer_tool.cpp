@@ -16,10 +16,10 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/bucket_optimizers.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/offload.hpp"
 #include "stowage/parameter_bucket.hpp"
-#include "stowage/emulated_device.hpp"
 
 using namespace stowage;
 using Clock = std::chrono::steady_clock;
@@ -60,8 +60,8 @@ struct Mode {
   const char* name;
   StatePlacement host_mode;
 };
-const Mode kModes[] = {{"device", StatePlacement::device}, {"mapped", StatePlacement::mapped},
-                       {"streamed", StatePlacement::streamed}};
+const Mode kModes[] = {
+    {"device", StatePlacement::device}, {"mapped", StatePlacement::mapped}, {"streamed", StatePlacement::streamed}};
 
 OffloadOptions options_for(StatePlacement mode, std::size_t chunk) {
   OffloadOptions o;
@@ -86,8 +86,10 @@ TensorView filled(CachingAllocator& a, std::size_t n, std::uint32_t seed) {
 class OptimizerStep {
  public:
   OptimizerStep(CachingAllocator& alloc, HostPool& pool, std::size_t n, StatePlacement mode, std::size_t chunk)
-      : bucket_(alloc, {{"w", {static_cast<std::int64_t>(n)}}}), g_(filled(alloc, n, 1)),
-        adam_(alloc, pool, n, options_for(mode, chunk)), dev_(alloc.device()) {
+      : bucket_(alloc, {{"w", {static_cast<std::int64_t>(n)}}}),
+        g_(filled(alloc, n, 1)),
+        adam_(alloc, pool, n, options_for(mode, chunk)),
+        dev_(alloc.device()) {
     step();  // warm: pool pages, windows
   }
 
@@ -157,10 +159,18 @@ class EndToEnd {
  public:
   EndToEnd(CachingAllocator& alloc, HostPool& pool, std::size_t layers, std::size_t h, std::size_t T, int accum,
            StatePlacement mode, std::size_t chunk)
-      : layers_(layers), h_(h), T_(T), accum_(accum), bucket_(alloc, specs(layers, h)), n_(bucket_.numel()),
+      : layers_(layers),
+        h_(h),
+        T_(T),
+        accum_(accum),
+        bucket_(alloc, specs(layers, h)),
+        n_(bucket_.numel()),
         grad_(TensorView::empty(alloc, DType::f32, {static_cast<std::int64_t>(n_)})),
-        x_(filled(alloc, T * h, 4)), y_(filled(alloc, T * h, 5)), dx_(filled(alloc, T * h, 6)),
-        adam_(alloc, pool, n_, options_for(mode, chunk)), dev_(alloc.device()) {
+        x_(filled(alloc, T * h, 4)),
+        y_(filled(alloc, T * h, 5)),
+        dx_(filled(alloc, T * h, 6)),
+        adam_(alloc, pool, n_, options_for(mode, chunk)),
+        dev_(alloc.device()) {
     std::vector<float> init(h * h);
     std::mt19937 rng(3);
     std::normal_distribution<float> d(0.0f, 0.02f);
@@ -237,16 +247,19 @@ int main(int argc, char** argv) {
   const std::size_t chunk = std::size_t{1} << 18;  // 256 Ki elements: 2 MiB per streamed window
 
   std::printf("### Optimizer offload (emulated device, link %.1f GB/s each way)\n\n", args.link_gbps);
-  std::printf("Machine: %s, %u hardware threads. Command: `offload_optimizer_tool%s --link-gbps %.1f --reps %d`. "
-              "Median step time; the three placements take turns, one step each.\n\n",
-              cpu_model().c_str(), std::thread::hardware_concurrency(), args.quick ? " --quick" : "", args.link_gbps,
-              args.reps);
+  std::printf(
+      "Machine: %s, %u hardware threads. Command: `offload_optimizer_tool%s --link-gbps %.1f --reps %d`. "
+      "Median step time; the three placements take turns, one step each.\n\n",
+      cpu_model().c_str(), std::thread::hardware_concurrency(), args.quick ? " --quick" : "", args.link_gbps,
+      args.reps);
   std::printf("Optimizer step (AdamW on split-storage weights, m and v offloaded):\n\n");
-  std::printf("| params | steps | device ms | mapped ms | streamed ms | link bound ms | streamed / link bound | mapped / "
-              "device |\n");
+  std::printf(
+      "| params | steps | device ms | mapped ms | streamed ms | link bound ms | streamed / link bound | mapped / "
+      "device |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  const std::vector<std::size_t> sizes = args.quick ? std::vector<std::size_t>{1u << 20, 4u << 20}
-                                                    : std::vector<std::size_t>{1u << 20, 4u << 20, 16u << 20, 64u << 20};
+  const std::vector<std::size_t> sizes = args.quick
+                                             ? std::vector<std::size_t>{1u << 20, 4u << 20}
+                                             : std::vector<std::size_t>{1u << 20, 4u << 20, 16u << 20, 64u << 20};
   for (std::size_t n : sizes) {
     // 16 chunks: the first H2D and the last D2H, which nothing overlaps, are 1/16 of the bytes.
     // No chunk below 64 Ki elements (512 KiB windows), where each chunk's kernel launch and
@@ -259,8 +272,8 @@ int main(int argc, char** argv) {
     const std::vector<double> ms = interleaved_medians(runs, steps);
     // Each direction carries m and v (8 B/param) on its own engine.
     const double bound = static_cast<double>(n) * 8 / (args.link_gbps * 1e9) * 1e3;
-    std::printf("| %zu Mi (%zu chunks) | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", n >> 20, n / c, steps, ms[0],
-                ms[1], ms[2], bound, ms[2] / bound, ms[1] / ms[0]);
+    std::printf("| %zu Mi (%zu chunks) | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", n >> 20, n / c, steps,
+                ms[0], ms[1], ms[2], bound, ms[2] / bound, ms[1] / ms[0]);
     std::fflush(stdout);
   }
 
@@ -269,17 +282,18 @@ int main(int argc, char** argv) {
   // The expected overhead (the streamed step's extra ms over ~300 ms of micro-batches) is well
   // under the run-to-run spread of one step on a shared VM: three times the steps.
   const int e2e_steps = 3 * args.reps;
-  std::printf("\nEnd to end, gradient accumulation %d (%zu layers of %zux%zu, %zu tokens per micro-batch, "
-              "6·T·h² flops per layer and micro-batch, then one AdamW step; median of %d global steps, "
-              "the placements taking turns):\n\n",
-              accum, layers, h, h, T, e2e_steps);
+  std::printf(
+      "\nEnd to end, gradient accumulation %d (%zu layers of %zux%zu, %zu tokens per micro-batch, "
+      "6·T·h² flops per layer and micro-batch, then one AdamW step; median of %d global steps, "
+      "the placements taking turns):\n\n",
+      accum, layers, h, h, T, e2e_steps);
   std::printf("| states | ms per global step | overhead vs device |\n|---|---:|---:|\n");
   // The placements take turns, one global step each, so that drift in the machine's speed
   // (a shared VM) falls on all of them alike.
   std::vector<std::unique_ptr<EndToEnd>> runs;
   for (const Mode& m : kModes)
-    runs.push_back(std::make_unique<EndToEnd>(alloc, pool, layers, h, T, accum, m.host_mode,
-                                              std::min(chunk, layers * h * h / 4)));
+    runs.push_back(
+        std::make_unique<EndToEnd>(alloc, pool, layers, h, T, accum, m.host_mode, std::min(chunk, layers * h * h / 4)));
   const std::vector<double> ms = interleaved_medians(runs, e2e_steps);
   for (std::size_t i = 0; i < runs.size(); ++i)
     std::printf("| %s | %.1f | %+.2f%% |\n", kModes[i].name, ms[i], (ms[i] / ms[0] - 1) * 100);

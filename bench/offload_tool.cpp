@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "stowage/allocator.hpp"
+#include "stowage/cuda_device.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
-#include "stowage/emulated_device.hpp"
-#include "stowage/cuda_device.hpp"
 
 using namespace stowage;
 using Clock = std::chrono::steady_clock;
@@ -44,7 +44,7 @@ struct Workload {
 };
 
 struct Outcome {
-  double step_ms = 0;  // median
+  double step_ms = 0;                                  // median
   std::int64_t peak_allocated = 0, peak_reserved = 0;  // first step, fresh allocator
   SwapStats swap;
 };
@@ -234,12 +234,14 @@ int main(int argc, char** argv) {
                w.gbps, mib(static_cast<std::int64_t>(w.attn_bytes)));
   }
   const double transfer_ms = static_cast<double>(w.attn_bytes) / (w.gbps * 1e6);  // one tensor, one way
-  fmt::print("workload: {} layers, attention {:.0f} MiB/layer swapped, MLP {:.0f} MiB/layer kept, link {:g} GB/s "
-             "({:.2f} ms per tensor per direction), median of {} steps\n\n",
-             w.layers, mib(w.attn_bytes), mib(w.mlp_bytes), w.gbps, transfer_ms, w.steps);
-  fmt::print("| compute / transfer | distance | step ms (no swap) | step ms (swap) | link ms (nominal / measured) | hidden | "
-             "scheduler overlap | compute wait ms | swapped MiB | peak allocated MiB (no swap → swap) | "
-             "peak reserved MiB (no swap → swap) | reserved drop MiB |\n");
+  fmt::print(
+      "workload: {} layers, attention {:.0f} MiB/layer swapped, MLP {:.0f} MiB/layer kept, link {:g} GB/s "
+      "({:.2f} ms per tensor per direction), median of {} steps\n\n",
+      w.layers, mib(w.attn_bytes), mib(w.mlp_bytes), w.gbps, transfer_ms, w.steps);
+  fmt::print(
+      "| compute / transfer | distance | step ms (no swap) | step ms (swap) | link ms (nominal / measured) | hidden | "
+      "scheduler overlap | compute wait ms | swapped MiB | peak allocated MiB (no swap → swap) | "
+      "peak reserved MiB (no swap → swap) | reserved drop MiB |\n");
   fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (double ratio : {w.compute_ratio, 0.5}) {
     const double compute_ms = ratio * transfer_ms;
@@ -250,12 +252,13 @@ int main(int argc, char** argv) {
       const double exposed = std::max(0.0, sw.step_ms - base.step_ms);
       const double copy_ms = sw.swap.d2h_ms + sw.swap.h2d_ms;  // as the copy streams measured it
       const double hidden = copy_ms > 0 ? std::clamp(1.0 - exposed / copy_ms, 0.0, 1.0) : 1.0;
-      fmt::print("| {:.2f} | {} | {:.1f} | {:.1f} | {:.1f} / {:.1f} | {:.1f}% | {:.1f}% | {:.1f} | {:.0f} | {:.0f} → {:.0f} | "
-                 "{:.0f} → {:.0f} | {:.0f} |\n",
-                 ratio, distance, base.step_ms, sw.step_ms, link_ms, copy_ms, 100 * hidden, 100 * sw.swap.overlap_fraction,
-                 sw.swap.compute_wait_ms, mib(static_cast<std::int64_t>(sw.swap.bytes_d2h)),
-                 mib(base.peak_allocated), mib(sw.peak_allocated), mib(base.peak_reserved), mib(sw.peak_reserved),
-                 mib(base.peak_reserved - sw.peak_reserved));
+      fmt::print(
+          "| {:.2f} | {} | {:.1f} | {:.1f} | {:.1f} / {:.1f} | {:.1f}% | {:.1f}% | {:.1f} | {:.0f} | {:.0f} → {:.0f} | "
+          "{:.0f} → {:.0f} | {:.0f} |\n",
+          ratio, distance, base.step_ms, sw.step_ms, link_ms, copy_ms, 100 * hidden, 100 * sw.swap.overlap_fraction,
+          sw.swap.compute_wait_ms, mib(static_cast<std::int64_t>(sw.swap.bytes_d2h)), mib(base.peak_allocated),
+          mib(sw.peak_allocated), mib(base.peak_reserved), mib(sw.peak_reserved),
+          mib(base.peak_reserved - sw.peak_reserved));
     }
   }
   return 0;

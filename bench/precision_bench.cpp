@@ -10,11 +10,11 @@
 #include <random>
 #include <vector>
 
+#include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
 #include "stowage/optimizers.hpp"
 #include "stowage/precision.hpp"
 #include "stowage/simd_level.hpp"
-#include "stowage/cuda_device.hpp"
 
 #if defined(STOWAGE_HAVE_CUDA)
 #include <memory>
@@ -35,8 +35,8 @@ struct Aligned {
   Aligned() = default;
   template <class U>
   Aligned(const Aligned<U>&) {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{64}); }
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t) { ::operator delete (p, std::align_val_t{64}); }
   bool operator==(const Aligned&) const { return true; }
 };
 template <class T>
@@ -58,7 +58,9 @@ struct Data {
     }
     scratch = master;
   }
-  SplitPlanes planes(Rounding r) { return {hi.data(), lo.data(), r == Rounding::nearest_even ? ties.data() : nullptr, kN, r}; }
+  SplitPlanes planes(Rounding r) {
+    return {hi.data(), lo.data(), r == Rounding::nearest_even ? ties.data() : nullptr, kN, r};
+  }
 };
 Data& data() {
   static Data d;
@@ -265,26 +267,23 @@ SplitPlanes gpu_planes(Gpu& g, Rounding r) {
 }
 
 void BM_CudaCopyD2D(benchmark::State& state) {
-  time_gpu(state, kGpuN * 8, [](Gpu& g) {
-    g.dev->copy_async(g.dst, g.src, kGpuN * 4, CopyKind::device_to_device, kDefaultStream);
-  });
+  time_gpu(state, kGpuN * 8,
+           [](Gpu& g) { g.dev->copy_async(g.dst, g.src, kGpuN * 4, CopyKind::device_to_device, kDefaultStream); });
 }
 BENCHMARK(BM_CudaCopyD2D)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_CudaSplit(benchmark::State& state) {
   const auto r = static_cast<Rounding>(state.range(0));
-  time_gpu(state, kGpuN * 8 + tie_bitmap_bytes(kGpuN, r), [r](Gpu& g) {
-    cuda_precision::split(g.src, gpu_planes(g, r), 0, kGpuN, native(kDefaultStream));
-  });
+  time_gpu(state, kGpuN * 8 + tie_bitmap_bytes(kGpuN, r),
+           [r](Gpu& g) { cuda_precision::split(g.src, gpu_planes(g, r), 0, kGpuN, native(kDefaultStream)); });
   state.SetLabel(to_string(r));
 }
 BENCHMARK(BM_CudaSplit)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_CudaMerge(benchmark::State& state) {
   const auto r = static_cast<Rounding>(state.range(0));
-  time_gpu(state, kGpuN * 8 + tie_bitmap_bytes(kGpuN, r), [r](Gpu& g) {
-    cuda_precision::merge(gpu_planes(g, r), g.dst, 0, kGpuN, native(kDefaultStream));
-  });
+  time_gpu(state, kGpuN * 8 + tie_bitmap_bytes(kGpuN, r),
+           [r](Gpu& g) { cuda_precision::merge(gpu_planes(g, r), g.dst, 0, kGpuN, native(kDefaultStream)); });
   state.SetLabel(to_string(r));
 }
 BENCHMARK(BM_CudaMerge)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);

@@ -6,16 +6,16 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <ctime>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <vector>
 
 #include "stowage/activations.hpp"
 #include "stowage/allocator.hpp"
-#include "stowage/recompute.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/recompute.hpp"
 
 namespace {
 
@@ -42,8 +42,8 @@ std::vector<float> filled(std::size_t n, std::uint32_t seed) {
 typedef float v8 __attribute__((vector_size(32)));
 
 template <int kUnused = 0>
-inline __attribute__((always_inline)) void matmul_body(std::int64_t m, std::int64_t n, std::int64_t k,
-                                                       const float* a, const float* b, float* c) {
+inline __attribute__((always_inline)) void matmul_body(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                                                       const float* b, float* c) {
   std::memset(c, 0, static_cast<std::size_t>(m * n) * sizeof(float));
   constexpr std::int64_t kb = 256, nb = 512;
   for (std::int64_t k0 = 0; k0 < k; k0 += kb) {
@@ -74,8 +74,8 @@ inline __attribute__((always_inline)) void matmul_body(std::int64_t m, std::int6
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
-__attribute__((target("avx2,fma"))) void matmul_avx2(std::int64_t m, std::int64_t n, std::int64_t k,
-                                                     const float* a, const float* b, float* c) {
+__attribute__((target("avx2,fma"))) void matmul_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                                                     const float* b, float* c) {
   matmul_body(m, n, k, a, b, c);
 }
 void matmul_generic(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b, float* c) {
@@ -115,16 +115,16 @@ double seconds_of(const std::function<void()>& fn) {
 void BM_MatmulGateUp(benchmark::State& state) {
   auto& m = Mlp::get();
   for (auto _ : state) matmul(m.t, 2 * kInter, kHidden, m.x.data(), m.w_gate_up.data(), m.gate_up.data());
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m.t * kHidden * 2 * kInter * state.iterations() / 1e9,
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m.t * kHidden * 2 * kInter * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MatmulGateUp)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 void BM_MatmulDown(benchmark::State& state) {
   auto& m = Mlp::get();
   for (auto _ : state) matmul(m.t, kHidden, kInter, m.act.data(), m.w_down.data(), m.y.data());
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m.t * kInter * kHidden * state.iterations() / 1e9,
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m.t * kInter * kHidden * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MatmulDown)->Unit(benchmark::kMillisecond)->Iterations(1);
 

@@ -19,9 +19,9 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/event_log.hpp"
 #include "stowage/logging_resource.hpp"
-#include "stowage/emulated_device.hpp"
 
 using namespace stowage;
 using Clock = std::chrono::steady_clock;
@@ -86,8 +86,8 @@ Result replay_stowage(const std::vector<EventRecord>& log, std::size_t capacity,
   for (const auto& e : log)
     if (!streams.count(e.stream)) streams[e.stream] = device->create_stream();
   Result r = replay(
-      std::string("stowage CachingAllocator (") + (mode == SegmentMode::expandable ? "expandable" : "classic") + ")", log,
-      [&](std::size_t n, std::uint64_t s) { return allocator.allocate(n, streams[s]); },
+      std::string("stowage CachingAllocator (") + (mode == SegmentMode::expandable ? "expandable" : "classic") + ")",
+      log, [&](std::size_t n, std::uint64_t s) { return allocator.allocate(n, streams[s]); },
       [&](void* p, std::size_t, std::uint64_t) { allocator.deallocate(p); }, [] {});
   const AllocatorStats st = allocator.stats();
   r.peak_allocated = st.allocated_bytes.all.peak;
@@ -126,8 +126,8 @@ Result replay_glibc(const std::vector<EventRecord>& log) {
     const struct mallinfo2 m = g.mallinfo2();
     peak_used = std::max<std::int64_t>(peak_used, static_cast<std::int64_t>(m.uordblks + m.hblkhd) -
                                                       static_cast<std::int64_t>(base.uordblks + base.hblkhd));
-    peak_held = std::max<std::int64_t>(peak_held, static_cast<std::int64_t>(m.arena + m.hblkhd) -
-                                                      static_cast<std::int64_t>(base.arena + base.hblkhd));
+    peak_held = std::max<std::int64_t>(
+        peak_held, static_cast<std::int64_t>(m.arena + m.hblkhd) - static_cast<std::int64_t>(base.arena + base.hblkhd));
   });
   timed.peak_allocated = peak_used;
   timed.peak_reserved = peak_held;
@@ -139,7 +139,8 @@ void synthesize(const std::string& path, int layers, std::int64_t hidden, std::i
   auto device = make_emulated_device(0, EmulatedOptions{.capacity = std::size_t{1} << 40});
   CachingAllocator allocator(*device);
   LoggingResource log(allocator, std::make_shared<EventLog>(path));
-  const std::size_t per_layer[] = {sbh2, 3 * sbh2, sbh2, sbh2, 4 * sbh2, 4 * sbh2, sbh2};  // ln, qkv, attn, proj, fc1, act, fc2
+  const std::size_t per_layer[] = {sbh2,     3 * sbh2, sbh2, sbh2,
+                                   4 * sbh2, 4 * sbh2, sbh2};  // ln, qkv, attn, proj, fc1, act, fc2
   std::vector<std::vector<void*>> saved(static_cast<std::size_t>(layers));
   std::vector<void*> buckets;
   for (int l = 0; l < layers; ++l) {
@@ -179,7 +180,8 @@ int main(int argc, char** argv) try {
     return 0;
   }
   if (args.empty() || args[0].rfind("--", 0) == 0) {
-    std::fprintf(stderr, "usage: replay_tool LOG.csv [--repeat N] | replay_tool --synthesize LOG.csv [--layers L ...]\n");
+    std::fprintf(stderr,
+                 "usage: replay_tool LOG.csv [--repeat N] | replay_tool --synthesize LOG.csv [--layers L ...]\n");
     return 2;
   }
   const auto log = read_event_log(args[0]);
@@ -195,11 +197,13 @@ int main(int argc, char** argv) try {
   std::printf("| allocator | ops | ns/op | peak allocated MiB | peak reserved MiB | reserved / requested |\n");
   std::printf("|---|---:|---:|---:|---:|---:|\n");
   for (const auto& r : results)
-    std::printf("| %s | %zu | %.0f | %s | %s | %s |\n", r.name.c_str(), r.ops, r.ops ? r.ms * 1e6 / r.ops : 0.0,
-                mib(r.peak_allocated).c_str(), mib(r.peak_reserved).c_str(),
-                r.peak_reserved < 0 ? "n/a" : std::to_string(static_cast<double>(r.peak_reserved) / peak).substr(0, 5).c_str());
+    std::printf(
+        "| %s | %zu | %.0f | %s | %s | %s |\n", r.name.c_str(), r.ops, r.ops ? r.ms * 1e6 / r.ops : 0.0,
+        mib(r.peak_allocated).c_str(), mib(r.peak_reserved).c_str(),
+        r.peak_reserved < 0 ? "n/a" : std::to_string(static_cast<double>(r.peak_reserved) / peak).substr(0, 5).c_str());
   for (const auto& r : results)
-    if (r.skipped) std::printf("\n%s: %zu frees of pointers the log never allocated were skipped\n", r.name.c_str(), r.skipped);
+    if (r.skipped)
+      std::printf("\n%s: %zu frees of pointers the log never allocated were skipped\n", r.name.c_str(), r.skipped);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "replay_tool: %s\n", e.what());

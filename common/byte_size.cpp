@@ -12,8 +12,7 @@ namespace stowage {
 
 std::size_t parse_byte_size(std::string_view text, std::string_view what) {
   auto fail = [&](std::string_view why) {
-    return ParseError(fmt::format("{}: '{}' is not a byte size ({}); use e.g. 4096, 512MiB, 8GiB",
-                                  what, text, why));
+    return ParseError(fmt::format("{}: '{}' is not a byte size ({}); use e.g. 4096, 512MiB, 8GiB", what, text, why));
   };
   std::string_view t = detail::trim(text);
   std::size_t split = 0;
@@ -22,12 +21,12 @@ std::size_t parse_byte_size(std::string_view text, std::string_view what) {
   std::string unit = detail::lower(detail::trim(t.substr(split)));
   auto number = detail::parse_number(digits);
   if (!number) throw fail("no number");
-  static constexpr struct { const char* name; double factor; } units[] = {
-      {"", 1}, {"b", 1},
-      {"k", 0x1p10}, {"kib", 0x1p10}, {"kb", 1e3},
-      {"m", 0x1p20}, {"mib", 0x1p20}, {"mb", 1e6},
-      {"g", 0x1p30}, {"gib", 0x1p30}, {"gb", 1e9},
-      {"t", 0x1p40}, {"tib", 0x1p40}, {"tb", 1e12}};
+  static constexpr struct {
+    const char* name;
+    double factor;
+  } units[] = {{"", 1},       {"b", 1},        {"k", 0x1p10},   {"kib", 0x1p10}, {"kb", 1e3},
+               {"m", 0x1p20}, {"mib", 0x1p20}, {"mb", 1e6},     {"g", 0x1p30},   {"gib", 0x1p30},
+               {"gb", 1e9},   {"t", 0x1p40},   {"tib", 0x1p40}, {"tb", 1e12}};
   for (const auto& u : units) {
     if (unit != u.name) continue;
     double bytes = *number * u.factor;

@@ -28,15 +28,17 @@ const char* to_string(LogLevel level) {
 
 LogLevel parse_log_level(std::string_view text, std::string_view what) {
   std::string t = detail::lower(detail::trim(text));
-  static constexpr struct { const char* name; LogLevel level; } names[] = {
-      {"trace", LogLevel::trace}, {"debug", LogLevel::debug}, {"info", LogLevel::info},
-      {"warn", LogLevel::warn}, {"warning", LogLevel::warn}, {"error", LogLevel::error},
-      {"err", LogLevel::error}, {"critical", LogLevel::critical}, {"off", LogLevel::off},
-      {"", LogLevel::off}};
+  static constexpr struct {
+    const char* name;
+    LogLevel level;
+  } names[] = {{"trace", LogLevel::trace}, {"debug", LogLevel::debug},       {"info", LogLevel::info},
+               {"warn", LogLevel::warn},   {"warning", LogLevel::warn},      {"error", LogLevel::error},
+               {"err", LogLevel::error},   {"critical", LogLevel::critical}, {"off", LogLevel::off},
+               {"", LogLevel::off}};
   for (const auto& n : names)
     if (t == n.name) return n.level;
-  throw ParseError(fmt::format("{}: '{}' is not a log level (trace, debug, info, warn, error, critical, off)",
-                               what, text));
+  throw ParseError(
+      fmt::format("{}: '{}' is not a log level (trace, debug, info, warn, error, critical, off)", what, text));
 }
 
 static spdlog::level::level_enum to_spdlog(LogLevel level) {

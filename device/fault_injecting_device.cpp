@@ -63,17 +63,16 @@ void FaultInjectingDevice::set_plan(FaultPlan plan) {
   for (auto& c : state_->calls) c = 0;
 }
 
-
 // Counts a call of `kind`; throws the injected failure when it is the Nth.
-#define STOWAGE_FAULT(kind, every, counter, Exception)                                                  \
-  do {                                                                                                  \
-    std::lock_guard lock(state_->mutex);                                                                \
-    const auto n = state_->plan.every;                                                                  \
-    if (n != 0 && ++state_->calls[kind] % n == 0) {                                                     \
-      ++state_->injected.counter;                                                                       \
-      throw Exception(fmt::format("injected {} fault on device {} (every {}th call)", kNames[kind],     \
-                                  inner_->ordinal(), n));                                               \
-    }                                                                                                   \
+#define STOWAGE_FAULT(kind, every, counter, Exception)                                                          \
+  do {                                                                                                          \
+    std::lock_guard lock(state_->mutex);                                                                        \
+    const auto n = state_->plan.every;                                                                          \
+    if (n != 0 && ++state_->calls[kind] % n == 0) {                                                             \
+      ++state_->injected.counter;                                                                               \
+      throw Exception(                                                                                          \
+          fmt::format("injected {} fault on device {} (every {}th call)", kNames[kind], inner_->ordinal(), n)); \
+    }                                                                                                           \
   } while (0)
 
 const DeviceProperties& FaultInjectingDevice::properties() const { return inner_->properties(); }

@@ -89,10 +89,10 @@ int main() {
   // 4. Recompute: the activation's output is released after forward and recomputed before
   // backward from a hook, bit for bit.
   Recompute recompute(memory);
-  auto y = recompute.forward(0, "gelu", {x}, {{DType::f32, {static_cast<std::int64_t>(n)}}},
-                             [](const RecomputeContext& c) {
-                               activation_forward(Activation::gelu_tanh, c.inputs[0], c.outputs[0], c.stream);
-                             });
+  auto y =
+      recompute.forward(0, "gelu", {x}, {{DType::f32, {static_cast<std::int64_t>(n)}}}, [](const RecomputeContext& c) {
+        activation_forward(Activation::gelu_tanh, c.inputs[0], c.outputs[0], c.stream);
+      });
   const std::vector<float> before = download(y[0]);
   const std::size_t released = recompute.release(0);
   check(released == n * 4 && !y[0].storage().resident(), "release gives the activation's bytes back");

@@ -9,8 +9,7 @@ namespace {
 
 ExtentSource& source_of(extent_hooks_t* h) { return *reinterpret_cast<ArenaHooks*>(h)->source; }
 
-void* hook_alloc(extent_hooks_t* h, void* new_addr, size_t size, size_t alignment, bool* zero, bool* commit,
-                 unsigned) {
+void* hook_alloc(extent_hooks_t* h, void* new_addr, size_t size, size_t alignment, bool* zero, bool* commit, unsigned) {
   if (new_addr != nullptr) return nullptr;  // in-place growth: not offered
   void* p = source_of(h).map(size, alignment);
   if (p) {
@@ -24,9 +23,7 @@ bool hook_dalloc(extent_hooks_t* h, void* addr, size_t size, bool, unsigned) {
   return !source_of(h).unmap_whole(addr, size);  // true: refused, jemalloc retains it
 }
 
-void hook_destroy(extent_hooks_t* h, void* addr, size_t size, bool, unsigned) {
-  source_of(h).return_piece(addr, size);
-}
+void hook_destroy(extent_hooks_t* h, void* addr, size_t size, bool, unsigned) { source_of(h).return_piece(addr, size); }
 
 bool hook_commit(extent_hooks_t*, void*, size_t, size_t, size_t, unsigned) {
   return false;  // pages are never decommitted, so they are committed already

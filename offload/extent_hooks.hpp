@@ -12,9 +12,9 @@
 namespace stowage::offload {
 
 struct JemallocApi {
-  void* (*alloc)(std::size_t, int) = nullptr;           // mallocx
-  void (*dalloc)(void*, int) = nullptr;                 // dallocx
-  std::size_t (*nalloc)(std::size_t, int) = nullptr;    // nallocx
+  void* (*alloc)(std::size_t, int) = nullptr;                                  // mallocx
+  void (*dalloc)(void*, int) = nullptr;                                        // dallocx
+  std::size_t (*nalloc)(std::size_t, int) = nullptr;                           // nallocx
   int (*ctl)(const char*, void*, std::size_t*, void*, std::size_t) = nullptr;  // mallctl
   // The process's jemalloc (version 5.x, whose extent hooks this code speaks), or nullptr.
   static const JemallocApi* in_process();

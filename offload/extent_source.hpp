@@ -37,7 +37,7 @@ class ExtentSource {
   // Whether [a, a+na) and [b, b+nb) lie in one chunk.
   bool same_chunk(const void* a, std::size_t na, const void* b, std::size_t nb) const;
 
-  int node_of(const void* ptr) const;  // -1 when unknown or not ours
+  int node_of(const void* ptr) const;       // -1 when unknown or not ours
   bool would_fit(std::size_t bytes) const;  // under the cap
   bool numa_bound() const { return !nodes_.empty(); }
   std::size_t cap_bytes() const { return cap_; }

@@ -24,8 +24,8 @@ std::vector<int> binding_nodes(const Device& device, const HostPoolOptions& o) {
   auto exists = [&](int n) { return std::find(present.begin(), present.end(), n) != present.end(); };
   for (int n : o.numa_nodes)
     if (!exists(n))
-      throw InvalidArgument(fmt::format("host pool: NUMA node {} does not exist here ({} node(s) present)", n,
-                                        present.size()));
+      throw InvalidArgument(
+          fmt::format("host pool: NUMA node {} does not exist here ({} node(s) present)", n, present.size()));
   std::vector<int> nodes = o.numa_nodes.empty() ? device.properties().numa_nodes : o.numa_nodes;
   std::erase_if(nodes, [&](int n) { return !exists(n); });
   return nodes;
@@ -54,8 +54,9 @@ struct HostPool::Impl {
       : device(d), options(std::move(o)), source(d, binding_nodes(d, options), options.cap_bytes, options.pin) {
     if (options.backend != HostPoolBackend::builtin) backend = offload::make_jemalloc_backend(source);
     if (!backend && options.backend == HostPoolBackend::jemalloc)
-      throw Unsupported("host pool: jemalloc is not in this process (link the executable with -ljemalloc, "
-                        "or use HostPoolBackend::builtin); see docs/host_pool.md");
+      throw Unsupported(
+          "host pool: jemalloc is not in this process (link the executable with -ljemalloc, "
+          "or use HostPoolBackend::builtin); see docs/host_pool.md");
     kind = backend ? HostPoolBackend::jemalloc : HostPoolBackend::builtin;
     if (!backend) backend = offload::make_builtin_backend(source);
   }
@@ -145,7 +146,8 @@ void HostPool::deallocate(void* ptr) {
   std::lock_guard lock(m.mutex);
   auto it = m.live.find(ptr);
   if (it == m.live.end())
-    throw InvalidArgument(fmt::format("host pool: {} is not a live buffer of this pool (foreign pointer or double free)", ptr));
+    throw InvalidArgument(
+        fmt::format("host pool: {} is not a live buffer of this pool (foreign pointer or double free)", ptr));
   const Impl::Live l = it->second;
   m.live.erase(it);
   m.backend->deallocate(ptr, l.requested);
@@ -163,7 +165,8 @@ bool HostPool::owns(const void* ptr) const {
 std::size_t HostPool::usable_size(const void* ptr) const {
   std::lock_guard lock(impl_->mutex);
   auto it = impl_->live.find(ptr);
-  if (it == impl_->live.end()) throw InvalidArgument(fmt::format("host pool: {} is not a live buffer of this pool", ptr));
+  if (it == impl_->live.end())
+    throw InvalidArgument(fmt::format("host pool: {} is not a live buffer of this pool", ptr));
   return it->second.rounded;
 }
 

@@ -51,7 +51,9 @@ struct OffloadedAdam::Impl {
     return std::min(options.chunk_elements, numel - i * options.chunk_elements);
   }
   std::size_t chunk_count() const { return (numel + options.chunk_elements - 1) / options.chunk_elements; }
-  std::size_t window_bytes() const { return kWindows * offload::device_chunk_bytes(std::min(options.chunk_elements, numel)); }
+  std::size_t window_bytes() const {
+    return kWindows * offload::device_chunk_bytes(std::min(options.chunk_elements, numel));
+  }
 
   // The placement of every chunk under `o` (the policy in docs/offload.md).
   std::vector<StatePlacement> plan(const OffloadOptions& o) const {
@@ -65,8 +67,10 @@ struct OffloadedAdam::Impl {
     if (o.host_mode == StatePlacement::streamed) {
       const std::size_t window = kWindows * offload::device_chunk_bytes(std::min(o.chunk_elements, numel));
       if (window > avail)
-        throw InvalidArgument(fmt::format("device budget {} B is below the streamed window's {} B; raise the budget "
-                                          "or lower chunk_elements", o.device_budget_bytes, window));
+        throw InvalidArgument(
+            fmt::format("device budget {} B is below the streamed window's {} B; raise the budget "
+                        "or lower chunk_elements",
+                        o.device_budget_bytes, window));
       avail -= window;
     }
     std::size_t used = 0;
@@ -82,7 +86,8 @@ struct OffloadedAdam::Impl {
   }
 
   bool any_streamed() const {
-    return std::any_of(chunks.begin(), chunks.end(), [](const StateHome& h) { return h.where == StatePlacement::streamed; });
+    return std::any_of(chunks.begin(), chunks.end(),
+                       [](const StateHome& h) { return h.where == StatePlacement::streamed; });
   }
 
   // Windows exist exactly while some chunk is streamed.
@@ -93,7 +98,8 @@ struct OffloadedAdam::Impl {
     }
     if (!windows[0].defined())
       for (auto& w : windows)
-        w = TensorView::empty(allocator, DType::f32, {2 * static_cast<std::int64_t>(std::min(options.chunk_elements, numel))});
+        w = TensorView::empty(allocator, DType::f32,
+                              {2 * static_cast<std::int64_t>(std::min(options.chunk_elements, numel))});
   }
 
   void zero(StateHome& h, Stream s) {
@@ -159,9 +165,10 @@ struct OffloadedAdam::Impl {
       end_step(compute);
     } catch (const std::exception& e) {
       if (updated > 0)
-        broken = fmt::format("offloaded Adam: step {} failed after updating {} of {} chunks ({}); the weights and "
-                             "optimizer states no longer belong to one step: restore both from a checkpoint",
-                             steps + 1, updated, chunks.size(), e.what());
+        broken = fmt::format(
+            "offloaded Adam: step {} failed after updating {} of {} chunks ({}); the weights and "
+            "optimizer states no longer belong to one step: restore both from a checkpoint",
+            steps + 1, updated, chunks.size(), e.what());
       try {
         dev.synchronize();  // copies already queued finish before anyone reuses their buffers
       } catch (...) {
@@ -175,8 +182,9 @@ struct OffloadedAdam::Impl {
   bool nonfinite(const TensorView& grad, Stream compute, const GradScaling& scaling) {
     if (!scaling.skip_nonfinite) return false;
     if (!dev.properties().host_accessible)
-      throw Unsupported("offloaded Adam checks gradients on the host; on this device pass skip_nonfinite = false "
-                        "and check them before the step");
+      throw Unsupported(
+          "offloaded Adam checks gradients on the host; on this device pass skip_nonfinite = false "
+          "and check them before the step");
     dev.synchronize(compute);
     return any_nonfinite(HostGrad{grad.data(), grad.dtype()}, 0, numel);
   }
@@ -184,7 +192,8 @@ struct OffloadedAdam::Impl {
   void check_grad(const TensorView& grad) const {
     if (!grad.is_contiguous() || static_cast<std::size_t>(grad.numel()) != numel ||
         (grad.dtype() != DType::f32 && grad.dtype() != DType::bf16))
-      throw InvalidArgument(fmt::format("offloaded Adam: gradient must be contiguous f32 or bf16 of {} elements", numel));
+      throw InvalidArgument(
+          fmt::format("offloaded Adam: gradient must be contiguous f32 or bf16 of {} elements", numel));
   }
 };
 
@@ -192,8 +201,8 @@ OffloadedAdam::OffloadedAdam(ResourceHandle allocator, HostPool& pool, std::size
     : impl_(std::make_unique<Impl>(std::move(allocator), pool, numel, options)) {
   if (numel == 0) throw InvalidArgument("offloaded Adam: numel must be positive");
   if (options.chunk_elements == 0 || options.chunk_elements % 64 != 0)
-    throw InvalidArgument(fmt::format("offloaded Adam: chunk_elements {} must be a positive multiple of 64",
-                                      options.chunk_elements));
+    throw InvalidArgument(
+        fmt::format("offloaded Adam: chunk_elements {} must be a positive multiple of 64", options.chunk_elements));
   Impl& s = *impl_;
   const auto where = s.plan(options);
   s.h2d = OwnedStream(s.dev);
@@ -280,8 +289,9 @@ StepResult OffloadedAdam::step(const TensorView& fp32_weights, const TensorView&
                                const GradScaling& scaling, OptimizerState& state) {
   Impl& s = *impl_;
   if (!s.dev.properties().host_accessible)
-    throw Unsupported("offloaded Adam on plain fp32 weights runs where the device is host-accessible; "
-                      "use split-storage weights (ParameterBucket) on this device");
+    throw Unsupported(
+        "offloaded Adam on plain fp32 weights runs where the device is host-accessible; "
+        "use split-storage weights (ParameterBucket) on this device");
   if (fp32_weights.dtype() != DType::f32 || !fp32_weights.is_contiguous() ||
       static_cast<std::size_t>(fp32_weights.numel()) != s.numel)
     throw InvalidArgument(fmt::format("offloaded Adam: weights must be contiguous f32 of {} elements", s.numel));
@@ -297,7 +307,9 @@ StepResult OffloadedAdam::step(const TensorView& fp32_weights, const TensorView&
     const std::size_t begin = i * s.options.chunk_elements, len = s.chunks[i].len;
     float* mp = m.data_as<float>();
     float* vp = v.data_as<float>();
-    s.dev.launch_host(compute, [=] { adam_step_range_fp32(w + begin, HostGrad{g + begin * isz, gt}, mp, vp, 0, len, sc); });
+    s.dev.launch_host(compute, [=] {
+      adam_step_range_fp32(w + begin, HostGrad{g + begin * isz, gt}, mp, vp, 0, len, sc);
+    });
   });
   ++state.step;
   return {true, false, state.step};

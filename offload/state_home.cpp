@@ -72,8 +72,7 @@ StateHome from_pool(Device& dev, HostPool& pool, StatePlacement where, std::size
 
 std::size_t device_chunk_bytes(std::size_t len) { return round_up(len * 8, 512); }
 
-StateHome make_home(MemoryResource& allocator, HostPool& pool, StatePlacement where, std::size_t len,
-                    Stream stream) {
+StateHome make_home(MemoryResource& allocator, HostPool& pool, StatePlacement where, std::size_t len, Stream stream) {
   Device& dev = allocator.device();
   if (where == StatePlacement::device) {
     StateHome home;
@@ -88,11 +87,11 @@ StateHome make_home(MemoryResource& allocator, HostPool& pool, StatePlacement wh
     try {
       return from_pool(dev, pool, where, len);
     } catch (const OutOfMemory& e) {
-      throw OutOfMemory(fmt::format("cannot map optimizer state into device {}: {}; pinned fallback: {}",
-                                    dev.ordinal(), vmm_error.what(), e.what()));
+      throw OutOfMemory(fmt::format("cannot map optimizer state into device {}: {}; pinned fallback: {}", dev.ordinal(),
+                                    vmm_error.what(), e.what()));
     } catch (const Error& e) {
-      throw DeviceError(fmt::format("cannot map optimizer state into device {}: {}; pinned fallback: {}",
-                                    dev.ordinal(), vmm_error.what(), e.what()));
+      throw DeviceError(fmt::format("cannot map optimizer state into device {}: {}; pinned fallback: {}", dev.ordinal(),
+                                    vmm_error.what(), e.what()));
     }
   }
 }

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <string>
 
-#include "stowage/memory_resource.hpp"
 #include "stowage/host_pool.hpp"
+#include "stowage/memory_resource.hpp"
 #include "stowage/offload.hpp"
 #include "stowage/tensor.hpp"
 
@@ -14,8 +14,8 @@ namespace stowage::offload {
 
 struct StateHome {
   StatePlacement where = StatePlacement::device;
-  TensorView mv;             // 2 x len f32; device address space (device, mapped) or host (streamed)
-  std::string mapping;       // mapped: "vmm-host-numa" or "mapped-pinned"
+  TensorView mv;        // 2 x len f32; device address space (device, mapped) or host (streamed)
+  std::string mapping;  // mapped: "vmm-host-numa" or "mapped-pinned"
   std::size_t host_bytes = 0;
   std::size_t len = 0;
   TensorView m() const { return mv.slice(0, 0, static_cast<std::int64_t>(len)); }
@@ -28,8 +28,7 @@ std::size_t device_chunk_bytes(std::size_t len);
 // Makes a home of `len` elements (contents undefined). Throws the device's error (after
 // undoing what it did) when the memory cannot be had; mapped tries driver virtual memory with
 // a host NUMA location first, then pinned host memory with a device address.
-StateHome make_home(MemoryResource& allocator, HostPool& pool, StatePlacement where, std::size_t len,
-                    Stream stream);
+StateHome make_home(MemoryResource& allocator, HostPool& pool, StatePlacement where, std::size_t len, Stream stream);
 
 // The copy direction between two homes' memory.
 CopyKind copy_kind(StatePlacement from, StatePlacement to);

@@ -19,8 +19,8 @@ struct SwapEntry {
   int layer = 0;
   std::uint64_t sequence = 0;  // offload order
   std::size_t nbytes = 0;
-  void* host = nullptr;        // from the host pool
-  void* incoming = nullptr;    // device block being filled (phase coming)
+  void* host = nullptr;      // from the host pool
+  void* incoming = nullptr;  // device block being filled (phase coming)
   Event d2h_done{}, h2d_done{};
   Phase phase = Phase::out;
 };

@@ -19,9 +19,9 @@
 #include "common/log.hpp"
 #include "offload/swap_entry.hpp"
 #include "offload/swap_timing.hpp"
-#include "stowage/memory_resource.hpp"
 #include "stowage/device_handles.hpp"
 #include "stowage/host_pool.hpp"
+#include "stowage/memory_resource.hpp"
 
 namespace stowage {
 
@@ -43,7 +43,12 @@ const char* to_string(SwapDecision d) {
 
 struct SwapScheduler::Impl {
   Impl(ResourceHandle a, HostPool& p, SwapOptions o)
-      : allocator(std::move(a)), pool(p), device(allocator->device()), options(std::move(o)), events(device, false), timer(device) {
+      : allocator(std::move(a)),
+        pool(p),
+        device(allocator->device()),
+        options(std::move(o)),
+        events(device, false),
+        timer(device) {
     if (&pool.device() != &device)
       throw InvalidArgument("SwapScheduler: the host pool pins memory for another device than the allocator's");
     if (options.prefetch_distance < 0)
@@ -174,7 +179,7 @@ struct SwapScheduler::Impl {
   offload::EventPool events;
   offload::SpanTimer timer;
   std::unordered_map<const void*, SwapEntry> entries;  // swapped storages, by identity
-  std::vector<SwapEntry> returning;  // back on the device; host buffers wait for their H2D
+  std::vector<SwapEntry> returning;                    // back on the device; host buffers wait for their H2D
   std::uint64_t next_sequence = 0;
   SwapStats st;
   mutable std::mutex mutex;
@@ -204,9 +209,10 @@ SwapScheduler::~SwapScheduler() {
         }
       }
       if (!e.storage.resident())
-        log().error("swap: could not bring back {} bytes of layer {} at shutdown; they are lost (the storage stays "
-                    "swapped out)",
-                    e.nbytes, e.layer);
+        log().error(
+            "swap: could not bring back {} bytes of layer {} at shutdown; they are lost (the storage stays "
+            "swapped out)",
+            e.nbytes, e.layer);
     }
     for (auto it = m.entries.begin(); it != m.entries.end();) {
       auto next = std::next(it);

@@ -40,7 +40,8 @@ void SpanTimer::begin(Stream stream) {
 }
 
 void SpanTimer::end(Stream stream, SpanKind kind) {
-  auto it = std::find_if(spans_.rbegin(), spans_.rend(), [&](const Span& s) { return s.stream == stream && !s.closed; });
+  auto it =
+      std::find_if(spans_.rbegin(), spans_.rend(), [&](const Span& s) { return s.stream == stream && !s.closed; });
   if (it == spans_.rend()) return;
   const Event stop = events_.take();
   try {
@@ -55,7 +56,8 @@ void SpanTimer::end(Stream stream, SpanKind kind) {
 }
 
 void SpanTimer::cancel(Stream stream) {
-  auto it = std::find_if(spans_.rbegin(), spans_.rend(), [&](const Span& s) { return s.stream == stream && !s.closed; });
+  auto it =
+      std::find_if(spans_.rbegin(), spans_.rend(), [&](const Span& s) { return s.stream == stream && !s.closed; });
   if (it == spans_.rend()) return;
   events_.give(it->start);  // recording it again later is fine: a record replaces the point
   spans_.erase(std::next(it).base());

@@ -8,8 +8,8 @@
 #include <fmt/ranges.h>
 
 #include "precision/device_kernels.hpp"
-#include "stowage/memory_resource.hpp"
 #include "stowage/error.hpp"
+#include "stowage/memory_resource.hpp"
 
 namespace stowage {
 namespace {
@@ -17,8 +17,10 @@ namespace {
 ElementRange resolve(const ParameterBucket& w, ElementRange r, const char* fn) {
   if (r.end == std::numeric_limits<std::size_t>::max()) r.end = w.numel();
   if (r.begin > r.end || r.end > w.numel() || r.begin % 8 != 0) {
-    throw InvalidArgument(fmt::format("{}: range [{}, {}) is not inside the bucket's {} elements starting at a "
-                                      "multiple of 8", fn, r.begin, r.end, w.numel()));
+    throw InvalidArgument(
+        fmt::format("{}: range [{}, {}) is not inside the bucket's {} elements starting at a "
+                    "multiple of 8",
+                    fn, r.begin, r.end, w.numel()));
   }
   return r;
 }
@@ -27,8 +29,8 @@ void check_tensor(const ParameterBucket& w, const TensorView& t, const char* fn,
                   ElementRange r) {
   if (!t.defined()) throw InvalidArgument(fmt::format("{}: {} is undefined", fn, what));
   if (grad ? (t.dtype() != DType::f32 && t.dtype() != DType::bf16) : t.dtype() != DType::f32) {
-    throw InvalidArgument(fmt::format("{}: {} must be {} (got {})", fn, what, grad ? "f32 or bf16" : "f32",
-                                      to_string(t.dtype())));
+    throw InvalidArgument(
+        fmt::format("{}: {} must be {} (got {})", fn, what, grad ? "f32 or bf16" : "f32", to_string(t.dtype())));
   }
   const auto n = static_cast<std::size_t>(t.numel());
   if (n != w.numel() && (grad || n != r.end - r.begin)) {
@@ -81,7 +83,8 @@ bool nonfinite_on_device(ParameterBucket& w, const void* grad, bool bf16, Elemen
 }  // namespace
 
 StepResult adam_step(ParameterBucket& w, const TensorView& grad, const TensorView& m, const TensorView& v,
-                     const AdamOptions& options, const GradScaling& scaling, OptimizerState& state, ElementRange range) {
+                     const AdamOptions& options, const GradScaling& scaling, OptimizerState& state,
+                     ElementRange range) {
   const char* fn = "adam_step(bucket)";
   const ElementRange r = resolve(w, range, fn);
   check_tensor(w, grad, fn, "grad", true, r);
@@ -89,8 +92,8 @@ StepResult adam_step(ParameterBucket& w, const TensorView& grad, const TensorVie
   check_tensor(w, v, fn, "v", false, r);
   if (m.data() == v.data()) throw InvalidArgument(fmt::format("{}: m and v are the same memory", fn));
   check_scaling(scaling, fn);
-  const detail::AdamArgs args{w.planes(), grad.data(), grad.dtype() == DType::bf16, indexed(m, w, r), indexed(v, w, r),
-                              adam_scalars(options, state.step + 1, scaling)};
+  const detail::AdamArgs args{w.planes(),       grad.data(),      grad.dtype() == DType::bf16,
+                              indexed(m, w, r), indexed(v, w, r), adam_scalars(options, state.step + 1, scaling)};
   StepResult result;
   if (scaling.skip_nonfinite && nonfinite_on_device(w, args.grad, args.grad_bf16, r)) {
     result.found_nonfinite = true;

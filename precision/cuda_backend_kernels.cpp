@@ -22,7 +22,9 @@ const DeviceKernels& cuda_device_kernels() {
       [](Device&, Stream s, const AdamArgs& a, std::size_t b, std::size_t e) {
         cuda_precision::adam(a, b, e, native(s));
       },
-      [](Device&, Stream s, const SgdArgs& a, std::size_t b, std::size_t e) { cuda_precision::sgd(a, b, e, native(s)); },
+      [](Device&, Stream s, const SgdArgs& a, std::size_t b, std::size_t e) {
+        cuda_precision::sgd(a, b, e, native(s));
+      },
   };
   return table;
 }

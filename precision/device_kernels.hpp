@@ -15,12 +15,11 @@ struct DeviceKernels {
   // Pointers are the device's; element ranges [begin, end) index both sides.
   void (*split)(Device& device, Stream stream, const float* src, const SplitPlanes& dst, std::size_t begin,
                 std::size_t end);
-  void (*merge)(Device& device, Stream stream, const SplitPlanes& src, float* dst, std::size_t begin,
-                std::size_t end);
+  void (*merge)(Device& device, Stream stream, const SplitPlanes& src, float* dst, std::size_t begin, std::size_t end);
   // Sets *flag (an int in device memory, zeroed by the caller) to 1 when a gradient in
   // [begin, end) is Inf or NaN.
-  void (*any_nonfinite)(Device& device, Stream stream, const void* grad, bool bf16, std::size_t begin,
-                        std::size_t end, int* flag);
+  void (*any_nonfinite)(Device& device, Stream stream, const void* grad, bool bf16, std::size_t begin, std::size_t end,
+                        int* flag);
   void (*adam)(Device& device, Stream stream, const AdamArgs& args, std::size_t begin, std::size_t end);
   void (*sgd)(Device& device, Stream stream, const SgdArgs& args, std::size_t begin, std::size_t end);
 };

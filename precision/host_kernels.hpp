@@ -85,8 +85,8 @@ void split_range(const float* src, const SplitPlanes& w, std::size_t b, std::siz
 template <class O, bool RNE>
 void merge_range(const SplitPlanes& w, float* dst, std::size_t b, std::size_t e) {
   const std::size_t first_group = (b + 7) & ~std::size_t{7};
-  const bool stream = O::W > 1 && e - b >= kStreamingElements &&
-                      reinterpret_cast<std::uintptr_t>(dst + first_group) % (O::W * 4) == 0;
+  const bool stream =
+      O::W > 1 && e - b >= kStreamingElements && reinterpret_cast<std::uintptr_t>(dst + first_group) % (O::W * 4) == 0;
   if (stream) {
     for_each_group<O>(b, e, [&]<class P>(std::size_t i) { P::stream_f32(dst + i, load_master<P, RNE>(w, i)); });
     O::fence();
@@ -133,8 +133,8 @@ inline void adam_element(const AdamScalars& s, const Master& master, GradLoad&& 
     else g = P::fadd(g, P::fmul(p, P::fset1(s.weight_decay)));
   }
   const F m = P::fadd(P::fmul(P::load_f32(mp + i), P::fset1(s.beta1)), P::fmul(g, P::fset1(s.one_minus_beta1)));
-  const F v = P::fadd(P::fmul(P::load_f32(vp + i), P::fset1(s.beta2)),
-                      P::fmul(P::fmul(g, g), P::fset1(s.one_minus_beta2)));
+  const F v =
+      P::fadd(P::fmul(P::load_f32(vp + i), P::fset1(s.beta2)), P::fmul(P::fmul(g, g), P::fset1(s.one_minus_beta2)));
   const F denom = P::fadd(P::fdiv(P::fsqrt(v), P::fset1(s.bias_correction2_sqrt)), P::fset1(s.eps));
   p = P::fsub(p, P::fmul(P::fdiv(m, denom), P::fset1(s.step_size)));
   P::store_f32(mp + i, m);
@@ -145,13 +145,25 @@ inline void adam_element(const AdamScalars& s, const Master& master, GradLoad&& 
 template <bool RNE>
 struct SplitMaster {
   const SplitPlanes& w;
-  template <class P> typename P::F load(std::size_t i) const { return load_master<P, RNE>(w, i); }
-  template <class P> void store(std::size_t i, typename P::F x) const { store_master<P, RNE>(w, i, x); }
+  template <class P>
+  typename P::F load(std::size_t i) const {
+    return load_master<P, RNE>(w, i);
+  }
+  template <class P>
+  void store(std::size_t i, typename P::F x) const {
+    store_master<P, RNE>(w, i, x);
+  }
 };
 struct Fp32Master {
   float* p;
-  template <class P> typename P::F load(std::size_t i) const { return P::load_f32(p + i); }
-  template <class P> void store(std::size_t i, typename P::F x) const { P::store_f32(p + i, x); }
+  template <class P>
+  typename P::F load(std::size_t i) const {
+    return P::load_f32(p + i);
+  }
+  template <class P>
+  void store(std::size_t i, typename P::F x) const {
+    P::store_f32(p + i, x);
+  }
 };
 
 template <class O, bool RNE, bool BF16>
@@ -195,7 +207,8 @@ void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
     if (s.momentum != 0.0f) {
       F buf = g;
       if (!s.first_step) {
-        buf = P::fadd(P::fmul(P::load_f32(a.buf + i), P::fset1(s.momentum)), P::fmul(g, P::fset1(s.one_minus_dampening)));
+        buf =
+            P::fadd(P::fmul(P::load_f32(a.buf + i), P::fset1(s.momentum)), P::fmul(g, P::fset1(s.one_minus_dampening)));
       }
       P::store_f32(a.buf + i, buf);
       g = s.nesterov ? P::fadd(g, P::fmul(buf, P::fset1(s.momentum))) : buf;
@@ -215,6 +228,6 @@ void sgd_kernel(const SgdArgs& a, std::size_t b, std::size_t e) {
 
 template <class O>
 KernelTable make_table() {
-  return KernelTable{&split_kernel<O>, &merge_kernel<O>, &nonfinite_kernel<O>, &adam_kernel<O>, &sgd_kernel<O>,
-                     &adam_fp32_kernel<O>};
+  return KernelTable{&split_kernel<O>, &merge_kernel<O>, &nonfinite_kernel<O>,
+                     &adam_kernel<O>,  &sgd_kernel<O>,   &adam_fp32_kernel<O>};
 }

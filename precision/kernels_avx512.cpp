@@ -22,9 +22,12 @@
 
 namespace stowage::detail {
 namespace {
+// The order matters: the kernel bodies use the ops structs declared before them.
+// clang-format off
 #include "precision/ops_scalar.hpp"
 #include "precision/ops_avx512.hpp"
 #include "precision/host_kernels.hpp"
+// clang-format on
 }  // namespace
 
 const KernelTable& avx512_kernels() {

@@ -23,13 +23,21 @@ struct LanesOps {
     return r;
   }
 
-  static U set1(std::uint32_t x) { return each<U>([&](std::size_t) { return x; }); }
-  static F fset1(float x) { return each<F>([&](std::size_t) { return x; }); }
-  static U load_u16(const std::uint16_t* p) { return each<U>([&](std::size_t k) { return std::uint32_t{p[k]}; }); }
+  static U set1(std::uint32_t x) {
+    return each<U>([&](std::size_t) { return x; });
+  }
+  static F fset1(float x) {
+    return each<F>([&](std::size_t) { return x; });
+  }
+  static U load_u16(const std::uint16_t* p) {
+    return each<U>([&](std::size_t k) { return std::uint32_t{p[k]}; });
+  }
   static void store_u16(std::uint16_t* p, const U& v) {
     for (std::size_t k = 0; k < W; ++k) p[k] = static_cast<std::uint16_t>(v[k]);
   }
-  static F load_f32(const float* p) { return each<F>([&](std::size_t k) { return p[k]; }); }
+  static F load_f32(const float* p) {
+    return each<F>([&](std::size_t k) { return p[k]; });
+  }
   static void store_f32(float* p, const F& v) {
     for (std::size_t k = 0; k < W; ++k) p[k] = v[k];
   }
@@ -88,12 +96,24 @@ struct LanesOps {
     }
   }
 #endif
-  static U add(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] + b[k]; }); }
-  static U sub(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] - b[k]; }); }
-  static U and_(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] & b[k]; }); }
-  static U or_(const U& a, const U& b) { return each<U>([&](std::size_t k) { return a[k] | b[k]; }); }
-  static U shl16(const U& a) { return each<U>([&](std::size_t k) { return a[k] << 16; }); }
-  static U shr16(const U& a) { return each<U>([&](std::size_t k) { return a[k] >> 16; }); }
+  static U add(const U& a, const U& b) {
+    return each<U>([&](std::size_t k) { return a[k] + b[k]; });
+  }
+  static U sub(const U& a, const U& b) {
+    return each<U>([&](std::size_t k) { return a[k] - b[k]; });
+  }
+  static U and_(const U& a, const U& b) {
+    return each<U>([&](std::size_t k) { return a[k] & b[k]; });
+  }
+  static U or_(const U& a, const U& b) {
+    return each<U>([&](std::size_t k) { return a[k] | b[k]; });
+  }
+  static U shl16(const U& a) {
+    return each<U>([&](std::size_t k) { return a[k] << 16; });
+  }
+  static U shr16(const U& a) {
+    return each<U>([&](std::size_t k) { return a[k] >> 16; });
+  }
   static U eq(const U& a, const U& b) {  // 1 or 0 per lane
     return each<U>([&](std::size_t k) { return static_cast<std::uint32_t>(a[k] == b[k]); });
   }
@@ -104,10 +124,18 @@ struct LanesOps {
   }
   static F as_f(const U& a) { return std::bit_cast<F>(a); }
   static U as_u(const F& f) { return std::bit_cast<U>(f); }
-  static F fadd(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] + b[k]; }); }
-  static F fsub(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] - b[k]; }); }
-  static F fmul(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] * b[k]; }); }
-  static F fdiv(const F& a, const F& b) { return each<F>([&](std::size_t k) { return a[k] / b[k]; }); }
+  static F fadd(const F& a, const F& b) {
+    return each<F>([&](std::size_t k) { return a[k] + b[k]; });
+  }
+  static F fsub(const F& a, const F& b) {
+    return each<F>([&](std::size_t k) { return a[k] - b[k]; });
+  }
+  static F fmul(const F& a, const F& b) {
+    return each<F>([&](std::size_t k) { return a[k] * b[k]; });
+  }
+  static F fdiv(const F& a, const F& b) {
+    return each<F>([&](std::size_t k) { return a[k] / b[k]; });
+  }
 #if defined(__SSE2__)
   // sqrtps is IEEE-exact like std::sqrt, which GCC keeps out of line here (errno).
   static F fsqrt(const F& a) {
@@ -116,6 +144,8 @@ struct LanesOps {
     return r;
   }
 #else
-  static F fsqrt(const F& a) { return each<F>([&](std::size_t k) { return std::sqrt(a[k]); }); }
+  static F fsqrt(const F& a) {
+    return each<F>([&](std::size_t k) { return std::sqrt(a[k]); });
+  }
 #endif
 };

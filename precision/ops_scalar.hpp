@@ -33,8 +33,16 @@ struct ScalarOps {
   static U shr16(U a) { return a >> 16; }
   static U eq(U a, U b) { return a == b ? 1u : 0u; }  // 1 or 0 per lane
   static bool any(U a) { return a != 0; }
-  static F as_f(U a) { F f; std::memcpy(&f, &a, 4); return f; }
-  static U as_u(F f) { U a; std::memcpy(&a, &f, 4); return a; }
+  static F as_f(U a) {
+    F f;
+    std::memcpy(&f, &a, 4);
+    return f;
+  }
+  static U as_u(F f) {
+    U a;
+    std::memcpy(&a, &f, 4);
+    return a;
+  }
   static F fadd(F a, F b) { return a + b; }
   static F fsub(F a, F b) { return a - b; }
   static F fmul(F a, F b) { return a * b; }

@@ -17,8 +17,8 @@ namespace {
 bool grad_is_bf16(const HostGrad& g, const char* what) {
   if (g.dtype == DType::f32) return false;
   if (g.dtype == DType::bf16) return true;
-  throw InvalidArgument(fmt::format("{}: gradients must be f32 or bf16 (got dtype #{})", what,
-                                    static_cast<int>(g.dtype)));
+  throw InvalidArgument(
+      fmt::format("{}: gradients must be f32 or bf16 (got dtype #{})", what, static_cast<int>(g.dtype)));
 }
 
 void check_grad(const HostGrad& g, std::size_t n, const char* what) {

@@ -8,8 +8,8 @@
 #include <fmt/ranges.h>
 
 #include "precision/device_kernels.hpp"
-#include "stowage/memory_resource.hpp"
 #include "stowage/error.hpp"
+#include "stowage/memory_resource.hpp"
 
 namespace stowage {
 namespace {
@@ -17,10 +17,13 @@ namespace {
 std::size_t checked_numel(const ParameterSpec& p) {
   std::size_t n = 1;
   for (std::int64_t d : p.shape) {
-    if (d < 0) throw InvalidArgument(fmt::format("ParameterBucket: '{}' has a negative dimension in [{}]", p.name, fmt::join(p.shape, ", ")));
+    if (d < 0)
+      throw InvalidArgument(
+          fmt::format("ParameterBucket: '{}' has a negative dimension in [{}]", p.name, fmt::join(p.shape, ", ")));
     const auto u = static_cast<std::size_t>(d);
     if (u != 0 && n > (std::size_t{1} << 40) / u) {
-      throw InvalidArgument(fmt::format("ParameterBucket: '{}' of shape [{}] is too large", p.name, fmt::join(p.shape, ", ")));
+      throw InvalidArgument(
+          fmt::format("ParameterBucket: '{}' of shape [{}] is too large", p.name, fmt::join(p.shape, ", ")));
     }
     n *= u;
   }
@@ -36,7 +39,8 @@ ParameterBucket::ParameterBucket(ResourceHandle resource, std::vector<ParameterS
     : options_(options), stream_(stream) {
   const std::size_t a = options.align_elements;
   if (a == 0 || a % 8 != 0 || (a & (a - 1)) != 0) {
-    throw InvalidArgument(fmt::format("ParameterBucket: align_elements must be a power of two and a multiple of 8 (got {})", a));
+    throw InvalidArgument(
+        fmt::format("ParameterBucket: align_elements must be a power of two and a multiple of 8 (got {})", a));
   }
   if (options.rounding != Rounding::half_up && options.rounding != Rounding::nearest_even) {
     throw InvalidArgument("ParameterBucket: unknown rounding mode");
@@ -49,8 +53,9 @@ ParameterBucket::ParameterBucket(ResourceHandle resource, std::vector<ParameterS
     const std::size_t n = checked_numel(p);
     const std::size_t end = offset + n;
     if (options.capacity_elements != 0 && end > options.capacity_elements) {
-      throw InvalidArgument(fmt::format("ParameterBucket: '{}' ({} elements at offset {}) overflows the bucket's capacity of {} elements",
-                                        p.name, n, offset, options.capacity_elements));
+      throw InvalidArgument(
+          fmt::format("ParameterBucket: '{}' ({} elements at offset {}) overflows the bucket's capacity of {} elements",
+                      p.name, n, offset, options.capacity_elements));
     }
     slots_.push_back({std::move(p.name), std::move(p.shape), offset, n});
     offset = round_up(end, a);
@@ -68,7 +73,8 @@ ParameterBucket::ParameterBucket(ResourceHandle resource, std::vector<ParameterS
 }
 
 const ParameterSlot& ParameterBucket::slot(std::size_t i) const {
-  if (i >= slots_.size()) throw InvalidArgument(fmt::format("ParameterBucket: no parameter #{} (it has {})", i, slots_.size()));
+  if (i >= slots_.size())
+    throw InvalidArgument(fmt::format("ParameterBucket: no parameter #{} (it has {})", i, slots_.size()));
   return slots_[i];
 }
 
@@ -98,15 +104,17 @@ TensorView ParameterBucket::tie_bitmap() const {
 SplitPlanes ParameterBucket::planes() const {
   auto* base = static_cast<char*>(storage_.data());
   if (base == nullptr) throw InvalidArgument("ParameterBucket: storage is not resident");
-  return SplitPlanes{reinterpret_cast<std::uint16_t*>(base), reinterpret_cast<std::uint16_t*>(base + 2 * numel_),
-                     options_.rounding == Rounding::nearest_even ? reinterpret_cast<std::uint8_t*>(base + 4 * numel_) : nullptr,
-                     numel_, options_.rounding};
+  return SplitPlanes{
+      reinterpret_cast<std::uint16_t*>(base), reinterpret_cast<std::uint16_t*>(base + 2 * numel_),
+      options_.rounding == Rounding::nearest_even ? reinterpret_cast<std::uint8_t*>(base + 4 * numel_) : nullptr,
+      numel_, options_.rounding};
 }
 
 namespace {
 void check_count(const ParameterSlot& s, const void* p, std::size_t count, const char* fn) {
   if (count != s.numel) {
-    throw InvalidArgument(fmt::format("ParameterBucket::{}: '{}' has {} elements, {} given", fn, s.name, s.numel, count));
+    throw InvalidArgument(
+        fmt::format("ParameterBucket::{}: '{}' has {} elements, {} given", fn, s.name, s.numel, count));
   }
   if (p == nullptr && count != 0) throw InvalidArgument(fmt::format("ParameterBucket::{}: null buffer", fn));
   if (reinterpret_cast<std::uintptr_t>(p) % alignof(float) != 0) {

@@ -26,9 +26,12 @@
 namespace stowage {
 namespace detail {
 namespace {
+// The order matters: the kernel bodies use the ops structs declared before them.
+// clang-format off
 #include "precision/ops_scalar.hpp"
 #include "precision/ops_lanes.hpp"
 #include "precision/host_kernels.hpp"
+// clang-format on
 }  // namespace
 
 const KernelTable& scalar_kernels() {

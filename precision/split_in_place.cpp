@@ -46,7 +46,8 @@ void check_in_place(const void* buffer, std::size_t n, const std::uint8_t* ties,
   if (chunk == 0 || chunk % 8 != 0) {
     throw InvalidArgument(fmt::format("{}: chunk_elements must be a positive multiple of 8 (got {})", fn, chunk));
   }
-  if (r != Rounding::half_up && r != Rounding::nearest_even) throw InvalidArgument(fmt::format("{}: unknown rounding", fn));
+  if (r != Rounding::half_up && r != Rounding::nearest_even)
+    throw InvalidArgument(fmt::format("{}: unknown rounding", fn));
   if (n == 0) return;
   detail::check_pointer(buffer, alignof(float), fn);
   if (r == Rounding::nearest_even) detail::check_pointer(ties, 1, "tie bitmap (nearest_even)");

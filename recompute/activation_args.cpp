@@ -30,8 +30,7 @@ std::size_t checked_product(const char* fn, std::size_t rows, std::size_t cols) 
 
 }  // namespace
 
-void check_unary(const char* fn, Activation a, DType dtype, std::size_t n,
-                 std::initializer_list<const void*> ptrs) {
+void check_unary(const char* fn, Activation a, DType dtype, std::size_t n, std::initializer_list<const void*> ptrs) {
   check_common(fn, a, dtype);
   check_pointers(fn, n, ptrs);
 }
@@ -42,12 +41,12 @@ void check_bias(const char* fn, Activation a, DType dtype, std::size_t rows, std
   check_pointers(fn, checked_product(fn, rows, cols), ptrs);
 }
 
-void check_gated(const char* fn, Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                 std::size_t gate_ld, std::size_t up_ld, std::initializer_list<const void*> ptrs) {
+void check_gated(const char* fn, Activation a, DType dtype, std::size_t rows, std::size_t cols, std::size_t gate_ld,
+                 std::size_t up_ld, std::initializer_list<const void*> ptrs) {
   check_common(fn, a, dtype);
   if (rows > 1 && (gate_ld < cols || up_ld < cols))
-    throw InvalidArgument(fmt::format("{}: row strides gate {} / up {} are shorter than {} columns",
-                                      fn, gate_ld, up_ld, cols));
+    throw InvalidArgument(
+        fmt::format("{}: row strides gate {} / up {} are shorter than {} columns", fn, gate_ld, up_ld, cols));
   checked_product(fn, rows, gate_ld > cols ? gate_ld : cols);
   checked_product(fn, rows, up_ld > cols ? up_ld : cols);
   check_pointers(fn, checked_product(fn, rows, cols), ptrs);

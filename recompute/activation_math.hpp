@@ -46,10 +46,14 @@ STOWAGE_HD float from_bits(std::int32_t i) {
 STOWAGE_HD std::int32_t to_int(float x) { return static_cast<std::int32_t>(x); }
 
 template <class F>
-STOWAGE_HD F splat(float c) { return splat_f(c, F{}); }
+STOWAGE_HD F splat(float c) {
+  return splat_f(c, F{});
+}
 
 template <class F>
-STOWAGE_HD F fabs_(const F& x) { return from_bits(bits(x) & 0x7FFFFFFF); }
+STOWAGE_HD F fabs_(const F& x) {
+  return from_bits(bits(x) & 0x7FFFFFFF);
+}
 
 // exp(x) = p * s1 * s2: Cody-Waite range reduction x = n ln2 + r, Cephes degree-6 polynomial p
 // on |r| <= ln2/2, and 2^n split into two exact powers of two so that a product
@@ -114,7 +118,9 @@ STOWAGE_HD Sigmoid<F> sigmoid_(const F& x, const F& v) {
 }
 
 template <class F>
-STOWAGE_HD F silu_fwd(const F& x) { return x_sigmoid(x, x); }
+STOWAGE_HD F silu_fwd(const F& x) {
+  return x_sigmoid(x, x);
+}
 template <class F>
 STOWAGE_HD F silu_grad(const F& x) {  // d/dx x*s(x) = s + x s (1 - s)
   const auto sg = sigmoid_(x, x);
@@ -185,9 +191,13 @@ STOWAGE_HD F gelu_erf_grad(const F& x) {  // Phi(x) + x phi(x)
 
 // ReLU: NaN passes through forward; the gradient is zero where x <= 0 (as PyTorch).
 template <class F>
-STOWAGE_HD F relu_fwd(const F& x) { return select(x < 0.0f, splat<F>(0.0f), x); }
+STOWAGE_HD F relu_fwd(const F& x) {
+  return select(x < 0.0f, splat<F>(0.0f), x);
+}
 template <class F>
-STOWAGE_HD F relu_grad_times(const F& x, const F& dy) { return select(x <= 0.0f, splat<F>(0.0f), dy); }
+STOWAGE_HD F relu_grad_times(const F& x, const F& dy) {
+  return select(x <= 0.0f, splat<F>(0.0f), dy);
+}
 
 // ---- bf16 bit patterns: widen exactly; narrow round-to-nearest-even, NaN kept quiet ----
 STOWAGE_HD float bf16_to_f32(std::uint16_t h) { return bf16::to_f32(h); }

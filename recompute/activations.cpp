@@ -54,9 +54,7 @@ void contiguous(const char* fn, std::initializer_list<const TensorView*> views) 
             fmt::format("tensor with strides [{}] is not contiguous", fmt::join(v->strides(), ", ")));
 }
 
-std::size_t last_dim(const TensorView& t) {
-  return t.dim() == 0 ? 1 : static_cast<std::size_t>(t.shape().back());
-}
+std::size_t last_dim(const TensorView& t) { return t.dim() == 0 ? 1 : static_cast<std::size_t>(t.shape().back()); }
 
 // Rows of a view whose last dimension is contiguous and whose leading dimensions step evenly:
 // returns the row stride in elements.
@@ -68,8 +66,9 @@ std::size_t row_stride(const char* fn, const TensorView& t) {
   bool ok = st[d - 1] == 1 || sh[d - 1] == 1;
   for (int i = 0; i + 2 < d && ok; ++i) ok = sh[i] == 1 || st[i] == st[i + 1] * sh[i + 1];
   ok = ok && st[d - 2] >= sh[d - 1];
-  require(ok, fn, fmt::format("tensor with shape [{}] strides [{}] is not a set of evenly strided rows",
-                              fmt::join(sh, ", "), fmt::join(st, ", ")));
+  require(ok, fn,
+          fmt::format("tensor with shape [{}] strides [{}] is not a set of evenly strided rows", fmt::join(sh, ", "),
+                      fmt::join(st, ", ")));
   return static_cast<std::size_t>(st[d - 2]);
 }
 
@@ -88,8 +87,7 @@ void activation_forward(Activation a, const TensorView& x, const TensorView& y, 
   detail::activation_kernels(dev).forward(dev, stream, a, t, n, xp, yp);
 }
 
-void activation_backward(Activation a, const TensorView& x, const TensorView& dy,
-                         const TensorView& dx, Stream stream) {
+void activation_backward(Activation a, const TensorView& x, const TensorView& dy, const TensorView& dx, Stream stream) {
   const char* fn = "activation_backward";
   Device& dev = common_device(fn, {&x, &dy, &dx});
   same_shape(fn, x, dy);
@@ -103,8 +101,8 @@ void activation_backward(Activation a, const TensorView& x, const TensorView& dy
   detail::activation_kernels(dev).backward(dev, stream, a, t, n, xp, dyp, dxp);
 }
 
-void bias_activation_forward(Activation a, const TensorView& x, const TensorView& bias,
-                             const TensorView& y, Stream stream) {
+void bias_activation_forward(Activation a, const TensorView& x, const TensorView& bias, const TensorView& y,
+                             Stream stream) {
   const char* fn = "bias_activation_forward";
   Device& dev = common_device(fn, {&x, &bias, &y});
   same_shape(fn, x, y);
@@ -120,12 +118,11 @@ void bias_activation_forward(Activation a, const TensorView& x, const TensorView
   detail::activation_kernels(dev).bias_forward(dev, stream, a, t, rows, cols, xp, bp, yp);
 }
 
-void bias_activation_backward(Activation a, const TensorView& x, const TensorView& bias,
-                              const TensorView& dy, const TensorView& dx,
-                              const TensorView& dbias, Stream stream) {
+void bias_activation_backward(Activation a, const TensorView& x, const TensorView& bias, const TensorView& dy,
+                              const TensorView& dx, const TensorView& dbias, Stream stream) {
   const char* fn = "bias_activation_backward";
-  Device& dev = dbias.defined() ? common_device(fn, {&x, &bias, &dy, &dx, &dbias})
-                                : common_device(fn, {&x, &bias, &dy, &dx});
+  Device& dev =
+      dbias.defined() ? common_device(fn, {&x, &bias, &dy, &dx, &dbias}) : common_device(fn, {&x, &bias, &dy, &dx});
   same_shape(fn, x, dy);
   same_shape(fn, x, dx);
   contiguous(fn, {&x, &bias, &dy, &dx});
@@ -145,8 +142,8 @@ void bias_activation_backward(Activation a, const TensorView& x, const TensorVie
   detail::activation_kernels(dev).bias_backward(dev, stream, a, t, rows, cols, xp, bp, dyp, dxp, dbp);
 }
 
-void gated_activation_forward(Activation a, const TensorView& gate, const TensorView& up,
-                              const TensorView& y, Stream stream) {
+void gated_activation_forward(Activation a, const TensorView& gate, const TensorView& up, const TensorView& y,
+                              Stream stream) {
   const char* fn = "gated_activation_forward";
   Device& dev = common_device(fn, {&gate, &up, &y});
   same_shape(fn, gate, up);
@@ -162,9 +159,8 @@ void gated_activation_forward(Activation a, const TensorView& gate, const Tensor
   detail::activation_kernels(dev).gated_forward(dev, stream, a, t, rows, cols, gp, gld, up_, uld, yp);
 }
 
-void gated_activation_backward(Activation a, const TensorView& gate, const TensorView& up,
-                               const TensorView& dy, const TensorView& dgate,
-                               const TensorView& dup, Stream stream) {
+void gated_activation_backward(Activation a, const TensorView& gate, const TensorView& up, const TensorView& dy,
+                               const TensorView& dgate, const TensorView& dup, Stream stream) {
   const char* fn = "gated_activation_backward";
   Device& dev = common_device(fn, {&gate, &up, &dy, &dgate, &dup});
   same_shape(fn, gate, up);
@@ -196,20 +192,19 @@ void activation_forward(Activation, DType, std::size_t, const void*, void*, void
 void activation_backward(Activation, DType, std::size_t, const void*, const void*, void*, void*) {
   no_cuda("activation_backward");
 }
-void bias_activation_forward(Activation, DType, std::size_t, std::size_t, const void*, const void*, void*,
-                             void*) {
+void bias_activation_forward(Activation, DType, std::size_t, std::size_t, const void*, const void*, void*, void*) {
   no_cuda("bias_activation_forward");
 }
-void bias_activation_backward(Activation, DType, std::size_t, std::size_t, const void*, const void*,
-                              const void*, void*, void*, void*) {
+void bias_activation_backward(Activation, DType, std::size_t, std::size_t, const void*, const void*, const void*, void*,
+                              void*, void*) {
   no_cuda("bias_activation_backward");
 }
-void gated_activation_forward(Activation, DType, std::size_t, std::size_t, const void*, std::size_t,
-                              const void*, std::size_t, void*, void*) {
+void gated_activation_forward(Activation, DType, std::size_t, std::size_t, const void*, std::size_t, const void*,
+                              std::size_t, void*, void*) {
   no_cuda("gated_activation_forward");
 }
-void gated_activation_backward(Activation, DType, std::size_t, std::size_t, const void*, std::size_t,
-                               const void*, std::size_t, const void*, void*, void*, void*) {
+void gated_activation_backward(Activation, DType, std::size_t, std::size_t, const void*, std::size_t, const void*,
+                               std::size_t, const void*, void*, void*, void*) {
   no_cuda("gated_activation_backward");
 }
 }  // namespace cuda

@@ -25,9 +25,7 @@ __device__ __forceinline__ void st(bf16* p, float v) { *p = f32_to_bf16(v); }
 __device__ __forceinline__ std::size_t first_index() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ __forceinline__ std::size_t grid_step() {
-  return static_cast<std::size_t>(gridDim.x) * blockDim.x;
-}
+__device__ __forceinline__ std::size_t grid_step() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
 
 template <Activation A, class T>
 __global__ void unary_fwd(std::size_t n, const T* x, T* y) {
@@ -36,28 +34,25 @@ __global__ void unary_fwd(std::size_t n, const T* x, T* y) {
 
 template <Activation A, class T>
 __global__ void unary_bwd(std::size_t n, const T* x, const T* dy, T* dx) {
-  for (std::size_t i = first_index(); i < n; i += grid_step())
-    st(dx + i, act_grad_times<A>(ld(x + i), ld(dy + i)));
+  for (std::size_t i = first_index(); i < n; i += grid_step()) st(dx + i, act_grad_times<A>(ld(x + i), ld(dy + i)));
 }
 
 template <Activation A, class T>
 __global__ void bias_fwd(std::size_t rows, std::size_t cols, const T* x, const T* b, T* y) {
   const std::size_t n = rows * cols;
-  for (std::size_t i = first_index(); i < n; i += grid_step())
-    st(y + i, act_fwd<A>(ld(x + i) + ld(b + i % cols)));
+  for (std::size_t i = first_index(); i < n; i += grid_step()) st(y + i, act_fwd<A>(ld(x + i) + ld(b + i % cols)));
 }
 
 template <Activation A, class T>
-__global__ void bias_bwd(std::size_t rows, std::size_t cols, const T* x, const T* b, const T* dy,
-                         T* dx) {
+__global__ void bias_bwd(std::size_t rows, std::size_t cols, const T* x, const T* b, const T* dy, T* dx) {
   const std::size_t n = rows * cols;
   for (std::size_t i = first_index(); i < n; i += grid_step())
     st(dx + i, act_grad_times<A>(ld(x + i) + ld(b + i % cols), ld(dy + i)));
 }
 
 template <Activation A, class T>
-__global__ void bias_bwd_columns(std::size_t rows, std::size_t cols, const T* x, const T* b,
-                                 const T* dy, T* dx, T* db) {
+__global__ void bias_bwd_columns(std::size_t rows, std::size_t cols, const T* x, const T* b, const T* dy, T* dx,
+                                 T* db) {
   for (std::size_t c = first_index(); c < cols; c += grid_step()) {
     const float bc = ld(b + c);
     float acc = 0.0f;
@@ -72,8 +67,8 @@ __global__ void bias_bwd_columns(std::size_t rows, std::size_t cols, const T* x,
 }
 
 template <Activation A, class T>
-__global__ void gated_fwd(std::size_t rows, std::size_t cols, const T* g, std::size_t gld,
-                          const T* u, std::size_t uld, T* y) {
+__global__ void gated_fwd(std::size_t rows, std::size_t cols, const T* g, std::size_t gld, const T* u, std::size_t uld,
+                          T* y) {
   const std::size_t n = rows * cols;
   for (std::size_t i = first_index(); i < n; i += grid_step()) {
     const std::size_t r = i / cols, c = i % cols;
@@ -82,8 +77,8 @@ __global__ void gated_fwd(std::size_t rows, std::size_t cols, const T* g, std::s
 }
 
 template <Activation A, class T>
-__global__ void gated_bwd(std::size_t rows, std::size_t cols, const T* g, std::size_t gld,
-                          const T* u, std::size_t uld, const T* dy, T* dg, T* du) {
+__global__ void gated_bwd(std::size_t rows, std::size_t cols, const T* g, std::size_t gld, const T* u, std::size_t uld,
+                          const T* dy, T* dg, T* du) {
   const std::size_t n = rows * cols;
   for (std::size_t i = first_index(); i < n; i += grid_step()) {
     const std::size_t r = i / cols, c = i % cols;
@@ -119,30 +114,28 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 }  // namespace
 
-void activation_forward(Activation a, DType dtype, std::size_t n, const void* x, void* y,
-                        void* stream) {
+void activation_forward(Activation a, DType dtype, std::size_t n, const void* x, void* y, void* stream) {
   check_unary("cuda::activation_forward", a, dtype, n, {x, y});
   if (n == 0) return;
   dispatch(a, dtype, [&]<Activation A, class T>() {
-    unary_fwd<A, T><<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(
-        n, static_cast<const T*>(x), static_cast<T*>(y));
+    unary_fwd<A, T><<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(n, static_cast<const T*>(x), static_cast<T*>(y));
   });
   detail::check_cuda(cudaGetLastError(), "activation_forward launch");
 }
 
-void activation_backward(Activation a, DType dtype, std::size_t n, const void* x, const void* dy,
-                         void* dx, void* stream) {
+void activation_backward(Activation a, DType dtype, std::size_t n, const void* x, const void* dy, void* dx,
+                         void* stream) {
   check_unary("cuda::activation_backward", a, dtype, n, {x, dy, dx});
   if (n == 0) return;
   dispatch(a, dtype, [&]<Activation A, class T>() {
-    unary_bwd<A, T><<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(
-        n, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx));
+    unary_bwd<A, T><<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(n, static_cast<const T*>(x),
+                                                                       static_cast<const T*>(dy), static_cast<T*>(dx));
   });
   detail::check_cuda(cudaGetLastError(), "activation_backward launch");
 }
 
-void bias_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                             const void* x, const void* bias, void* y, void* stream) {
+void bias_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* x,
+                             const void* bias, void* y, void* stream) {
   check_bias("cuda::bias_activation_forward", a, dtype, rows, cols, {x, bias, y});
   if (rows * cols == 0) return;
   dispatch(a, dtype, [&]<Activation A, class T>() {
@@ -152,9 +145,8 @@ void bias_activation_forward(Activation a, DType dtype, std::size_t rows, std::s
   detail::check_cuda(cudaGetLastError(), "bias_activation_forward launch");
 }
 
-void bias_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                              const void* x, const void* bias, const void* dy, void* dx,
-                              void* dbias, void* stream) {
+void bias_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* x,
+                              const void* bias, const void* dy, void* dx, void* dbias, void* stream) {
   check_bias("cuda::bias_activation_backward", a, dtype, rows, cols, {x, bias, dy, dx});
   if (cols == 0) return;
   dispatch(a, dtype, [&]<Activation A, class T>() {
@@ -165,37 +157,33 @@ void bias_activation_backward(Activation a, DType dtype, std::size_t rows, std::
       bias_bwd_columns<A, T><<<blocks_for(cols), kThreads, 0, as_stream(stream)>>>(
           rows, cols, xp, bp, dyp, static_cast<T*>(dx), static_cast<T*>(dbias));
     } else if (rows != 0) {
-      bias_bwd<A, T><<<blocks_for(rows * cols), kThreads, 0, as_stream(stream)>>>(
-          rows, cols, xp, bp, dyp, static_cast<T*>(dx));
+      bias_bwd<A, T>
+          <<<blocks_for(rows * cols), kThreads, 0, as_stream(stream)>>>(rows, cols, xp, bp, dyp, static_cast<T*>(dx));
     }
   });
   detail::check_cuda(cudaGetLastError(), "bias_activation_backward launch");
 }
 
-void gated_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                              const void* gate, std::size_t gate_ld, const void* up,
-                              std::size_t up_ld, void* y, void* stream) {
+void gated_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* gate,
+                              std::size_t gate_ld, const void* up, std::size_t up_ld, void* y, void* stream) {
   check_gated("cuda::gated_activation_forward", a, dtype, rows, cols, gate_ld, up_ld, {gate, up, y});
   if (rows * cols == 0) return;
   dispatch(a, dtype, [&]<Activation A, class T>() {
     gated_fwd<A, T><<<blocks_for(rows * cols), kThreads, 0, as_stream(stream)>>>(
-        rows, cols, static_cast<const T*>(gate), gate_ld, static_cast<const T*>(up), up_ld,
-        static_cast<T*>(y));
+        rows, cols, static_cast<const T*>(gate), gate_ld, static_cast<const T*>(up), up_ld, static_cast<T*>(y));
   });
   detail::check_cuda(cudaGetLastError(), "gated_activation_forward launch");
 }
 
-void gated_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                               const void* gate, std::size_t gate_ld, const void* up,
-                               std::size_t up_ld, const void* dy, void* dgate, void* dup,
-                               void* stream) {
-  check_gated("cuda::gated_activation_backward", a, dtype, rows, cols, gate_ld, up_ld,
-              {gate, up, dy, dgate, dup});
+void gated_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* gate,
+                               std::size_t gate_ld, const void* up, std::size_t up_ld, const void* dy, void* dgate,
+                               void* dup, void* stream) {
+  check_gated("cuda::gated_activation_backward", a, dtype, rows, cols, gate_ld, up_ld, {gate, up, dy, dgate, dup});
   if (rows * cols == 0) return;
   dispatch(a, dtype, [&]<Activation A, class T>() {
     gated_bwd<A, T><<<blocks_for(rows * cols), kThreads, 0, as_stream(stream)>>>(
-        rows, cols, static_cast<const T*>(gate), gate_ld, static_cast<const T*>(up), up_ld,
-        static_cast<const T*>(dy), static_cast<T*>(dgate), static_cast<T*>(dup));
+        rows, cols, static_cast<const T*>(gate), gate_ld, static_cast<const T*>(up), up_ld, static_cast<const T*>(dy),
+        static_cast<T*>(dgate), static_cast<T*>(dup));
   });
   detail::check_cuda(cudaGetLastError(), "gated_activation_backward launch");
 }

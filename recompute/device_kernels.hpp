@@ -11,12 +11,11 @@ namespace stowage::detail {
 
 struct ActivationKernels {
   void (*forward)(Device& d, Stream s, Activation a, DType t, std::size_t n, const void* x, void* y);
-  void (*backward)(Device& d, Stream s, Activation a, DType t, std::size_t n, const void* x, const void* dy,
-                   void* dx);
-  void (*bias_forward)(Device& d, Stream s, Activation a, DType t, std::size_t rows, std::size_t cols,
-                       const void* x, const void* bias, void* y);
-  void (*bias_backward)(Device& d, Stream s, Activation a, DType t, std::size_t rows, std::size_t cols,
-                        const void* x, const void* bias, const void* dy, void* dx, void* dbias);
+  void (*backward)(Device& d, Stream s, Activation a, DType t, std::size_t n, const void* x, const void* dy, void* dx);
+  void (*bias_forward)(Device& d, Stream s, Activation a, DType t, std::size_t rows, std::size_t cols, const void* x,
+                       const void* bias, void* y);
+  void (*bias_backward)(Device& d, Stream s, Activation a, DType t, std::size_t rows, std::size_t cols, const void* x,
+                        const void* bias, const void* dy, void* dx, void* dbias);
   void (*gated_forward)(Device& d, Stream s, Activation a, DType t, std::size_t rows, std::size_t cols,
                         const void* gate, std::size_t gate_ld, const void* up, std::size_t up_ld, void* y);
   void (*gated_backward)(Device& d, Stream s, Activation a, DType t, std::size_t rows, std::size_t cols,

@@ -5,10 +5,10 @@
 
 #include <fmt/format.h>
 
-#include "stowage/memory_resource.hpp"
-#include "stowage/scoped_tag.hpp"
 #include "stowage/error.hpp"
+#include "stowage/memory_resource.hpp"
 #include "stowage/recompute.hpp"
+#include "stowage/scoped_tag.hpp"
 
 namespace stowage {
 
@@ -71,9 +71,10 @@ struct Recompute::Impl {
     for_each_record([&](Record& other) {
       for (auto& in : other.inputs)
         if (in.storage().same_as(s))
-          throw InvalidArgument(fmt::format("{}: shares its storage with an input of {}; releasing it would "
-                                            "destroy that input",
-                                            where(), other.tag));
+          throw InvalidArgument(
+              fmt::format("{}: shares its storage with an input of {}; releasing it would "
+                          "destroy that input",
+                          where(), other.tag));
     });
     const long known = known_handles(s);
     if (s.use_count() > known)
@@ -100,8 +101,8 @@ struct Recompute::Impl {
       if (p.storages.empty()) continue;
       for (std::size_t i = 0; i < r->inputs.size(); ++i)
         if (!r->inputs[i].storage().resident())
-          throw InvalidArgument(fmt::format("Recompute::before_backward: input {} of {} is {}; bring it back first",
-                                            i, r->tag, to_string(r->inputs[i].storage().state())));
+          throw InvalidArgument(fmt::format("Recompute::before_backward: input {} of {} is {}; bring it back first", i,
+                                            r->tag, to_string(r->inputs[i].storage().state())));
       plan.push_back(std::move(p));
     }
     const Stream stream = options.compute_stream;
@@ -172,7 +173,8 @@ std::vector<TensorView> Recompute::forward(int layer, const std::string& name, s
   auto rec = impl_->new_record(layer, name, std::move(inputs), std::move(fn));
   const Stream stream = impl_->options.compute_stream;
   ScopedTag tag(rec->tag);
-  for (const auto& spec : outputs) rec->outputs.push_back(TensorView::empty(impl_->resource, spec.dtype, spec.shape, stream));
+  for (const auto& spec : outputs)
+    rec->outputs.push_back(TensorView::empty(impl_->resource, spec.dtype, spec.shape, stream));
   rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->resource->device(), stream, rec->rng, false});
   std::vector<TensorView> result = rec->outputs;
   impl_->add(std::move(rec));
@@ -186,7 +188,8 @@ void Recompute::forward_into(int layer, const std::string& name, std::vector<Ten
     if (!o.defined() || !o.storage().resident())
       throw InvalidArgument(fmt::format("Recompute::forward_into: output {} is undefined or not resident", i));
     if (o.storage().resource() != impl_->resource.raw())
-      throw InvalidArgument(fmt::format("Recompute::forward_into: output {} is not from this registry's memory resource", i));
+      throw InvalidArgument(
+          fmt::format("Recompute::forward_into: output {} is not from this registry's memory resource", i));
     std::lock_guard lock(impl_->mutex);
     if (impl_->known_handles(o.storage()) > 0)
       throw InvalidArgument(fmt::format("Recompute::forward_into: output {}'s storage is already registered", i));

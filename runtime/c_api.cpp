@@ -5,8 +5,8 @@
 
 #include <atomic>
 #include <cstdio>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,7 +57,8 @@ struct Allocators {
 
   DeviceAllocator& get(int ordinal) {
     if (ordinal < 0 || ordinal >= count)
-      throw InvalidArgument(fmt::format("device {}: there are {} device(s) (ordinals 0 to {})", ordinal, count, count - 1));
+      throw InvalidArgument(
+          fmt::format("device {}: there are {} device(s) (ordinals 0 to {})", ordinal, count, count - 1));
     if (DeviceAllocator* a = created(ordinal)) return *a;
     std::lock_guard lock(mutex);
     auto& slot = slots[static_cast<std::size_t>(ordinal)];
@@ -163,7 +164,8 @@ void stowage_free(void* ptr, ssize_t size, int device, void* stream) {
     if (!a.allocator->owns(ptr)) {
       for (int other = 0; other < all.count; ++other)
         if (DeviceAllocator* o = all.created(other); other != device && o != nullptr && o->allocator->owns(ptr))
-          throw InvalidArgument(fmt::format("stowage_free: {} belongs to device {}, not device {}", ptr, other, device));
+          throw InvalidArgument(
+              fmt::format("stowage_free: {} belongs to device {}, not device {}", ptr, other, device));
     }
     a.top->deallocate(ptr, bytes);  // InvalidArgument for foreign pointers, double frees, wrong sizes
     return 0;
@@ -190,7 +192,8 @@ int stowage_record_stream(void* ptr, int device, void* stream) {
     if (device == -1) {  // the owner's: PyTorch's record-stream hook names no device
       for (int d = 0; d < all.count && device == -1; ++d)
         if (DeviceAllocator* a = all.created(d); a != nullptr && a->allocator->owns(ptr)) device = d;
-      if (device == -1) throw InvalidArgument(fmt::format("stowage_record_stream: {} is not a live stowage block", ptr));
+      if (device == -1)
+        throw InvalidArgument(fmt::format("stowage_record_stream: {} is not a live stowage block", ptr));
     }
     all.get(device).top->record_stream(ptr, stream_from_native(stream));
     return 0;
@@ -249,9 +252,8 @@ int stowage_set_memory_fraction(int device, double fraction) {
 }
 
 ssize_t stowage_device_capacity(int device) {
-  return guarded<ssize_t>(-1, [&] {
-    return static_cast<ssize_t>(allocators().get(device).allocator->device().capacity());
-  });
+  return guarded<ssize_t>(
+      -1, [&] { return static_cast<ssize_t>(allocators().get(device).allocator->device().capacity()); });
 }
 
 int stowage_push_tag(const char* tag) {

@@ -4,6 +4,7 @@
 #include "common/text.hpp"
 #include "stowage/backends.hpp"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -12,7 +13,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
@@ -48,21 +48,21 @@ Config load_config(const EnvLookup& lookup) {
       throw ParseError(fmt::format("STOWAGE_DEVICE: '{}' is not one of auto, {}", *v, backend_names()));
     c.device = t;
   }
-  if (auto v = get("STOWAGE_EMULATED_DEVICES"))
-    c.emulated_devices = parse_count(*v, "STOWAGE_EMULATED_DEVICES", 1, 64);
+  if (auto v = get("STOWAGE_EMULATED_DEVICES")) c.emulated_devices = parse_count(*v, "STOWAGE_EMULATED_DEVICES", 1, 64);
   if (auto v = get("STOWAGE_EMULATED_CAPACITY")) {
     c.emulated.capacity = parse_byte_size(*v, "STOWAGE_EMULATED_CAPACITY");
     if (c.emulated.capacity == 0) throw ParseError("STOWAGE_EMULATED_CAPACITY: must be more than 0 bytes");
     if (c.emulated.capacity > kMaxEmulatedCapacity)
-      throw ParseError(fmt::format("STOWAGE_EMULATED_CAPACITY: '{}' is more than the 128TiB a process can address",
-                                   *v));
+      throw ParseError(
+          fmt::format("STOWAGE_EMULATED_CAPACITY: '{}' is more than the 128TiB a process can address", *v));
   }
   if (auto v = get("STOWAGE_EMULATED_LINK_GBPS")) {
     auto gbps = parse_number(trim(*v));
     if (!gbps || (*gbps != 0 && !(*gbps >= kMinLinkGbps && *gbps <= kMaxLinkGbps)))
-      throw ParseError(fmt::format("STOWAGE_EMULATED_LINK_GBPS: '{}' is not 0 (unthrottled) or a number of GB/s "
-                                   "from {} to {}",
-                                   *v, kMinLinkGbps, kMaxLinkGbps));
+      throw ParseError(
+          fmt::format("STOWAGE_EMULATED_LINK_GBPS: '{}' is not 0 (unthrottled) or a number of GB/s "
+                      "from {} to {}",
+                      *v, kMinLinkGbps, kMaxLinkGbps));
     c.emulated.link_bandwidth_gbps = *gbps;
   }
   if (auto v = get("STOWAGE_ALLOC_CONF")) {
@@ -84,10 +84,17 @@ Config load_config_from_environment() {
 namespace {
 
 // What stowage reads: the library's variables, and those of its tools and Python package.
-constexpr std::string_view kKnownVariables[] = {
-    "STOWAGE_LOG_LEVEL", "STOWAGE_DEVICE",  "STOWAGE_EMULATED_DEVICES", "STOWAGE_EMULATED_CAPACITY",
-    "STOWAGE_EMULATED_LINK_GBPS", "STOWAGE_ALLOC_CONF", "STOWAGE_EVENT_LOG", "STOWAGE_FAULTS", "STOWAGE_SIMD",
-    "STOWAGE_LIBRARY", "STOWAGE_WERROR"};
+constexpr std::string_view kKnownVariables[] = {"STOWAGE_LOG_LEVEL",
+                                                "STOWAGE_DEVICE",
+                                                "STOWAGE_EMULATED_DEVICES",
+                                                "STOWAGE_EMULATED_CAPACITY",
+                                                "STOWAGE_EMULATED_LINK_GBPS",
+                                                "STOWAGE_ALLOC_CONF",
+                                                "STOWAGE_EVENT_LOG",
+                                                "STOWAGE_FAULTS",
+                                                "STOWAGE_SIMD",
+                                                "STOWAGE_LIBRARY",
+                                                "STOWAGE_WERROR"};
 
 }  // namespace
 
@@ -109,10 +116,10 @@ std::vector<std::string> unknown_variable_warnings(const std::vector<std::string
       }
     }
     if (known) continue;
-    out.push_back(best_distance <= 3
-                      ? fmt::format("{} is not a stowage variable (did you mean {}?); it is ignored", name, best)
-                      : fmt::format("{} is not a stowage variable; it is ignored (docs/configuration.md lists them)",
-                                    name));
+    out.push_back(
+        best_distance <= 3
+            ? fmt::format("{} is not a stowage variable (did you mean {}?); it is ignored", name, best)
+            : fmt::format("{} is not a stowage variable; it is ignored (docs/configuration.md lists them)", name));
   }
   return out;
 }

@@ -9,8 +9,8 @@
 #include "common/log.hpp"
 #include "stowage/backends.hpp"
 #include "stowage/config.hpp"
-#include "stowage/runtime.hpp"
 #include "stowage/fault_injection.hpp"
+#include "stowage/runtime.hpp"
 
 namespace stowage {
 
@@ -22,8 +22,8 @@ const Backend& chosen_backend(const Config& c) {
   if (c.device != "auto") {
     const Backend* b = find_backend(c.device);  // config validated the name
     if (b->accelerator && b->device_count() == 0)
-      throw Unsupported(fmt::format("STOWAGE_DEVICE={}, but no {} device is usable: {}", c.device, b->name,
-                                    b->unavailable_reason()));
+      throw Unsupported(
+          fmt::format("STOWAGE_DEVICE={}, but no {} device is usable: {}", c.device, b->name, b->unavailable_reason()));
     return *b;
   }
   for (const Backend& b : backends())
@@ -48,9 +48,10 @@ struct Registry {
     devices = std::make_unique<std::atomic<Device*>[]>(static_cast<std::size_t>(count));
     log().info("process devices: {} {} device(s)", count, backend->name);
     if (faults.any())
-      log().warn("STOWAGE_FAULTS: injecting faults on every device (alloc every {}, map every {}, pin every {}, "
-                 "copy every {}; 0 = never)",
-                 faults.allocation_every, faults.map_every, faults.pin_every, faults.copy_every);
+      log().warn(
+          "STOWAGE_FAULTS: injecting faults on every device (alloc every {}, map every {}, pin every {}, "
+          "copy every {}; 0 = never)",
+          faults.allocation_every, faults.map_every, faults.pin_every, faults.copy_every);
   }
 };
 

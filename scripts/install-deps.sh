@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config git python3 python3-pytest python3-torch python3-pip python3-setuptools
       libnuma-dev libhwloc-dev libjemalloc-dev libspdlog-dev libfmt-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libdlpack-dev
-      clang libclang-rt-14-dev libxml2-utils)
+      clang libclang-rt-14-dev clang-format clang-tidy libxml2-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -83,8 +83,7 @@ TEST(AllocatorBlocks, SplitAndCoalesceExactAddresses) {
   EXPECT_EQ(st.inactive_split_bytes.small_pool.current, static_cast<std::int64_t>(2 * MiB - 1024 - 4096 - 512));
 
   a.deallocate(p1);  // a hole of 4096 between two live blocks
-  EXPECT_EQ(a.stats().inactive_split_bytes.small_pool.current,
-            static_cast<std::int64_t>(2 * MiB - 1024 - 512));
+  EXPECT_EQ(a.stats().inactive_split_bytes.small_pool.current, static_cast<std::int64_t>(2 * MiB - 1024 - 512));
   void* q = a.allocate(2048);  // best fit: the hole, not the tail
   EXPECT_EQ(addr(q), addr(p1));
   void* r = a.allocate(2048);  // the rest of the hole

@@ -19,8 +19,8 @@ std::unique_ptr<Device> gpu_or_skip() {
   return make_cuda_device(0);
 }
 
-#define SKIP_WITHOUT_GPU(dev)                                                                  \
-  auto dev = gpu_or_skip();                                                                    \
+#define SKIP_WITHOUT_GPU(dev) \
+  auto dev = gpu_or_skip();   \
   if (!dev) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason()
 
 std::vector<std::uint8_t> read_back(Device& dev, const void* p, std::size_t n, Stream s) {
@@ -59,7 +59,7 @@ TEST(AllocatorCuda, StreamOrderedReuse) {
   EXPECT_EQ(a.allocate(MiB, s1), x);  // same stream: at once
   a.record_stream(x, s2);
   a.deallocate(x);
-  void* z = a.allocate(MiB, s1);      // pending on s2: handed out after a device-side wait
+  void* z = a.allocate(MiB, s1);  // pending on s2: handed out after a device-side wait
   EXPECT_EQ(z, x);
   EXPECT_LE(a.stats().num_stream_waits, 1);
   EXPECT_EQ(a.stats().num_device_alloc, 1);
@@ -95,8 +95,8 @@ struct Nccl {
     error_string = reinterpret_cast<decltype(error_string)>(dlsym(lib, "ncclGetErrorString"));
   }
   bool ok() const {
-    return lib && get_unique_id && comm_init_rank && comm_register && comm_deregister && all_reduce &&
-           comm_destroy && error_string;
+    return lib && get_unique_id && comm_init_rank && comm_register && comm_deregister && all_reduce && comm_destroy &&
+           error_string;
   }
 };
 

@@ -107,9 +107,9 @@ TEST(AllocatorErrors, BadInputLeavesStateUnchanged) {
     EXPECT_THAT(std::string(e.what()), HasSubstr("double free"));
   }
   EXPECT_THROW(a.deallocate(static_cast<char*>(y) + 512), InvalidArgument);  // inside a block
-  EXPECT_THROW(a.deallocate(x, 999), InvalidArgument);                        // wrong size
-  EXPECT_THROW(a.allocate(std::size_t{1} << 62), InvalidArgument);             // absurd size
-  EXPECT_THROW(a.allocate(static_cast<std::size_t>(-1)), InvalidArgument);    // a negative ssize_t
+  EXPECT_THROW(a.deallocate(x, 999), InvalidArgument);                       // wrong size
+  EXPECT_THROW(a.allocate(std::size_t{1} << 62), InvalidArgument);           // absurd size
+  EXPECT_THROW(a.allocate(static_cast<std::size_t>(-1)), InvalidArgument);   // a negative ssize_t
   EXPECT_THROW(a.record_stream(&on_stack, kDefaultStream), InvalidArgument);
   EXPECT_THROW(a.block_size(&on_stack), InvalidArgument);
   EXPECT_FALSE(a.owns(&on_stack));

@@ -43,7 +43,7 @@ TEST(Resources, StatisticsCountWhatPassesThroughOverAnyUpstream) {
     ResourceStatistics s = stats.statistics();
     EXPECT_EQ(s.bytes.current, static_cast<std::int64_t>(1000 + 3 * MiB));
     EXPECT_EQ(s.allocations.current, 2);
-    stats.deallocate(a);  // size looked up
+    stats.deallocate(a);                                     // size looked up
     EXPECT_THROW(stats.deallocate(b, 12), InvalidArgument);  // wrong size: refused upstream, nothing counted
     EXPECT_EQ(stats.statistics().bytes.current, static_cast<std::int64_t>(3 * MiB));
     stats.deallocate(b, 3 * MiB);
@@ -192,7 +192,7 @@ TEST(Resources, StorageOutlivingAStackResourceFailsClearly) {
     EXPECT_NE(std::string(e.what()).find("was destroyed first"), std::string::npos) << e.what();
   }
   EXPECT_EQ(s.state(), StorageState::resident);  // nothing changed
-  s = {};                                         // logs, does not touch the freed allocator
+  s = {};                                        // logs, does not touch the freed allocator
   ResourceHandle empty;
   EXPECT_FALSE(empty.valid());
   EXPECT_THROW(empty.get(), InvalidArgument);

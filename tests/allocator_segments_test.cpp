@@ -20,7 +20,7 @@ TEST(AllocatorSegments, ExpandableMapsGranulesContiguously) {
   ASSERT_EQ(a.segment_mode(), SegmentMode::expandable);
   void* x = a.allocate(3 * MiB);
   EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(4 * MiB));  // two 2 MiB granules
-  void* y = a.allocate(5 * MiB);  // 1 MiB left over + two more granules
+  void* y = a.allocate(5 * MiB);                                  // 1 MiB left over + two more granules
   EXPECT_EQ(addr(y), addr(x) + 3 * MiB);
   AllocatorStats st = a.stats();
   EXPECT_EQ(st.reserved_bytes.all.current, i64(8 * MiB));

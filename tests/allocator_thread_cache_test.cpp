@@ -2,8 +2,8 @@
 // every call (checked against a bookkeeper), peaks too when threads allocate at once, the caches
 // give their blocks back (empty_cache, out of memory, thread exit), streams stay ordered, and
 // snapshots see cached blocks as free.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>

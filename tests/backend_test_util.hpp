@@ -3,9 +3,9 @@
 // on. The CUDA instance skips first where cuda_device_count() is 0.
 #include <memory>
 
+#include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"
-#include "stowage/cuda_device.hpp"
 
 namespace stowage::testing {
 

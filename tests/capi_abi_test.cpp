@@ -2,14 +2,14 @@
 // allocator's statistics unchanged, after which allocation and free keep working.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <algorithm>
-#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -206,7 +206,8 @@ TEST_F(CApiTest, PeakStatsReset) {
 TEST_F(CApiTest, SnapshotWritesJsonOfTheLiveBlocks) {
   void* p = stowage_malloc(12345, 0, nullptr);
   ASSERT_NE(p, nullptr);
-  const auto path = std::filesystem::temp_directory_path() / ("stowage_capi_snapshot_" + std::to_string(getpid()) + ".json");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("stowage_capi_snapshot_" + std::to_string(getpid()) + ".json");
   ASSERT_EQ(stowage_snapshot(0, path.c_str()), 0) << error();
   std::ifstream in(path);
   const nlohmann::json snap = nlohmann::json::parse(in);

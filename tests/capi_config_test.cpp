@@ -96,13 +96,12 @@ TEST(Config, AnUnknownDeviceNamesTheBackendsOfThisBuild) {
 
 TEST(Config, MalformedValuesNameTheirVariable) {
   const std::map<std::string, std::string> bad[] = {
-      {{"STOWAGE_LOG_LEVEL", "chatty"}},       {{"STOWAGE_DEVICE", "tpu"}},
-      {{"STOWAGE_EMULATED_DEVICES", "0"}},     {{"STOWAGE_EMULATED_DEVICES", "two"}},
-      {{"STOWAGE_EMULATED_CAPACITY", "lots"}}, {{"STOWAGE_EMULATED_CAPACITY", "0"}},
-      {{"STOWAGE_EMULATED_LINK_GBPS", "-4"}},  {{"STOWAGE_EMULATED_LINK_GBPS", "fast"}},
+      {{"STOWAGE_LOG_LEVEL", "chatty"}},          {{"STOWAGE_DEVICE", "tpu"}},
+      {{"STOWAGE_EMULATED_DEVICES", "0"}},        {{"STOWAGE_EMULATED_DEVICES", "two"}},
+      {{"STOWAGE_EMULATED_CAPACITY", "lots"}},    {{"STOWAGE_EMULATED_CAPACITY", "0"}},
+      {{"STOWAGE_EMULATED_LINK_GBPS", "-4"}},     {{"STOWAGE_EMULATED_LINK_GBPS", "fast"}},
       {{"STOWAGE_EMULATED_LINK_GBPS", "1e-300"}}, {{"STOWAGE_EMULATED_LINK_GBPS", "1e9"}},
-      {{"STOWAGE_EMULATED_CAPACITY", "200TiB"}},
-      {{"STOWAGE_ALLOC_CONF", "expandable_segments:maybe"}}};
+      {{"STOWAGE_EMULATED_CAPACITY", "200TiB"}},  {{"STOWAGE_ALLOC_CONF", "expandable_segments:maybe"}}};
   for (const auto& env : bad) {
     const std::string& name = env.begin()->first;
     EXPECT_NE(parse_error_of(env).find(name), std::string::npos) << name << " -> " << parse_error_of(env);
@@ -110,9 +109,9 @@ TEST(Config, MalformedValuesNameTheirVariable) {
 }
 
 TEST(Config, MisspeltVariablesAreNamedWithTheClosestKnownOne) {
-  const auto w = unknown_variable_warnings(
-      {"PATH", "STOWAGE_EMULATED_CAPACTY", "STOWAGE_LOG_LEVEL", "STOWAGE_ALOC_CONF", "STOWAGE_ZZZZZZZZZZZZ",
-       "STOWAGE_BENCH_TOKENS", "STOWAGE_FAULTS_TEST_CHILD"});
+  const auto w =
+      unknown_variable_warnings({"PATH", "STOWAGE_EMULATED_CAPACTY", "STOWAGE_LOG_LEVEL", "STOWAGE_ALOC_CONF",
+                                 "STOWAGE_ZZZZZZZZZZZZ", "STOWAGE_BENCH_TOKENS", "STOWAGE_FAULTS_TEST_CHILD"});
   ASSERT_EQ(w.size(), 3u);
   EXPECT_NE(w[0].find("STOWAGE_EMULATED_CAPACTY is not a stowage variable (did you mean STOWAGE_EMULATED_CAPACITY?)"),
             std::string::npos)

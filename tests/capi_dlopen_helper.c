@@ -43,7 +43,7 @@ static long long stat_value(const char* json, const char* key) {
 /* Reports whether a rejected call left every statistic as it was. */
 static void report_bad(const char* name, int rejected, const char* before) {
   char error[512];
-  snprintf(error, sizeof error, "%s", s_last_error());  /* the next call clears it */
+  snprintf(error, sizeof error, "%s", s_last_error()); /* the next call clears it */
   const char* after = stats();
   printf("bad %s rejected=%d unchanged=%d error=%s\n", name, rejected, strcmp(before, after) == 0, error);
 }
@@ -56,11 +56,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   printf("dlopen ok\n");
-#define LOAD(var, type, name)                   \
-  var = (type)dlsym(lib, name);                 \
-  if (!var) {                                   \
-    printf("symbols FAIL %s\n", name);          \
-    return 3;                                   \
+#define LOAD(var, type, name)          \
+  var = (type)dlsym(lib, name);        \
+  if (!var) {                          \
+    printf("symbols FAIL %s\n", name); \
+    return 3;                          \
   }
   LOAD(s_malloc, malloc_fn, "stowage_malloc")
   LOAD(s_free, free_fn, "stowage_free")
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     printf("malloc FAIL %s\n", s_last_error());
     return 4;
   }
-  if (s_using_cuda() == 0) {  /* emulated device memory is host memory */
+  if (s_using_cuda() == 0) { /* emulated device memory is host memory */
     memset(p, 0x5A, (size_t)mib);
     printf("bytes %s\n", p[0] == 0x5A && p[mib - 1] == 0x5A ? "ok" : "FAIL");
   } else {

@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 #include "stowage/caching_allocator.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/event_log.hpp"
 #include "stowage/logging_resource.hpp"
 #include "stowage/stowage.h"
-#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {
@@ -128,8 +128,8 @@ TEST_F(EventLogTest, TwoProcessesSharingANameWriteTwoCompleteLogs) {
   constexpr int kLines = 3000;
   auto write = [](EventLog& log) {
     for (int i = 0; i < kLines; ++i)
-      log.record(i % 2 ? EventAction::free : EventAction::allocate, reinterpret_cast<void*>(0x1000 * (i / 2 + 1)),
-                 4096, kDefaultStream);
+      log.record(i % 2 ? EventAction::free : EventAction::allocate, reinterpret_cast<void*>(0x1000 * (i / 2 + 1)), 4096,
+                 kDefaultStream);
   };
   EventLog mine(path);
   const pid_t child = ::fork();
@@ -185,8 +185,9 @@ std::string parse_error(const std::string& text) {
 }
 
 TEST(EventLogReader, ParsesHexAndDecimalAndSkipsBlankLines) {
-  std::istringstream in("Thread,Time,Action,Pointer,Size,Stream\r\n\n12,0.5,allocate,0x7f00,4096,0\n"
-                        "12,0.75,free,32512,4096,0x10\n");
+  std::istringstream in(
+      "Thread,Time,Action,Pointer,Size,Stream\r\n\n12,0.5,allocate,0x7f00,4096,0\n"
+      "12,0.75,free,32512,4096,0x10\n");
   const auto r = parse_event_log(in);
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].pointer, 0x7f00u);

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "stowage/runtime.hpp"
 #include "stowage/config.hpp"
 #include "stowage/fault_injection.hpp"
+#include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
 extern char** environ;

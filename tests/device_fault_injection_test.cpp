@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "stowage/fault_injection.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/fault_injection.hpp"
 
 namespace stowage {
 namespace {
@@ -62,12 +62,12 @@ TEST(FaultInjectingDevice, FailedCopyLeavesDestinationUntouched) {
   auto dev = make({.copy_every = 2});
   std::vector<unsigned char> src(1 << 16, 0xAB), dst(1 << 16, 0x11);
   void* d = dev->allocate(src.size());
-  dev->copy_async(d, src.data(), src.size(), CopyKind::host_to_device, kDefaultStream);      // call 1
+  dev->copy_async(d, src.data(), src.size(), CopyKind::host_to_device, kDefaultStream);  // call 1
   EXPECT_THROW(dev->copy_async(dst.data(), d, dst.size(), CopyKind::device_to_host, kDefaultStream),
-               DeviceError);                                                               // call 2
+               DeviceError);  // call 2
   dev->synchronize(kDefaultStream);
   EXPECT_EQ(dst[0], 0x11);
-  dev->copy_async(dst.data(), d, dst.size(), CopyKind::device_to_host, kDefaultStream);      // call 3
+  dev->copy_async(dst.data(), d, dst.size(), CopyKind::device_to_host, kDefaultStream);  // call 3
   dev->synchronize(kDefaultStream);
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
   dev->deallocate(d);
@@ -78,10 +78,10 @@ TEST(FaultInjectingDevice, MapAndPinFaults) {
   const std::size_t g = dev->properties().granularity;
   void* va = dev->reserve(4 * g);  // map-kind call 1
   auto h = dev->create_physical(g);
-  EXPECT_THROW(dev->map(va, g, h, 0), DeviceError);  // call 2
-  dev->map(va, g, h, 0);                             // call 3
-  EXPECT_THROW(dev->set_access(va, g), DeviceError); // call 4
-  dev->set_access(va, g);                            // call 5
+  EXPECT_THROW(dev->map(va, g, h, 0), DeviceError);   // call 2
+  dev->map(va, g, h, 0);                              // call 3
+  EXPECT_THROW(dev->set_access(va, g), DeviceError);  // call 4
+  dev->set_access(va, g);                             // call 5
   std::memset(va, 1, g);
   dev->unmap(va, g);
   dev->destroy_physical(h);
@@ -103,7 +103,9 @@ TEST(FaultInjectingDevice, RefusedRecordLeavesTheEventAtItsEarlierPoint) {
   // Work queued behind a host function that waits for a flag: the refused record must not have
   // moved the event behind it.
   std::atomic<bool> go{false};
-  dev->launch_host(s, [&] { while (!go.load()) std::this_thread::yield(); });
+  dev->launch_host(s, [&] {
+    while (!go.load()) std::this_thread::yield();
+  });
   EXPECT_THROW(dev->record(e, s), DeviceError);  // call 2
   EXPECT_TRUE(dev->query(e));
   dev->record(e, s);  // call 3: now behind the host function

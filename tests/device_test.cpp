@@ -7,8 +7,8 @@
 
 #include <thread>
 
-#include <atomic>
 #include <unistd.h>
+#include <atomic>
 
 #include <algorithm>
 #include <cstring>
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"
-#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {
@@ -45,7 +45,9 @@ std::vector<std::uint8_t> random_bytes(std::size_t n, unsigned seed) {
 // A host buffer pinned on the device for the duration of a test.
 class PinnedBuffer {
  public:
-  PinnedBuffer(Device& d, std::size_t n, std::uint8_t fill = 0) : d_(d), data_(n, fill) { d_.pin_host(data_.data(), n); }
+  PinnedBuffer(Device& d, std::size_t n, std::uint8_t fill = 0) : d_(d), data_(n, fill) {
+    d_.pin_host(data_.data(), n);
+  }
   ~PinnedBuffer() { d_.unpin_host(data_.data()); }
   std::uint8_t* data() { return data_.data(); }
   std::vector<std::uint8_t>& bytes() { return data_; }
@@ -138,7 +140,8 @@ TEST_P(DeviceTest, RunsManyQueuedOperationsInOrder) {
     d.fill_async(buf, static_cast<std::uint8_t>(i + 1), 4096, s);
     d.copy_async(host.data(), buf, 4096, CopyKind::device_to_host, s);
     d.launch_host(s, [&observed, &host] {
-      const bool uniform = std::all_of(host.bytes().begin(), host.bytes().end(), [&](auto b) { return b == host.bytes()[0]; });
+      const bool uniform =
+          std::all_of(host.bytes().begin(), host.bytes().end(), [&](auto b) { return b == host.bytes()[0]; });
       observed.push_back(uniform ? host.bytes()[0] : -1);
     });
   }
@@ -525,7 +528,8 @@ Backend emulated(std::string name, double link_gbps) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest,
                          ::testing::Values(emulated("emulated", 0.0), emulated("emulated_throttled_2GBps", 2.0),
-                                           Backend{"cuda", true, [](int ordinal) { return make_cuda_device(ordinal); }}),
+                                           Backend{"cuda", true,
+                                                   [](int ordinal) { return make_cuda_device(ordinal); }}),
                          [](const auto& info) { return info.param.name; });
 
 TEST(CudaAvailability, ReportsWhyNoDeviceIsUsable) {

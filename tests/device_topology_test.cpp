@@ -8,8 +8,8 @@
 
 #include "device/topology.hpp"
 #include "stowage/device.hpp"
-#include "stowage/topology.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/topology.hpp"
 
 namespace stowage {
 namespace {

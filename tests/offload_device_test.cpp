@@ -6,9 +6,9 @@
 
 #include "offload_test_util.hpp"
 #include "stowage/allocator.hpp"
+#include "stowage/cuda_device.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
-#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {

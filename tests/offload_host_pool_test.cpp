@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "offload/extent_source.hpp"
-#include "stowage/host_pool.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/host_pool.hpp"
 
 namespace stowage {
 namespace {
@@ -30,7 +30,8 @@ void fill(void* p, std::size_t n, std::uint32_t seed) {
 // The byte-valued statistics, for "nothing changed" comparisons.
 auto bytes_of(const HostPoolStats& s) {
   std::vector<std::size_t> v{s.pinned_bytes, s.in_use_bytes, s.requested_bytes, s.live_buffers};
-  for (const auto& n : s.nodes) v.insert(v.end(), {static_cast<std::size_t>(n.node + 1), n.pinned_bytes, n.in_use_bytes});
+  for (const auto& n : s.nodes)
+    v.insert(v.end(), {static_cast<std::size_t>(n.node + 1), n.pinned_bytes, n.in_use_bytes});
   return v;
 }
 
@@ -61,7 +62,11 @@ TEST_P(HostPoolTest, ReportsTheBackendInUse) {
 TEST_P(HostPoolTest, ContentsSurviveAndEveryLiveBufferIsPinned) {
   HostPool pool(*device_, options());
   std::mt19937 rng(7);
-  struct Buf { void* p; std::size_t n; std::uint64_t h; };
+  struct Buf {
+    void* p;
+    std::size_t n;
+    std::uint64_t h;
+  };
   std::vector<Buf> bufs;
   for (int i = 0; i < 200; ++i) {
     const std::size_t n = std::size_t{1} << std::uniform_int_distribution<int>(4, 22)(rng);  // 16 B .. 4 MiB
@@ -110,7 +115,8 @@ TEST_P(HostPoolTest, PagesLieOnTheDevicesNodeAndAreAccountedThere) {
   HostPool pool(*device_, options());
   const auto& nearest = device_->properties().numa_nodes;
   std::vector<void*> bufs;
-  for (std::size_t n : {std::size_t{100}, std::size_t{64} << 10, std::size_t{5} << 20}) bufs.push_back(pool.allocate(n));
+  for (std::size_t n : {std::size_t{100}, std::size_t{64} << 10, std::size_t{5} << 20})
+    bufs.push_back(pool.allocate(n));
   const auto s = pool.stats();
   std::size_t pinned = 0, in_use = 0;
   for (const auto& n : s.nodes) {

@@ -15,13 +15,13 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/bucket_optimizers.hpp"
+#include "stowage/cuda_device.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/fault_injection.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/offload.hpp"
 #include "stowage/optimizers.hpp"
 #include "stowage/parameter_bucket.hpp"
-#include "stowage/emulated_device.hpp"
-#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {
@@ -54,8 +54,8 @@ class OffloadOptimizer : public ::testing::TestWithParam<std::string> {
       if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
       inner = make_cuda_device(0);
     } else {  // a throttled link makes copies slow, so ordering mistakes show
-      inner = make_emulated_device(0, {.capacity = std::size_t{1} << 30,
-                                       .link_bandwidth_gbps = GetParam() == "emulated_throttled" ? 1.0 : 0.0});
+      inner = make_emulated_device(
+          0, {.capacity = std::size_t{1} << 30, .link_bandwidth_gbps = GetParam() == "emulated_throttled" ? 1.0 : 0.0});
     }
     device_ = std::make_unique<FaultInjectingDevice>(std::move(inner), FaultPlan{});
     alloc_ = std::make_unique<CachingAllocator>(*device_);
@@ -119,8 +119,8 @@ class OffloadOptimizer : public ::testing::TestWithParam<std::string> {
     OptimizerState state;
     for (int s = 0; s < kSteps; ++s) {
       TensorView g = to_device(random_floats(n, 7000 + s, 1.0f));
-      const StepResult r = adam ? adam->step(*bucket, g, opt, scaling(), state)
-                                : adam_step(*bucket, g, m, v, opt, scaling(), state);
+      const StepResult r =
+          adam ? adam->step(*bucket, g, opt, scaling(), state) : adam_step(*bucket, g, m, v, opt, scaling(), state);
       EXPECT_TRUE(r.applied);
       device_->synchronize(bucket->stream());  // g goes at the end of the iteration
     }
@@ -207,7 +207,8 @@ TEST_P(OffloadOptimizer, FiftyAdamWStepsBitIdenticalOnPlainFp32Weights) {
     std::size_t k = 0;
     for (std::size_t i = 0; i < bucket->size(); ++i)
       for (std::size_t e = 0; e < bucket->slot(i).numel; ++e, ++k)
-        ASSERT_EQ(0, std::memcmp(&got[bucket->slot(i).offset + e], &split.fp32[k], 4)) << "param " << i << " elem " << e;
+        ASSERT_EQ(0, std::memcmp(&got[bucket->slot(i).offset + e], &split.fp32[k], 4))
+            << "param " << i << " elem " << e;
     EXPECT_EQ(0, std::memcmp(m.data(), split.m.data(), n * 4));
     EXPECT_EQ(0, std::memcmp(v.data(), split.v.data(), n * 4));
   }
@@ -228,7 +229,9 @@ TEST_P(OffloadOptimizer, DeviceBudgetIsExactInAllocatorBytes) {
       {StatePlacement::mapped, 3 * chunk_bytes + tail_bytes - 1, {0, 1, 2}, 3 * chunk_bytes},
       // The short last chunk still fits beside three full ones.
       {StatePlacement::mapped, 3 * chunk_bytes + chunk_bytes / 2, {0, 1, 2, 10}, 3 * chunk_bytes + tail_bytes},
-      {StatePlacement::mapped, 10 * chunk_bytes + tail_bytes, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
+      {StatePlacement::mapped,
+       10 * chunk_bytes + tail_bytes,
+       {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
        10 * chunk_bytes + tail_bytes},
       {StatePlacement::streamed, window, {}, window},
       {StatePlacement::streamed, window + 4 * chunk_bytes + 1, {0, 1, 2, 3}, window + 4 * chunk_bytes},
@@ -335,7 +338,8 @@ Placed placed(OffloadedAdam& a) {
 
 TEST_P(OffloadOptimizer, FailureToMapPinOrCopyLeavesStatesWhereTheyWere) {
   const std::size_t n = 6 * kChunk;
-  auto bucket = std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
+  auto bucket =
+      std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
   const auto w0 = random_floats(n, 5, 0.5f);
   bucket->write_fp32(0, w0.data(), n);
   OffloadedAdam adam(*alloc_, *pool_, n, opts(StatePlacement::device, 0));
@@ -357,7 +361,9 @@ TEST_P(OffloadOptimizer, FailureToMapPinOrCopyLeavesStatesWhereTheyWere) {
   };
   const std::vector<Fault> faults = {
       {"map and pin refused", {.map_every = 1, .pin_every = 1}, opts(StatePlacement::mapped, 0)},
-      {"host allocation refused", {.allocation_every = 1, .map_every = 1, .pin_every = 1}, opts(StatePlacement::mapped, 0)},
+      {"host allocation refused",
+       {.allocation_every = 1, .map_every = 1, .pin_every = 1},
+       opts(StatePlacement::mapped, 0)},
       {"pin refused (streamed)", {.pin_every = 1}, opts(StatePlacement::streamed, 3 * kChunk * 8)},
       {"copy refused", {.copy_every = 1}, opts(StatePlacement::streamed, 3 * kChunk * 8)},
   };
@@ -397,7 +403,8 @@ TEST_P(OffloadOptimizer, FailureToMapPinOrCopyLeavesStatesWhereTheyWere) {
 TEST_P(OffloadOptimizer, AStepThatFailsIsRetriedOrRefusedNeverSilentlyHalfApplied) {
   const std::size_t n = 6 * kChunk;
   auto make = [&] {
-    auto b = std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
+    auto b =
+        std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
     const auto w0 = random_floats(n, 5, 0.5f);
     b->write_fp32(0, w0.data(), n);
     return b;
@@ -489,7 +496,8 @@ TEST_P(OffloadOptimizer, ReplaceMovesStatesAndKeepsStepping) {
 TEST_P(OffloadOptimizer, NonFiniteGradientSkipsTheStepAndWritesNothing) {
   if (!host_accessible()) GTEST_SKIP() << "the host-side finite check needs a host-accessible device";
   const std::size_t n = 3 * kChunk;
-  auto b = std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
+  auto b =
+      std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {static_cast<std::int64_t>(n)}}});
   OffloadedAdam adam(*alloc_, *pool_, n, opts(StatePlacement::streamed, 3 * kChunk * 8));
   OptimizerState state;
   auto grad = random_floats(n, 1, 1.0f);
@@ -513,7 +521,8 @@ TEST_P(OffloadOptimizer, BadArgumentsAreRefused) {
   EXPECT_THROW(OffloadedAdam(*alloc_, *pool_, 100, {.chunk_elements = 0}), InvalidArgument);
   OffloadedAdam adam(*alloc_, *pool_, 2 * kChunk, opts(StatePlacement::mapped, 0));
   EXPECT_THROW(adam.replace({.chunk_elements = 2 * kChunk}), InvalidArgument);
-  auto b = std::make_unique<ParameterBucket>(*alloc_, std::vector<ParameterSpec>{{"w", {3 * static_cast<std::int64_t>(kChunk)}}});
+  auto b = std::make_unique<ParameterBucket>(
+      *alloc_, std::vector<ParameterSpec>{{"w", {3 * static_cast<std::int64_t>(kChunk)}}});
   OptimizerState state;
   TensorView g = to_device(std::vector<float>(3 * kChunk, 1.0f));
   EXPECT_THROW(adam.step(*b, g, {}, scaling(), state), InvalidArgument);  // 3 chunks of weights, 2 of states

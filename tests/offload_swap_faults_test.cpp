@@ -10,10 +10,10 @@
 
 #include "offload_test_util.hpp"
 #include "stowage/allocator.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/fault_injection.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
-#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {
@@ -292,7 +292,7 @@ TEST_F(SwapFaults, ShutdownThatCannotCopyGivesTheHostBuffersBackAndNeverFakesRes
   const std::int64_t before = allocated();
   device_->set_plan({.copy_every = 1});
   swap.reset();
-  EXPECT_EQ(device_->injected().copy, 2u);  // tried, and tried once more
+  EXPECT_EQ(device_->injected().copy, 2u);                    // tried, and tried once more
   EXPECT_EQ(a.storage().state(), StorageState::swapped_out);  // no block of garbage behind the view
   EXPECT_EQ(allocated(), before);
   expect_host_books(0, 0);

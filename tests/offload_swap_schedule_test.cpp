@@ -12,9 +12,9 @@
 
 #include "offload_test_util.hpp"
 #include "stowage/allocator.hpp"
+#include "stowage/cuda_device.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
-#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {
@@ -69,7 +69,7 @@ class SwapSchedule : public ::testing::TestWithParam<Schedule> {
 
   std::size_t pick_size(std::mt19937& rng) {
     switch (rng() % 4) {
-      case 0: return 1 + rng() % 4096;                           // tiny
+      case 0: return 1 + rng() % 4096;                             // tiny
       case 1: return (std::size_t{64} << 10) + rng() % (1 << 20);  // around the threshold
       case 2: return (std::size_t{1} << 20) + rng() % (3 << 20);
       default: return (std::size_t{4} << 20) + rng() % (8 << 20);  // huge
@@ -142,9 +142,8 @@ class SwapSchedule : public ::testing::TestWithParam<Schedule> {
       EXPECT_EQ(t.got, expected_hash(t.bytes, t.seed))
           << "layer " << t.layer << ", " << t.bytes << " bytes, " << to_string(t.decision) << ", step " << step;
     }
-    const std::uint64_t swapped = std::count_if(ts.begin(), ts.end(), [](const Tracked& t) {
-      return t.decision == SwapDecision::swapped;
-    });
+    const std::uint64_t swapped =
+        std::count_if(ts.begin(), ts.end(), [](const Tracked& t) { return t.decision == SwapDecision::swapped; });
     const auto s = swap.stats();
     EXPECT_EQ(s.copies_d2h, swapped);
     EXPECT_EQ(s.copies_h2d, swapped);

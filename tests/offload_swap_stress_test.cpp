@@ -10,9 +10,9 @@
 
 #include "offload_test_util.hpp"
 #include "stowage/allocator.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
-#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {

@@ -3,9 +3,9 @@
 
 #include "offload_test_util.hpp"
 #include "stowage/allocator.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/host_pool.hpp"
 #include "stowage/swap.hpp"
-#include "stowage/emulated_device.hpp"
 
 namespace stowage {
 namespace {
@@ -264,7 +264,8 @@ TEST_F(SwapTest, BadArguments) {
   auto swap = scheduler();
   EXPECT_THROW(swap->offload(TensorView{}, 0, "attn"), InvalidArgument);
   std::vector<unsigned char> bytes(MiB);
-  TensorView wrapped(Storage::wrap(*device_, bytes.data(), bytes.size(), {}), DType::u8, {static_cast<std::int64_t>(MiB)});
+  TensorView wrapped(Storage::wrap(*device_, bytes.data(), bytes.size(), {}), DType::u8,
+                     {static_cast<std::int64_t>(MiB)});
   EXPECT_EQ(swap->offload(wrapped, 0, "attn"), SwapDecision::kept_not_ours);
   EXPECT_EQ(swap->stats().copies_d2h, 0u);
 }

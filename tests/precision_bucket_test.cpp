@@ -12,11 +12,11 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/bucket_optimizers.hpp"
+#include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/error.hpp"
 #include "stowage/parameter_bucket.hpp"
-#include "stowage/emulated_device.hpp"
-#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {
@@ -143,7 +143,8 @@ TEST_P(Bucket, SharedStorageSavesExactlyTwoBytesPerParameter) {
   for (Rounding r : {Rounding::half_up, Rounding::nearest_even}) {
     const std::int64_t start = allocated();
     std::size_t n = 0;
-    for (const auto& p : small_model()) n += static_cast<std::size_t>(p.shape.size() == 1 ? p.shape[0] : p.shape[0] * p.shape[1]);
+    for (const auto& p : small_model())
+      n += static_cast<std::size_t>(p.shape.size() == 1 ? p.shape[0] : p.shape[0] * p.shape[1]);
     ASSERT_EQ(n % 4096, 0u) << "sizes chosen so the allocator's 512-byte rounding is exact";
     std::int64_t separate = 0, shared = 0;
     {
@@ -250,7 +251,7 @@ TEST_P(Bucket, BadInputThrowsAndChangesNoByte) {
   TensorView int_m = upload(std::vector<std::int32_t>(n, 0), DType::i32);
   EXPECT_THROW(adam_step(bucket, short_g, m, m2, {}, {}, st), InvalidArgument);
   EXPECT_THROW(adam_step(bucket, g, int_m, m2, {}, {}, st), InvalidArgument);
-  EXPECT_THROW(adam_step(bucket, g, m, m2, {}, {}, st, {4, 64}), InvalidArgument);    // begin not a multiple of 8
+  EXPECT_THROW(adam_step(bucket, g, m, m2, {}, {}, st, {4, 64}), InvalidArgument);     // begin not a multiple of 8
   EXPECT_THROW(adam_step(bucket, g, m, m2, {}, {}, st, {0, n + 8}), InvalidArgument);  // past the end
   EXPECT_THROW(sgd_step(bucket, g, TensorView{}, {.momentum = 0.9f}, {}, st), InvalidArgument);
   EXPECT_EQ(st.step, 0);

@@ -13,11 +13,11 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/bucket_optimizers.hpp"
+#include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
 #include "stowage/dlpack.hpp"
-#include "stowage/parameter_bucket.hpp"
 #include "stowage/emulated_device.hpp"
-#include "stowage/cuda_device.hpp"
+#include "stowage/parameter_bucket.hpp"
 
 namespace stowage {
 namespace {
@@ -115,7 +115,8 @@ TEST_P(DeviceOptimizers, Hundred_AdamW_And_Sgd_Steps_BitIdenticalToHostKernels) 
         EXPECT_EQ(fetch<std::uint16_t>(p.bf16, n), host.hi);
         EXPECT_EQ(fetch<std::uint16_t>(p.residual, n), host.lo);
         if (r == Rounding::nearest_even) {
-          EXPECT_EQ(fetch<std::uint8_t>(p.ties, n / 8), std::vector<std::uint8_t>(host.ties.begin(), host.ties.begin() + n / 8));
+          EXPECT_EQ(fetch<std::uint8_t>(p.ties, n / 8),
+                    std::vector<std::uint8_t>(host.ties.begin(), host.ties.begin() + n / 8));
         }
         EXPECT_EQ(fetch<float>(dm.data(), n), m);
         if (opt == 0) EXPECT_EQ(fetch<float>(dv.data(), n), v);

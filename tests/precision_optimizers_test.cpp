@@ -23,8 +23,8 @@ namespace stowage {
 namespace {
 
 // --- plain fp32 references (the order is documented in docs/precision.md) ---
-void reference_adam(std::vector<float>& p, const std::vector<float>& grad, std::vector<float>& m,
-                    std::vector<float>& v, const AdamScalars& s) {
+void reference_adam(std::vector<float>& p, const std::vector<float>& grad, std::vector<float>& m, std::vector<float>& v,
+                    const AdamScalars& s) {
   for (std::size_t i = 0; i < p.size(); ++i) {
     float g = grad[i] * s.inv_loss_scale;
     g = g * s.clip_coef;
@@ -103,7 +103,8 @@ std::vector<float> random_weights(std::mt19937& rng, std::size_t n) {
   std::normal_distribution<float> d(0.0f, 0.5f);
   std::vector<float> w(n);
   for (auto& x : w) x = d(rng);
-  for (std::size_t i = 0; i < n; i += 101) w[i] = std::bit_cast<float>((std::bit_cast<std::uint32_t>(w[i]) & 0xFFFF0000u) | 0x8000u);
+  for (std::size_t i = 0; i < n; i += 101)
+    w[i] = std::bit_cast<float>((std::bit_cast<std::uint32_t>(w[i]) & 0xFFFF0000u) | 0x8000u);
   return w;
 }
 
@@ -205,8 +206,8 @@ TEST(PrecisionOptimizers, Sgd100StepsBitIdenticalToReference) {
       OptimizerState state;
       for (int step = 1; step <= 100; ++step) {
         const Grad g = random_grad(rng, kN, c.grad, 1.0f);
-        const StepResult r = sgd_step(s.view, g.host(c.grad), o.momentum != 0.0f ? buf.data() : nullptr, o,
-                                      {.clip_coef = 0.5f}, state);
+        const StepResult r =
+            sgd_step(s.view, g.host(c.grad), o.momentum != 0.0f ? buf.data() : nullptr, o, {.clip_coef = 0.5f}, state);
         ASSERT_TRUE(r.applied);
         reference_sgd(ref, g.f32, rbuf, sgd_scalars(o, step, {.clip_coef = 0.5f}));
         expect_planes_match(s, ref, c.rounding, step);
@@ -287,8 +288,8 @@ TEST(PrecisionOptimizers, BadInputThrowsAndWritesNothing) {
   EXPECT_THROW(adam_step(s.view, g.host(DType::f32), nullptr, v.data(), {}, {}, state), InvalidArgument);
   EXPECT_THROW(adam_step(s.view, g.host(DType::f32), m.data(), v.data(), {}, {.loss_scale = 0.0f}, state),
                InvalidArgument);
-  EXPECT_THROW(adam_step(s.view, {reinterpret_cast<const char*>(g.f32.data()) + 2, DType::f32}, m.data(), v.data(),
-                         {}, {}, state),
+  EXPECT_THROW(adam_step(s.view, {reinterpret_cast<const char*>(g.f32.data()) + 2, DType::f32}, m.data(), v.data(), {},
+                         {}, state),
                InvalidArgument);
   EXPECT_THROW(adam_step_range(s.view, g.host(DType::f32), m.data(), v.data(), 0, 65, adam_scalars({}, 1)),
                InvalidArgument);

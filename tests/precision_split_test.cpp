@@ -3,11 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -123,8 +123,8 @@ void sweep_range(std::uint64_t first, std::uint64_t last, Rounding r, bool check
     if (!check_values) continue;
     if (count_bf16_errors(bits, p.hi.data(), n, r == Rounding::nearest_even, out.differs_from_rne) != 0) {
       for (std::size_t i = 0; i < n; ++i) {
-        const std::uint16_t want = r == Rounding::half_up ? static_cast<std::uint16_t>((bits[i] + 0x8000u) >> 16)
-                                                          : rne_integer(bits[i]);
+        const std::uint16_t want =
+            r == Rounding::half_up ? static_cast<std::uint16_t>((bits[i] + 0x8000u) >> 16) : rne_integer(bits[i]);
         if (!is_nan_bits(bits[i]) && p.hi[i] != want) out.bad(out.bf16_errors, bits[i]);
       }
     }
@@ -198,7 +198,8 @@ TEST(PrecisionSplit, StridedPatternsRoundTripOnScalarPath) {
     for (std::size_t i = 0; i < src.size(); ++i) {
       const auto u = std::bit_cast<std::uint32_t>(src[i]);
       if (is_nan_bits(u)) continue;
-      const std::uint16_t want = r == Rounding::half_up ? static_cast<std::uint16_t>((u + 0x8000u) >> 16) : rne_integer(u);
+      const std::uint16_t want =
+          r == Rounding::half_up ? static_cast<std::uint16_t>((u + 0x8000u) >> 16) : rne_integer(u);
       ASSERT_EQ(p.hi[i], want) << to_string(r) << std::hex << " pattern 0x" << u;
     }
   }
@@ -226,11 +227,11 @@ TEST(PrecisionSplit, IntegerRneFormulaMatchesValueDefinition) {
 TEST(PrecisionSplit, SpecialValuesKeepTheirMeaning) {
   for (Rounding r : {Rounding::half_up, Rounding::nearest_even}) {
     const std::vector<std::uint32_t> bits = {
-        0x00000000u, 0x80000000u,  // +-0
+        0x00000000u, 0x80000000u,               // +-0
         0x00000001u, 0x807FFFFFu, 0x00010000u,  // denormals
-        0x7F800000u, 0xFF800000u,  // +-Inf
-        0x7FC00000u, 0xFFC00000u,  // canonical NaNs
-        0x3F800000u, 0x7F7FFFFFu,  // 1.0, max finite (rounds to Inf)
+        0x7F800000u, 0xFF800000u,               // +-Inf
+        0x7FC00000u, 0xFFC00000u,               // canonical NaNs
+        0x3F800000u, 0x7F7FFFFFu,               // 1.0, max finite (rounds to Inf)
     };
     std::vector<float> src(bits.size()), back(bits.size());
     std::memcpy(src.data(), bits.data(), bits.size() * 4);
@@ -257,7 +258,8 @@ TEST(PrecisionSplit, EveryDispatchLevelGivesIdenticalPlanes) {
   for (auto& b : bits) b = rng();
   for (std::size_t i = 0; i < n; i += 97) bits[i] = (bits[i] & 0xFFFF0000u) | 0x8000u;  // ties
   const float* src = reinterpret_cast<const float*>(bits.data());
-  std::unique_ptr<float[], decltype(&std::free)> back(static_cast<float*>(std::aligned_alloc(64, (n * 4 + 127) / 64 * 64)), &std::free);
+  std::unique_ptr<float[], decltype(&std::free)> back(
+      static_cast<float*>(std::aligned_alloc(64, (n * 4 + 127) / 64 * 64)), &std::free);
   for (Rounding r : {Rounding::half_up, Rounding::nearest_even}) {
     Planes ref(n, r);
     {

@@ -13,8 +13,8 @@
 
 #include "recompute_reference.hpp"
 #include "stowage/activations.hpp"
-#include "stowage/device.hpp"
 #include "stowage/cuda_device.hpp"
+#include "stowage/device.hpp"
 
 namespace stowage {
 namespace {
@@ -22,20 +22,22 @@ namespace {
 using ref::bf16_round;
 using ref::widen;
 
-constexpr Activation kAll[] = {Activation::relu, Activation::silu, Activation::gelu_erf,
-                               Activation::gelu_tanh};
+constexpr Activation kAll[] = {Activation::relu, Activation::silu, Activation::gelu_erf, Activation::gelu_tanh};
 
 // The kernels of one backend behind one signature (the CPU ones ignore the stream).
 struct Kernels {
   std::function<void(Activation, DType, std::size_t, const void*, void*, void*)> fwd;
   std::function<void(Activation, DType, std::size_t, const void*, const void*, void*, void*)> bwd;
   std::function<void(Activation, DType, std::size_t, std::size_t, const void*, const void*, void*, void*)> bias_fwd;
-  std::function<void(Activation, DType, std::size_t, std::size_t, const void*, const void*, const void*,
-                     void*, void*, void*)> bias_bwd;
-  std::function<void(Activation, DType, std::size_t, std::size_t, const void*, std::size_t, const void*,
-                     std::size_t, void*, void*)> gated_fwd;
-  std::function<void(Activation, DType, std::size_t, std::size_t, const void*, std::size_t, const void*,
-                     std::size_t, const void*, void*, void*, void*)> gated_bwd;
+  std::function<void(Activation, DType, std::size_t, std::size_t, const void*, const void*, const void*, void*, void*,
+                     void*)>
+      bias_bwd;
+  std::function<void(Activation, DType, std::size_t, std::size_t, const void*, std::size_t, const void*, std::size_t,
+                     void*, void*)>
+      gated_fwd;
+  std::function<void(Activation, DType, std::size_t, std::size_t, const void*, std::size_t, const void*, std::size_t,
+                     const void*, void*, void*, void*)>
+      gated_bwd;
 };
 
 Kernels cpu_kernels() {
@@ -46,27 +48,22 @@ Kernels cpu_kernels() {
   k.bwd = [](Activation a, DType t, std::size_t n, const void* x, const void* dy, void* dx, void*) {
     cpu::activation_backward(a, t, n, x, dy, dx);
   };
-  k.bias_fwd = [](Activation a, DType t, std::size_t r, std::size_t c, const void* x, const void* b, void* y,
-                  void*) { cpu::bias_activation_forward(a, t, r, c, x, b, y); };
-  k.bias_bwd = [](Activation a, DType t, std::size_t r, std::size_t c, const void* x, const void* b,
-                  const void* dy, void* dx, void* db, void*) {
-    cpu::bias_activation_backward(a, t, r, c, x, b, dy, dx, db);
+  k.bias_fwd = [](Activation a, DType t, std::size_t r, std::size_t c, const void* x, const void* b, void* y, void*) {
+    cpu::bias_activation_forward(a, t, r, c, x, b, y);
   };
-  k.gated_fwd = [](Activation a, DType t, std::size_t r, std::size_t c, const void* g, std::size_t gl,
-                   const void* u, std::size_t ul, void* y, void*) {
-    cpu::gated_activation_forward(a, t, r, c, g, gl, u, ul, y);
-  };
-  k.gated_bwd = [](Activation a, DType t, std::size_t r, std::size_t c, const void* g, std::size_t gl,
-                   const void* u, std::size_t ul, const void* dy, void* dg, void* du, void*) {
-    cpu::gated_activation_backward(a, t, r, c, g, gl, u, ul, dy, dg, du);
-  };
+  k.bias_bwd = [](Activation a, DType t, std::size_t r, std::size_t c, const void* x, const void* b, const void* dy,
+                  void* dx, void* db, void*) { cpu::bias_activation_backward(a, t, r, c, x, b, dy, dx, db); };
+  k.gated_fwd = [](Activation a, DType t, std::size_t r, std::size_t c, const void* g, std::size_t gl, const void* u,
+                   std::size_t ul, void* y, void*) { cpu::gated_activation_forward(a, t, r, c, g, gl, u, ul, y); };
+  k.gated_bwd = [](Activation a, DType t, std::size_t r, std::size_t c, const void* g, std::size_t gl, const void* u,
+                   std::size_t ul, const void* dy, void* dg, void* du,
+                   void*) { cpu::gated_activation_backward(a, t, r, c, g, gl, u, ul, dy, dg, du); };
   return k;
 }
 
 Kernels cuda_kernels() {
-  return {&cuda::activation_forward,       &cuda::activation_backward,
-          &cuda::bias_activation_forward,  &cuda::bias_activation_backward,
-          &cuda::gated_activation_forward, &cuda::gated_activation_backward};
+  return {&cuda::activation_forward,       &cuda::activation_backward,      &cuda::bias_activation_forward,
+          &cuda::bias_activation_backward, &cuda::gated_activation_forward, &cuda::gated_activation_backward};
 }
 
 // Host buffers in, kernels run on the backend's memory, buffers back out.
@@ -121,8 +118,8 @@ std::vector<float> test_inputs() {
   std::mt19937 gen(7);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   for (int i = 0; i < 20000; ++i) xs.push_back(nd(gen));
-  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-40f, -1e-40f, 87.5f, -87.5f, 90.0f, -90.0f, 105.0f,
-                  -105.0f, 130.0f, -130.0f, 1e30f, -1e30f})
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-40f, -1e-40f, 87.5f, -87.5f, 90.0f, -90.0f, 105.0f, -105.0f, 130.0f,
+                  -130.0f, 1e30f, -1e30f})
     xs.push_back(v);
   return xs;
 }
@@ -147,8 +144,8 @@ TEST_P(ActivationKernels, BackwardF32MatchesDoubleReferenceAndFiniteDifferences)
   for (Activation a : kAll) {
     std::vector<float> x = xs, dy(xs.size()), dx(xs.size());
     for (auto& v : dy) v = ud(gen);
-    backend_->run([&](auto& p, void* s) { backend_->k().bwd(a, DType::f32, x.size(), p[0], p[1], p[2], s); },
-                  x, dy, dx);
+    backend_->run([&](auto& p, void* s) { backend_->k().bwd(a, DType::f32, x.size(), p[0], p[1], p[2], s); }, x, dy,
+                  dx);
     for (std::size_t i = 0; i < x.size(); ++i) {
       const double xi = x[i], g = dy[i] * ref::df(a, xi);
       const double tol = ref::kBackwardUlps * ref::ulp(g) * std::max(1.0, ref::cond_df(a, xi));
@@ -316,9 +313,9 @@ TEST_P(ActivationKernels, BadArgumentsAreRefusedAndTouchNothing) {
         EXPECT_THROW(K.fwd(Activation::silu, DType::f32, 16, nullptr, p[1], s), InvalidArgument);
         EXPECT_THROW(K.fwd(static_cast<Activation>(9), DType::f32, 16, p[0], p[1], s), InvalidArgument);
         EXPECT_THROW(K.gated_fwd(Activation::silu, DType::f32, 2, 8, p[0], 4, p[0], 8, p[1], s), InvalidArgument);
-        EXPECT_THROW(K.bias_fwd(Activation::relu, DType::f32, std::size_t{1} << 40, std::size_t{1} << 40, p[0],
-                                p[0], p[1], s),
-                     InvalidArgument);
+        EXPECT_THROW(
+            K.bias_fwd(Activation::relu, DType::f32, std::size_t{1} << 40, std::size_t{1} << 40, p[0], p[0], p[1], s),
+            InvalidArgument);
       },
       x, y);
   for (float v : y) EXPECT_EQ(v, 5.0f);

@@ -78,10 +78,8 @@ TEST_P(ActivationDispatch, RunsOnTheStreamAndMatchesThePointerKernels) {
   activation_forward(Activation::silu, x, y, s_);
   pointer_level(
       [&](const auto& p, void* st) {
-        if (on_cuda())
-          cuda::activation_forward(Activation::silu, DType::f32, want.size(), p[0], p[1], st);
-        else
-          cpu::activation_forward(Activation::silu, DType::f32, want.size(), p[0], p[1]);
+        if (on_cuda()) cuda::activation_forward(Activation::silu, DType::f32, want.size(), p[0], p[1], st);
+        else cpu::activation_forward(Activation::silu, DType::f32, want.size(), p[0], p[1]);
       },
       xv, want);
   EXPECT_EQ(as_floats(download(*dev_, y, s_)), want);
@@ -91,8 +89,7 @@ TEST_P(ActivationDispatch, RunsOnTheStreamAndMatchesThePointerKernels) {
       [&](const auto& p, void* st) {
         if (on_cuda())
           cuda::bias_activation_backward(Activation::gelu_tanh, DType::f32, 24, 40, p[0], p[1], p[2], p[3], p[4], st);
-        else
-          cpu::bias_activation_backward(Activation::gelu_tanh, DType::f32, 24, 40, p[0], p[1], p[2], p[3], p[4]);
+        else cpu::bias_activation_backward(Activation::gelu_tanh, DType::f32, 24, 40, p[0], p[1], p[2], p[3], p[4]);
       },
       xv, bv, dv, want_dx, want_db);
   EXPECT_EQ(as_floats(download(*dev_, dx, s_)), want_dx);
@@ -108,8 +105,7 @@ TEST_P(ActivationDispatch, RunsOnTheStreamAndMatchesThePointerKernels) {
         const float* up = static_cast<const float*>(p[0]) + 20;
         if (on_cuda())
           cuda::gated_activation_forward(Activation::gelu_erf, DType::f32, 24, 20, p[0], 40, up, 40, p[1], st);
-        else
-          cpu::gated_activation_forward(Activation::gelu_erf, DType::f32, 24, 20, p[0], 40, up, 40, p[1]);
+        else cpu::gated_activation_forward(Activation::gelu_erf, DType::f32, 24, 20, p[0], 40, up, 40, p[1]);
       },
       xv, want_g);
   EXPECT_EQ(as_floats(download(*dev_, yg, s_)), want_g);

@@ -59,7 +59,8 @@ class RecomputeFaults : public ::testing::Test {
 };
 
 RecomputeFn gelu() {
-  return [](const RecomputeContext& c) { activation_forward(Activation::gelu_erf, c.inputs[0], c.outputs[0], c.stream); };
+  return
+      [](const RecomputeContext& c) { activation_forward(Activation::gelu_erf, c.inputs[0], c.outputs[0], c.stream); };
 }
 
 TEST_F(RecomputeFaults, RefusedReallocationIsOutOfMemoryAndARetryRecomputesBitIdentical) {

@@ -15,8 +15,8 @@ namespace {
 constexpr int kThreads = 256;
 
 // c[i, j] = sum over p, in order, of op(a)[i, p] * op(b)[p, j].
-__global__ void matmul_kernel(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                              bool ta, const float* b, std::int64_t ldb, bool tb, float* c) {
+__global__ void matmul_kernel(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, bool ta,
+                              const float* b, std::int64_t ldb, bool tb, float* c) {
   const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= m * n) return;
   const std::int64_t i = idx / n, j = idx % n;

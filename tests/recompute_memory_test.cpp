@@ -7,8 +7,8 @@
 
 #include "recompute_test_util.hpp"
 #include "stowage/activations.hpp"
-#include "stowage/recompute.hpp"
 #include "stowage/cuda_device.hpp"
+#include "stowage/recompute.hpp"
 
 namespace stowage {
 namespace {
@@ -19,7 +19,7 @@ constexpr int kLayers = 5;
 constexpr std::int64_t kTokens = 32, kHidden = 128, kInter = 512;
 
 struct StackRun {
-  std::int64_t peak = 0;           // peak allocated bytes over forward + backward
+  std::int64_t peak = 0;  // peak allocated bytes over forward + backward
   std::int64_t activation_block = 0;
   std::uint64_t input_grad_hash = 0;
   std::uint64_t weight_grad_hash = 0;

@@ -12,8 +12,8 @@
 #include "recompute_test_util.hpp"
 #include "stowage/activations.hpp"
 #include "stowage/counter_rng.hpp"
-#include "stowage/recompute.hpp"
 #include "stowage/cuda_device.hpp"
+#include "stowage/recompute.hpp"
 
 namespace stowage {
 namespace {

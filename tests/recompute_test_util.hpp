@@ -12,9 +12,9 @@
 #include "stowage/allocator.hpp"
 #include "stowage/counter_rng.hpp"
 #include "stowage/device.hpp"
+#include "stowage/emulated_device.hpp"
 #include "stowage/error.hpp"
 #include "stowage/tensor.hpp"
-#include "stowage/emulated_device.hpp"
 
 namespace stowage::testing {
 
@@ -76,7 +76,7 @@ inline void matmul(Device& dev, Stream s, const TensorView& a, bool ta, const Te
     matmul_cuda(native(s), m, n, k, ap, lda, ta, bp, ldb, tb, cp);
     return;
 #else
-    throw Unsupported("matmul: the tests were built without CUDA");  // CUDA instances skip first
+    throw Unsupported("matmul: the tests were built without CUDA");   // CUDA instances skip first
 #endif
   }
   dev.launch_host(s, [=] {

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "stowage/allocator.hpp"
+#include "stowage/cuda_device.hpp"
 #include "stowage/dlpack.hpp"
 #include "stowage/emulated_device.hpp"
-#include "stowage/cuda_device.hpp"
 
 namespace stowage {
 namespace {
@@ -103,8 +103,13 @@ DLManagedTensor* foreign(int* deleted, std::vector<std::int64_t> shape, std::vec
                          std::size_t n, DLDataType dtype = {kDLFloat, 32, 1}) {
   auto* f = new ForeignTensor{std::vector<float>(n), std::move(shape), std::move(strides), {}, deleted};
   std::iota(f->data.begin(), f->data.end(), 0.0f);
-  f->managed.dl_tensor = {f->data.data(), {kDLCPU, 0}, static_cast<std::int32_t>(f->shape.size()), dtype,
-                          f->shape.data(), f->strides.empty() ? nullptr : f->strides.data(), 0};
+  f->managed.dl_tensor = {f->data.data(),
+                          {kDLCPU, 0},
+                          static_cast<std::int32_t>(f->shape.size()),
+                          dtype,
+                          f->shape.data(),
+                          f->strides.empty() ? nullptr : f->strides.data(),
+                          0};
   f->managed.manager_ctx = f;
   f->managed.deleter = &ForeignTensor::deleter;
   return &f->managed;

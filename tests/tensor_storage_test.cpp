@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "stowage/allocator.hpp"
-#include "stowage/tensor.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/tensor.hpp"
 
 namespace stowage {
 namespace {

@@ -5,8 +5,8 @@
 #include <numeric>
 #include <vector>
 
-#include "stowage/tensor.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/tensor.hpp"
 
 namespace stowage {
 namespace {
@@ -20,7 +20,9 @@ class TensorViewTest : public ::testing::Test {
     return v;
   }();
   int deleted = 0;
-  Storage wrapped() { return Storage::wrap(*device, host.data(), host.size() * sizeof(float), [this] { ++deleted; }); }
+  Storage wrapped() {
+    return Storage::wrap(*device, host.data(), host.size() * sizeof(float), [this] { ++deleted; });
+  }
 };
 
 TEST_F(TensorViewTest, DTypeSizesAndNames) {
@@ -59,9 +61,9 @@ TEST_F(TensorViewTest, OutOfBoundsViewsAreRejected) {
   Storage s = wrapped();
   EXPECT_THROW(TensorView(s, DType::f32, {25}), InvalidArgument);
   EXPECT_THROW(TensorView(s, DType::f32, {24}, {}, 4), InvalidArgument);
-  EXPECT_THROW(TensorView(s, DType::f32, {4}, {}, 2), InvalidArgument);  // misaligned
+  EXPECT_THROW(TensorView(s, DType::f32, {4}, {}, 2), InvalidArgument);       // misaligned
   EXPECT_THROW(TensorView(s, DType::f32, {3, 2}, {12, 1}), InvalidArgument);  // last element 2*12+1 = 25
-  EXPECT_THROW(TensorView(s, DType::f32, {2, 3}, {1}), InvalidArgument);  // stride count
+  EXPECT_THROW(TensorView(s, DType::f32, {2, 3}, {1}), InvalidArgument);      // stride count
   EXPECT_THROW(TensorView(s, DType::f32, {-1}), InvalidArgument);
   EXPECT_THROW(TensorView(s, DType::f32, {2}, {-1}, 0), InvalidArgument);  // reaches below byte 0
   EXPECT_THROW(TensorView(Storage{}, DType::f32, {1}), InvalidArgument);

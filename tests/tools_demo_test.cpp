@@ -12,8 +12,8 @@
 #include <sstream>
 #include <string>
 
-#include <nlohmann/json.hpp>
 #include <sys/wait.h>
+#include <nlohmann/json.hpp>
 
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"
@@ -133,8 +133,8 @@ TEST_F(DemoRun, EachTechniqueLowersThePeakByAtLeastTheEstimate) {
     SCOPED_TRACE(r.name);
     std::int64_t estimate = estimated_saving(r.techniques, shape, options_->rounding);
     if (r.techniques.offload_optimizer) {
-      const Techniques without_offload{r.techniques.shared_storage, r.techniques.recompute,
-                                       r.techniques.swap_attention, false};
+      const Techniques without_offload{r.techniques.shared_storage, r.techniques.recompute, r.techniques.swap_attention,
+                                       false};
       const std::int64_t rest = estimated_saving(without_offload, shape, options_->rounding);
       estimate = rest + (estimate - rest) * 8 / 12;
     }
@@ -148,7 +148,8 @@ TEST(DemoSharedStorage, SavesTwoBytesPerParameterLessTheTieBitmap) {
   auto results = run_demo(tiny_options(*dev, "baseline,shared"));
   ASSERT_EQ(results.size(), 2u);
   const std::int64_t n = results[0].params;
-  const std::int64_t exact = 2 * n - static_cast<std::int64_t>(tie_bitmap_bytes(std::size_t(n), Rounding::nearest_even));
+  const std::int64_t exact =
+      2 * n - static_cast<std::int64_t>(tie_bitmap_bytes(std::size_t(n), Rounding::nearest_even));
   const std::int64_t measured = results[0].peak_allocated - results[1].peak_allocated;
   // Two blocks differ (the bf16 copy goes, the tie bitmap comes): each rounded to 512 B.
   EXPECT_GE(measured, exact - 2 * kTolerancePerBlock);
@@ -227,16 +228,17 @@ TEST(DemoFit, TheFloorCountsTheLayoutsParameters) {
 TEST(DemoFit, AModelThatCannotFitIsRefusedAtOnce) {
   // Each of these used to build its parameters on the host first (51 GB for the first) or never
   // finished; now each ends at once with the sizes.
-  for (const char* args : {"--hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline",
-                           "--layers 2147483647 --steps 1 --configs baseline",
-                           "--batch 2147483647 --steps 1 --configs baseline",
-                           "--hidden 2147483647 --heads 1 --steps 1 --configs baseline"}) {
+  for (const char* args :
+       {"--hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline",
+        "--layers 2147483647 --steps 1 --configs baseline", "--batch 2147483647 --steps 1 --configs baseline",
+        "--hidden 2147483647 --heads 1 --steps 1 --configs baseline"}) {
     const auto t0 = std::chrono::steady_clock::now();
     const CliRun r = run_cli(std::string("demo ") + args + " 2>&1");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
     EXPECT_TRUE(r.out.find("does not fit") != std::string::npos || r.out.find("too large") != std::string::npos)
-        << args << "\n" << r.out;
+        << args << "\n"
+        << r.out;
     EXPECT_LT(seconds, 20.0) << args;  // a refusal, not a run (generous for loaded machines)
   }
   const CliRun r = run_cli("demo --hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline 2>&1");
@@ -245,8 +247,9 @@ TEST(DemoFit, AModelThatCannotFitIsRefusedAtOnce) {
 }
 
 TEST(DemoCommand, ProgressLinesCarryAnEta) {
-  const CliRun r = run_cli("demo --layers 1 --hidden 16 --heads 2 --seq 8 --batch 2 --steps 10 --configs baseline,shared "
-                        "2>&1 >/dev/null");
+  const CliRun r = run_cli(
+      "demo --layers 1 --hidden 16 --heads 2 --seq 8 --batch 2 --steps 10 --configs baseline,shared "
+      "2>&1 >/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::istringstream lines(r.out);
   std::string line;

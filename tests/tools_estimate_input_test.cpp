@@ -7,8 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "stowage/error.hpp"
 #include "stowage/byte_size.hpp"
+#include "stowage/error.hpp"
 #include "tools/estimate/comparison.hpp"
 #include "tools/estimate/deepspeed_config.hpp"
 #include "tools/estimate/megatron_args.hpp"

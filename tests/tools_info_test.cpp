@@ -5,13 +5,13 @@
 
 #include <array>
 #include <cstdio>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "stowage/device.hpp"
 #include "stowage/cuda_device.hpp"
+#include "stowage/device.hpp"
 
 namespace {
 
@@ -40,8 +40,9 @@ constexpr const char* kTwoEmulated =
 TEST(ToolsInfo, AMisspeltVariableIsNamedOnce) {
   const CliResult r = run_cli(std::string(kTwoEmulated) + " STOWAGE_EMULATED_CAPACTY=2GiB", "info");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string warning = "stowage: STOWAGE_EMULATED_CAPACTY is not a stowage variable (did you mean "
-                              "STOWAGE_EMULATED_CAPACITY?); it is ignored";
+  const std::string warning =
+      "stowage: STOWAGE_EMULATED_CAPACTY is not a stowage variable (did you mean "
+      "STOWAGE_EMULATED_CAPACITY?); it is ignored";
   const auto at = r.output.find(warning);
   ASSERT_NE(at, std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(warning, at + 1), std::string::npos) << "said twice:\n" << r.output;
@@ -100,8 +101,9 @@ std::vector<std::string> help_entries(const std::string& help) {
 TEST(ToolsCli, HelpShowsEveryDefault) {
   // Every option that takes a value shows what holds when it is not given ("=value" from CLI11,
   // or "default" in its description), except those that name an input or output file or text.
-  const std::vector<std::string> without_default = {"--model-json", "--megatron-args", "--deepspeed-config", "--svg",
-                                                    "--fit ",       "--compare",       "--configs"};
+  const std::vector<std::string> without_default = {"--model-json", "--megatron-args", "--deepspeed-config",
+                                                    "--svg",        "--fit ",          "--compare",
+                                                    "--configs",    "--to-memory-viz"};
   for (const char* sub : {"estimate", "plan", "inspect", "demo"}) {
     const CliResult r = run_cli(kTwoEmulated, std::string(sub) + " --help");
     EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -1,19 +1,23 @@
 // `stowage inspect`: snapshot and event-log analysis on small files in tests/data, the
 // comparison of two snapshots, the timeline SVG, and bad input (exit code 2, position named).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "stowage/allocator.hpp"
 #include "stowage/device.hpp"
-#include "stowage/error.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/error.hpp"
 #include "tools/common/json_input.hpp"
 #include "tools/inspect/inspect_report.hpp"
+#include "tools/inspect/pickle_reader.hpp"
+#include "tools/inspect/pytorch_snapshot.hpp"
 
 using namespace stowage;
 using namespace stowage::inspect;
@@ -178,10 +182,12 @@ TEST(InspectBadInput, ExitCodeTwoWithThePosition) {
   expect_error(temp_file("deep.json", std::string(10000, '[') + std::string(10000, ']')), "deeper than");
   expect_error(temp_file("not_object.json", "42"), "snapshot");
   expect_error(temp_file("binary.json", std::string("\x00\xff\xfe{", 4)), "byte");
-  expect_error(temp_file("bad_action.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,64,0\n1,0.2,steal,0x10,64,0\n"),
+  expect_error(temp_file("bad_action.csv",
+                         "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,64,0\n1,0.2,steal,0x10,64,0\n"),
                "line 3");
   expect_error(temp_file("short_line.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10\n"), "line 2");
-  expect_error(temp_file("huge_size.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,99999999999999999999999,0\n"),
+  expect_error(temp_file("huge_size.csv",
+                         "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,99999999999999999999999,0\n"),
                "line 2");
   expect_error(std::string(STOWAGE_BINARY_DIR) + "/no_such_file.json", "no_such_file");
   auto none = run_cli("inspect");
@@ -236,7 +242,8 @@ Snapshot spiky_snapshot(int small) {
   s.device_name = "emulated";
   s.capacity = 1024 * MiB;
   const std::size_t seg = 128 * MiB;
-  s.stats.reserved_bytes.all = s.stats.reserved_bytes.large_pool = Stat{std::int64_t(seg), std::int64_t(seg), std::int64_t(seg), 0};
+  s.stats.reserved_bytes.all = s.stats.reserved_bytes.large_pool =
+      Stat{std::int64_t(seg), std::int64_t(seg), std::int64_t(seg), 0};
   s.stats.allocated_bytes.all.peak = 64 * MiB + 4096;
   s.stats.allocated_bytes.all.allocated = 64 * MiB + 4096LL * small;
   s.stats.allocated_bytes.all.freed = s.stats.allocated_bytes.all.allocated;
@@ -334,4 +341,139 @@ TEST(InspectBadInput, AnInconsistentSnapshotIsRefusedWithWhatIsWrong) {
   s.segments[0].blocks[0].address += 512;
   refused(s, "starts at");
   EXPECT_EQ(run_cli("inspect " + temp_file("consistent.json", to_json(good))).exit_code, 0);
+}
+
+TEST(InspectPyTorch, ReadsItsPickleBothProtocolsAndItsJson) {
+  // tests/data/make_pytorch_snapshot.py wrote the same dict three ways.
+  std::string first;
+  for (const char* name : {"pytorch_snapshot.pickle", "pytorch_snapshot_p2.pickle", "pytorch_snapshot.json"}) {
+    const Snapshot s = load_snapshot(data(name));
+    ASSERT_EQ(s.segments.size(), 2u) << name;
+    ASSERT_EQ(s.trace.size(), 9u) << name;  // the "snapshot" marker is not a memory change
+    const SnapshotAnalysis a = analyze(s);
+    EXPECT_EQ(a.allocated, 16 * MiB) << name;
+    EXPECT_EQ(a.reserved, 22 * MiB) << name;
+    EXPECT_EQ(s.segments[0].blocks[0].tag, "init_weights (/work/train.py:12)") << name;
+    EXPECT_EQ(s.segments[1].blocks[0].state, BlockState::active_pending_free) << name;
+    EXPECT_EQ(s.segments[1].pool, Pool::small) << name;
+    EXPECT_EQ(s.trace[0].action, TraceAction::segment_map) << name;
+    EXPECT_EQ(s.trace[1].time_ns, 1'700'000'000'000'010'000) << name;
+    EXPECT_EQ(s.trace.back().action, TraceAction::free_requested) << name;
+    // The trace's peak: 8 MiB of weights and a 12 MiB activation, less nothing (the 512 B block
+    // still awaiting its free is not allocated).
+    EXPECT_EQ(a.trace_peak_allocated, 20 * MiB - 512) << name;
+    const std::string text = to_json(a).dump();
+    if (first.empty()) first = text;
+    EXPECT_EQ(text, first) << name << " reads differently";
+  }
+  auto r = run_cli("inspect " + data("pytorch_snapshot.pickle"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("attention (/work/train.py:77)"), std::string::npos) << r.output;
+}
+
+TEST(InspectPyTorch, ExportsForMemoryVizWithTagsAndReadsItBack) {
+  auto device = make_emulated_device(0, EmulatedOptions{.capacity = std::size_t(64 * MiB)});
+  AllocatorOptions options;
+  options.trace_entries = 1000;
+  CachingAllocator alloc(*device, options);
+  void* w = nullptr;
+  {
+    ScopedTag tag("weights");
+    w = alloc.allocate(6 * MiB);
+  }
+  {
+    ScopedTag tag("activations");
+    alloc.deallocate(alloc.allocate(3 * MiB + 5));
+  }
+  const Snapshot original = alloc.snapshot();
+  const std::string path = temp_file("export_source.json", to_json(original));
+  const std::string out = std::string(STOWAGE_BINARY_DIR) + "/tools_inspect_test_export.pickle";
+  auto r = run_cli("inspect " + path + " --to-memory-viz " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Snapshot back = load_snapshot(out);
+  ASSERT_EQ(back.segments.size(), original.segments.size());
+  for (std::size_t i = 0; i < back.segments.size(); ++i) {
+    ASSERT_EQ(back.segments[i].blocks.size(), original.segments[i].blocks.size());
+    for (std::size_t k = 0; k < back.segments[i].blocks.size(); ++k) {
+      const BlockInfo &x = back.segments[i].blocks[k], &y = original.segments[i].blocks[k];
+      EXPECT_EQ(x.address, y.address);
+      EXPECT_EQ(x.size, y.size);
+      EXPECT_EQ(x.requested_size, y.requested_size);
+      EXPECT_EQ(x.state, y.state);
+      EXPECT_EQ(x.tag, y.tag);
+    }
+  }
+  ASSERT_EQ(back.trace.size(), original.trace.size());
+  for (std::size_t i = 0; i < back.trace.size(); ++i) {
+    EXPECT_EQ(back.trace[i].action, original.trace[i].action);
+    EXPECT_EQ(back.trace[i].address, original.trace[i].address);
+    EXPECT_EQ(back.trace[i].size, original.trace[i].size);
+    EXPECT_EQ(back.trace[i].tag, original.trace[i].tag);
+    EXPECT_EQ(back.trace[i].time_ns, original.trace[i].time_ns / 1000 * 1000);  // microseconds
+  }
+  EXPECT_EQ(analyze(back).allocated, 6 * MiB);
+  // Python's own pickle reads it, with the tags where memory_viz shows them.
+  if (std::system("test -x /usr/bin/python3") != 0) GTEST_SKIP() << "no /usr/bin/python3";
+  const std::string check = temp_file("check_export.py",
+                                      "import pickle, sys\n"
+                                      "s = pickle.load(open(sys.argv[1], 'rb'))\n"
+                                      "tags = sorted({f['name'] for e in s['device_traces'][0] for f in e['frames']})\n"
+                                      "print(len(s['segments']), len(s['device_traces'][0]), ','.join(tags))\n");
+  FILE* p = popen(("/usr/bin/python3 " + check + " " + out).c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char line[512] = {};
+  ASSERT_NE(std::fgets(line, sizeof line, p), nullptr);
+  EXPECT_EQ(pclose(p), 0);
+  EXPECT_EQ(std::string(line),
+            fmt::format("{} {} activations,weights\n", original.segments.size(), original.trace.size()));
+  alloc.deallocate(w);
+}
+
+TEST(InspectPyTorch, RefusesWhatAMemorySnapshotDoesNotHold) {
+  auto refused = [](const std::string& bytes, const std::string& needle) {
+    try {
+      read_pickle(bytes, "x");
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const ParseError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused(std::string("\x80\x02"
+                      "cos\nsystem\n",
+                      13),
+          "GLOBAL (0x63) is not read");
+  refused(std::string("\x80\x02"
+                      "cos\nsystem\n",
+                      13),
+          "at byte 2");
+  refused(std::string("\x80\x02X\xff\x00\x00\x00ab", 10), "truncated");
+  refused(std::string("\x80\x02]", 3), "ends before STOP");
+  refused(std::string("\x80\x01N.", 4), "protocol 1");
+  refused(std::string("\x80\x02]q\x00h\x00"
+                      "a.",
+                      9),
+          "contains itself");  // a list inside itself
+  std::string deep = "\x80\x02";
+  for (int i = 0; i < 100; ++i) deep += ']';
+  for (int i = 0; i < 99; ++i) deep += 'a';
+  refused(deep + ".", "deeper than 64");
+  // Forty levels of [x, x] through the memo: 2^40 values if expanded.
+  std::string wide = "\x80\x02]q";
+  wide.push_back('\0');
+  for (int i = 1; i <= 40; ++i) {
+    wide += "0](h";  // drop the level below from the stack (the memo keeps it)
+    wide.push_back(char(i - 1));
+    wide += 'h';
+    wide.push_back(char(i - 1));
+    wide += "eq";
+    wide.push_back(char(i));
+  }
+  refused(wide + ".", "expands beyond");
+  // What it reads: the round trip of a value with every kind the writer makes.
+  const nlohmann::json v = {{"a", {1, -2, 3000000000LL, -5000000000LL, 18446744073709551615ULL}},
+                            {"b", {{"c", 1.5}, {"d", nullptr}, {"e", true}, {"f", false}}},
+                            {"g", "text ü"},
+                            {"h", nlohmann::json::array()},
+                            {"i", nlohmann::json::object()}};
+  EXPECT_EQ(read_pickle(write_pickle(v), "round trip"), v);
 }

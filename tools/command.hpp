@@ -15,8 +15,13 @@ struct CommandRegistry {
   static std::vector<std::pair<int, CommandSetup>>& all();
 };
 
+// Runs during static initialisation, where only running out of memory could throw, and that
+// may as well end the program (noexcept) before main.
 struct RegisterCommand {
-  RegisterCommand(int order, CommandSetup setup) { CommandRegistry::all().emplace_back(order, std::move(setup)); }
+  template <class Setup>
+  RegisterCommand(int order, Setup setup) noexcept {
+    CommandRegistry::all().emplace_back(order, CommandSetup(std::move(setup)));
+  }
 };
 
 }  // namespace stowage::tools

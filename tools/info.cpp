@@ -1,23 +1,23 @@
 // `stowage info`: what this build can do and which devices the process would use — the
 // devices with their memory and NUMA locality, whether CUDA was found (and why not), and the
 // build's features and dependency versions.
-#include <CLI/CLI.hpp>
+#include <dlpack/dlpack.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <dlpack/dlpack.h>
+#include <CLI/CLI.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 
-#include "stowage/runtime.hpp"
+#include "stowage/byte_size.hpp"
 #include "stowage/config.hpp"
-#include "stowage/device.hpp"
-#include "stowage/topology.hpp"
 #include "stowage/cuda_device.hpp"
+#include "stowage/device.hpp"
+#include "stowage/runtime.hpp"
+#include "stowage/topology.hpp"
 #include "stowage_build_info.hpp"
 #include "tools/command.hpp"
-#include "stowage/byte_size.hpp"
 
 namespace stowage::tools {
 namespace {
@@ -35,8 +35,8 @@ nlohmann::ordered_json build_facts() {
       {"jemalloc", STOWAGE_JEMALLOC_VERSION},
       {"fmt", STOWAGE_FMT_VERSION},
       {"spdlog", STOWAGE_SPDLOG_VERSION},
-      {"nlohmann_json", fmt::format("{}.{}.{}", NLOHMANN_JSON_VERSION_MAJOR, NLOHMANN_JSON_VERSION_MINOR,
-                                    NLOHMANN_JSON_VERSION_PATCH)},
+      {"nlohmann_json",
+       fmt::format("{}.{}.{}", NLOHMANN_JSON_VERSION_MAJOR, NLOHMANN_JSON_VERSION_MINOR, NLOHMANN_JSON_VERSION_PATCH)},
       {"CLI11", CLI11_VERSION},
 #ifdef DLPACK_MAJOR_VERSION
       {"dlpack", fmt::format("{}.{}", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION)},
@@ -106,18 +106,15 @@ void print_text(const nlohmann::ordered_json& j) {
   if (cb["enabled"].get<bool>())
     fmt::print("  CUDA backend: built (nvcc {}, architectures {})\n", cb["compiler"].get<std::string>(),
                cb["architectures"].get<std::string>());
-  else
-    fmt::print("  CUDA backend: not built\n");
+  else fmt::print("  CUDA backend: not built\n");
   std::string deps;
   for (const auto& [name, version] : b["dependencies"].items())
     deps += fmt::format("{}{} {}", deps.empty() ? "" : ", ", name, version.get<std::string>());
   fmt::print("  dependencies: {}\n", deps);
 
   const auto& cuda = j["cuda"];
-  if (cuda["devices"].get<int>() > 0)
-    fmt::print("CUDA: {} device(s)\n", cuda["devices"].get<int>());
-  else
-    fmt::print("CUDA: no GPU: {}\n", cuda["reason"].get<std::string>());
+  if (cuda["devices"].get<int>() > 0) fmt::print("CUDA: {} device(s)\n", cuda["devices"].get<int>());
+  else fmt::print("CUDA: no GPU: {}\n", cuda["reason"].get<std::string>());
   fmt::print("host: {} NUMA node(s)\n", j["host"]["numa_nodes"].get<int>());
   if (j.contains("devices_error")) {
     fmt::print("devices (selection {}): none opened: {}\n", j["device_selection"].get<std::string>(),
@@ -134,27 +131,28 @@ void print_text(const nlohmann::ordered_json& j) {
     if (d["virtual_memory"].get<bool>())
       fmt::print("      virtual memory: yes, granularity {}; host-NUMA chunks: {}\n",
                  format_bytes(d["granularity_bytes"].get<std::int64_t>()), yes_no(d["host_numa_memory"].get<bool>()));
-    else
-      fmt::print("      virtual memory: no\n");
+    else fmt::print("      virtual memory: no\n");
     const auto nodes = d["numa_nodes"].get<std::vector<int>>();
-    fmt::print("      nearest NUMA node(s): {}{}\n", nodes.empty() ? "unknown" : fmt::format("{}", fmt::join(nodes, ",")),
+    fmt::print("      nearest NUMA node(s): {}{}\n",
+               nodes.empty() ? "unknown" : fmt::format("{}", fmt::join(nodes, ",")),
                d["pci_bus_id"].get<std::string>().empty() ? "" : ", PCI " + d["pci_bus_id"].get<std::string>());
   }
 }
 
-STOWAGE_COMMAND(10, [](CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("info", "Show the devices found, their memory and NUMA locality, and the build's features");
+void setup(CLI::App& app, int& exit_code) {
+  auto* cmd =
+      app.add_subcommand("info", "Show the devices found, their memory and NUMA locality, and the build's features");
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "Print the same facts as JSON");
   cmd->callback([json, &exit_code] {
     const nlohmann::ordered_json facts = collect();
-    if (*json)
-      fmt::print("{}\n", facts.dump(2));
-    else
-      print_text(facts);
+    if (*json) fmt::print("{}\n", facts.dump(2));
+    else print_text(facts);
     exit_code = facts.contains("devices_error") ? 1 : 0;
   });
-});
+}
+
+STOWAGE_COMMAND(10, setup);
 
 }  // namespace
 }  // namespace stowage::tools

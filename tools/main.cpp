@@ -5,9 +5,9 @@
 #include <string>
 #include <string_view>
 
-#include "stowage_build_info.hpp"
 #include "common/text.hpp"
 #include "stowage/error.hpp"
+#include "stowage_build_info.hpp"
 #include "tools/command.hpp"
 
 namespace {

@@ -1,7 +1,7 @@
 // Without the CUDA backend there are no CUDA devices; with it, cuda_device_*_cuda.cpp defines these.
 #ifndef STOWAGE_HAVE_CUDA
-#include "stowage/device.hpp"
 #include "stowage/cuda_device.hpp"
+#include "stowage/device.hpp"
 
 namespace stowage {
 

@@ -48,7 +48,8 @@ std::unique_ptr<Device> make_cuda_device(int ordinal) {
   const Availability& a = availability();
   if (a.count == 0) throw Unsupported(fmt::format("CUDA device {} requested, but {}", ordinal, a.reason));
   if (ordinal < 0 || ordinal >= a.count)
-    throw InvalidArgument(fmt::format("CUDA device {} requested, but there are {} (0..{})", ordinal, a.count, a.count - 1));
+    throw InvalidArgument(
+        fmt::format("CUDA device {} requested, but there are {} (0..{})", ordinal, a.count, a.count - 1));
   return std::make_unique<detail::CudaDevice>(ordinal);
 }
 

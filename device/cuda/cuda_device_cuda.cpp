@@ -53,8 +53,8 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   if (api.complete) {
     check_cu(api.deviceGet(&cu_device_, ordinal_), "cuDeviceGet");
     props_.virtual_memory = attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
-    props_.host_numa_memory = props_.virtual_memory &&
-        attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
+    props_.host_numa_memory =
+        props_.virtual_memory && attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
     posix_fd_ = attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) != 0;
     rdma_vmm_ = attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) != 0;
     if (props_.virtual_memory) props_.granularity = granularity_for(Location::device());
@@ -109,16 +109,17 @@ DeviceCounters CudaDevice::counters() const {
 void* CudaDevice::allocate(std::size_t bytes) {
   if (bytes == 0) throw InvalidArgument("allocate: zero bytes");
   if (bytes > props_.capacity)
-    throw OutOfMemory(fmt::format("allocate: {} bytes asked, device {} ({}) has {} bytes in all", bytes,
-                                  ordinal_, props_.name, props_.capacity));
+    throw OutOfMemory(fmt::format("allocate: {} bytes asked, device {} ({}) has {} bytes in all", bytes, ordinal_,
+                                  props_.name, props_.capacity));
   Current current(ordinal_);
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    throw OutOfMemory(fmt::format("allocate: cudaMalloc of {} bytes failed: cudaErrorMemoryAllocation "
-                                  "(capacity {}, free {}); free cached blocks or lower the batch",
-                                  bytes, props_.capacity, free_memory()));
+    throw OutOfMemory(
+        fmt::format("allocate: cudaMalloc of {} bytes failed: cudaErrorMemoryAllocation "
+                    "(capacity {}, free {}); free cached blocks or lower the batch",
+                    bytes, props_.capacity, free_memory()));
   }
   check_cuda(err, "cudaMalloc");
   std::lock_guard lock(mu_);
@@ -132,7 +133,8 @@ void CudaDevice::deallocate(void* ptr) {
   {
     std::lock_guard lock(mu_);
     auto it = allocations_.find(ptr);
-    if (it == allocations_.end()) throw InvalidArgument(fmt::format("deallocate: {} was not allocated by device {}", ptr, ordinal_));
+    if (it == allocations_.end())
+      throw InvalidArgument(fmt::format("deallocate: {} was not allocated by device {}", ptr, ordinal_));
     bytes = it->second;
     allocations_.erase(it);
   }
@@ -184,7 +186,8 @@ void CudaDevice::destroy_stream(Stream stream) {
   std::lock_guard lock(mu_);
   auto s = static_cast<cudaStream_t>(native(stream));
   if (streams_.count(s) == 0)
-    throw InvalidArgument(fmt::format("destroy_stream: {} is not a live stream created by device {}", native(stream), ordinal_));
+    throw InvalidArgument(
+        fmt::format("destroy_stream: {} is not a live stream created by device {}", native(stream), ordinal_));
   Current current(ordinal_);
   check_cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
   streams_.erase(s);
@@ -257,7 +260,8 @@ void CudaDevice::synchronize() {
 Event CudaDevice::create_event(bool timing) {
   Current current(ordinal_);
   cudaEvent_t e = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check_cuda(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+             "cudaEventCreateWithFlags");
   std::lock_guard lock(mu_);
   events_[e] = timing;
   return Event{reinterpret_cast<std::uintptr_t>(e)};
@@ -407,7 +411,8 @@ void CudaDevice::unpin_host(void* ptr) {
   {
     std::lock_guard lock(mu_);
     auto it = pinned_.find(reinterpret_cast<std::uintptr_t>(ptr));
-    if (it == pinned_.end()) throw InvalidArgument(fmt::format("unpin_host: {} was not pinned by device {}", ptr, ordinal_));
+    if (it == pinned_.end())
+      throw InvalidArgument(fmt::format("unpin_host: {} was not pinned by device {}", ptr, ordinal_));
     bytes = it->second;
     pinned_.erase(it);
   }

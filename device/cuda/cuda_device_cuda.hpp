@@ -68,6 +68,7 @@ class CudaDevice final : public Device {
    public:
     explicit Current(int ordinal);
     ~Current();
+
    private:
     int previous_ = -1;
   };
@@ -92,8 +93,8 @@ class CudaDevice final : public Device {
 
   int attribute(CUdevice_attribute attr) const;  // 0 when the driver cannot say
   std::size_t granularity_for(const Location& location) const;
-  cudaStream_t checked_stream(Stream stream) const;   // lock held
-  cudaEvent_t checked_event(Event event) const;       // lock held
+  cudaStream_t checked_stream(Stream stream) const;  // lock held
+  cudaEvent_t checked_event(Event event) const;      // lock held
   void rethrow_host_error(cudaStream_t stream);
   void release_everything() noexcept;
   // Whether [va, va+bytes) lies inside one reservation; lock held.
@@ -113,8 +114,8 @@ class CudaDevice final : public Device {
   std::map<std::uintptr_t, std::size_t> pinned_;
   std::unordered_set<cudaStream_t> streams_, destroyed_streams_;
   std::unordered_set<cudaStream_t> known_streams_;  // others' streams the runtime vouched for
-  std::unordered_map<cudaEvent_t, bool> events_;  // value: created with timing
-  std::mutex errors_mu_;  // host callbacks take only this one
+  std::unordered_map<cudaEvent_t, bool> events_;    // value: created with timing
+  std::mutex errors_mu_;                            // host callbacks take only this one
   std::unordered_map<cudaStream_t, std::exception_ptr> host_errors_;
   DeviceCounters counters_;
 };

@@ -16,7 +16,8 @@ void lookup(DriverApi& api, const char* symbol, Fn& fn) {
   if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
     if (err != cudaSuccess) cudaGetLastError();
     if (api.missing.empty()) {
-      api.missing = std::string(symbol) + " not found (" + (err != cudaSuccess ? cudaGetErrorName(err) : "symbol not in driver") + ")";
+      api.missing = std::string(symbol) + " not found (" +
+                    (err != cudaSuccess ? cudaGetErrorName(err) : "symbol not in driver") + ")";
     }
     return;
   }

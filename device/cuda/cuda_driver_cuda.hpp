@@ -23,8 +23,8 @@ struct DriverApi {
   PFN_cuMemGetAllocationGranularity_v10020 memGetAllocationGranularity = nullptr;
   PFN_cuMemExportToShareableHandle_v10020 memExportToShareableHandle = nullptr;
 
-  bool complete = false;     // every entry point above was found
-  std::string missing;       // why not, when !complete
+  bool complete = false;  // every entry point above was found
+  std::string missing;    // why not, when !complete
 };
 
 // Looked up once per process; never throws.

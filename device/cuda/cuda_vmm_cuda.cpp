@@ -16,9 +16,18 @@ namespace {
 CUmemLocation to_cu(const Location& location, int ordinal) {
   CUmemLocation loc{};
   switch (location.kind) {
-    case Location::Kind::device: loc.type = CU_MEM_LOCATION_TYPE_DEVICE; loc.id = ordinal; break;
-    case Location::Kind::host: loc.type = CU_MEM_LOCATION_TYPE_HOST; loc.id = 0; break;
-    case Location::Kind::host_numa: loc.type = CU_MEM_LOCATION_TYPE_HOST_NUMA; loc.id = location.numa_node; break;
+    case Location::Kind::device:
+      loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      loc.id = ordinal;
+      break;
+    case Location::Kind::host:
+      loc.type = CU_MEM_LOCATION_TYPE_HOST;
+      loc.id = 0;
+      break;
+    case Location::Kind::host_numa:
+      loc.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+      loc.id = location.numa_node;
+      break;
   }
   return loc;
 }
@@ -52,7 +61,8 @@ static void require_vmm(const DeviceProperties& props, const char* what) {
 
 static void require_granular(std::size_t value, std::size_t granularity, const char* what, const char* name) {
   if (value % granularity != 0)
-    throw InvalidArgument(fmt::format("{}: {} {} is not a multiple of the granularity {}", what, name, value, granularity));
+    throw InvalidArgument(
+        fmt::format("{}: {} {} is not a multiple of the granularity {}", what, name, value, granularity));
 }
 
 bool CudaDevice::range_in_reservation(std::uintptr_t va, std::size_t bytes) const {
@@ -94,8 +104,10 @@ PhysicalHandle CudaDevice::create_physical(std::size_t bytes, const PhysicalOpti
   require_vmm(props_, "create_physical");
   const Location& where = options.location;
   if (where.kind != Location::Kind::device && !props_.host_numa_memory)
-    throw Unsupported(fmt::format("create_physical: {} memory through the virtual-memory API is not supported by "
-                                  "device {} ({}) or its driver", describe(where), ordinal_, props_.name));
+    throw Unsupported(
+        fmt::format("create_physical: {} memory through the virtual-memory API is not supported by "
+                    "device {} ({}) or its driver",
+                    describe(where), ordinal_, props_.name));
   if (where.kind == Location::Kind::host_numa && (where.numa_node < 0 || where.numa_node >= numa_node_count()))
     throw InvalidArgument(fmt::format("create_physical: NUMA node {} does not exist (the host has {})", where.numa_node,
                                       numa_node_count()));
@@ -103,7 +115,8 @@ PhysicalHandle CudaDevice::create_physical(std::size_t bytes, const PhysicalOpti
   const std::size_t granularity = where.kind == Location::Kind::device ? props_.granularity : granularity_for(where);
   require_granular(bytes, granularity, "create_physical", "size");
   if (where.kind == Location::Kind::device && bytes > props_.capacity)
-    throw OutOfMemory(fmt::format("create_physical: {} bytes asked, device {} has {} in all", bytes, ordinal_, props_.capacity));
+    throw OutOfMemory(
+        fmt::format("create_physical: {} bytes asked, device {} has {} in all", bytes, ordinal_, props_.capacity));
 
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -111,7 +124,8 @@ PhysicalHandle CudaDevice::create_physical(std::size_t bytes, const PhysicalOpti
   // Plain host chunks cannot carry a shareable handle (the driver rejects any requested type).
   const bool shareable = options.shareable && posix_fd_ && where.kind != Location::Kind::host;
   if (shareable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  if (options.rdma_capable && rdma_vmm_ && where.kind == Location::Kind::device) prop.allocFlags.gpuDirectRDMACapable = 1;
+  if (options.rdma_capable && rdma_vmm_ && where.kind == Location::Kind::device)
+    prop.allocFlags.gpuDirectRDMACapable = 1;
 
   Current current(ordinal_);
   CUmemGenericAllocationHandle handle = 0;
@@ -148,19 +162,23 @@ void CudaDevice::map(void* va, std::size_t bytes, PhysicalHandle handle, std::si
   const auto h = static_cast<CUmemGenericAllocationHandle>(handle);
   std::lock_guard lock(mu_);
   auto chunk = chunks_.find(h);
-  if (chunk == chunks_.end() || chunk->second.destroyed) throw InvalidArgument("map: not a live physical chunk of this device");
+  if (chunk == chunks_.end() || chunk->second.destroyed)
+    throw InvalidArgument("map: not a live physical chunk of this device");
   if (bytes == 0) throw InvalidArgument("map: zero bytes");
   const std::size_t granularity = std::max(props_.granularity, chunk->second.granularity);
   require_granular(bytes, granularity, "map", "size");
   require_granular(offset, granularity, "map", "offset");
   require_granular(begin, granularity, "map", "address");
   if (offset > chunk->second.bytes || bytes > chunk->second.bytes - offset)
-    throw InvalidArgument(fmt::format("map: [{}, +{}) runs past the chunk's {} bytes", offset, bytes, chunk->second.bytes));
+    throw InvalidArgument(
+        fmt::format("map: [{}, +{}) runs past the chunk's {} bytes", offset, bytes, chunk->second.bytes));
   // On an H100 with driver 580, a test that maps half of a chunk failed with cuMemMap's
   // CUDA_ERROR_NOT_SUPPORTED; whole chunks at offset 0, all the allocator and offload map, work.
   if (offset != 0 || bytes != chunk->second.bytes)
-    throw Unsupported(fmt::format("map: [{}, +{}) is part of a {}-byte chunk; the CUDA driver maps a chunk whole "
-                                  "(properties().partial_mapping is false)", offset, bytes, chunk->second.bytes));
+    throw Unsupported(
+        fmt::format("map: [{}, +{}) is part of a {}-byte chunk; the CUDA driver maps a chunk whole "
+                    "(properties().partial_mapping is false)",
+                    offset, bytes, chunk->second.bytes));
   if (!range_in_reservation(begin, bytes))
     throw InvalidArgument(fmt::format("map: [{}, +{}) is not inside one reservation", va, bytes));
   auto next = mappings_.lower_bound(begin);

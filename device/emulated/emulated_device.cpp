@@ -72,11 +72,13 @@ class EmulatedDevice final : public Device {
         d2h_(link_of(o.link_bandwidth_gbps)),
         slack_(slack_of(o.scheduling_slack_ms)) {
     if (o.capacity == 0 || o.capacity > kMaxEmulatedCapacity)
-      throw InvalidArgument(fmt::format("emulated device capacity {} B must be positive and at most {} B (128 TiB, "
-                                        "what a process can address)",
-                                        o.capacity, kMaxEmulatedCapacity));
+      throw InvalidArgument(
+          fmt::format("emulated device capacity {} B must be positive and at most {} B (128 TiB, "
+                      "what a process can address)",
+                      o.capacity, kMaxEmulatedCapacity));
     if (o.granularity == 0 || (o.granularity & (o.granularity - 1)) != 0 || o.granularity % 4096 != 0)
-      throw InvalidArgument(fmt::format("emulated granularity {} must be a power of two multiple of 4096", o.granularity));
+      throw InvalidArgument(
+          fmt::format("emulated granularity {} must be a power of two multiple of 4096", o.granularity));
     props_.kind = DeviceKind::emulated;
     props_.ordinal = ordinal;
     props_.name = fmt::format("{} {} ({:.1f} GiB{})", o.name, ordinal, o.capacity / 1073741824.0,
@@ -261,18 +263,16 @@ class EmulatedDevice final : public Device {
     switch (kind) {
       case CopyKind::host_to_device:
         bytes_h2d_ += bytes;
-        w->submit([this, dst, src, bytes] { StreamWorker::finish_at(h2d_.copy(dst, src, bytes, StreamWorker::ready())); });
+        w->submit(
+            [this, dst, src, bytes] { StreamWorker::finish_at(h2d_.copy(dst, src, bytes, StreamWorker::ready())); });
         break;
       case CopyKind::device_to_host:
         bytes_d2h_ += bytes;
-        w->submit([this, dst, src, bytes] { StreamWorker::finish_at(d2h_.copy(dst, src, bytes, StreamWorker::ready())); });
+        w->submit(
+            [this, dst, src, bytes] { StreamWorker::finish_at(d2h_.copy(dst, src, bytes, StreamWorker::ready())); });
         break;
-      case CopyKind::device_to_device:
-        bytes_d2d_ += bytes;
-        [[fallthrough]];
-      case CopyKind::host_to_host:
-        w->submit([dst, src, bytes] { std::memmove(dst, src, bytes); });
-        break;
+      case CopyKind::device_to_device: bytes_d2d_ += bytes; [[fallthrough]];
+      case CopyKind::host_to_host: w->submit([dst, src, bytes] { std::memmove(dst, src, bytes); }); break;
     }
   }
 
@@ -297,8 +297,8 @@ class EmulatedDevice final : public Device {
   std::string where() const { return fmt::format("emulated device {}", props_.ordinal); }
 
   InvalidArgument unknown(const char* what, std::uintptr_t id) const {
-    return InvalidArgument(fmt::format("{}: {} {} is not one of this device's (destroyed, or another device's)",
-                                       where(), what, id));
+    return InvalidArgument(
+        fmt::format("{}: {} {} is not one of this device's (destroyed, or another device's)", where(), what, id));
   }
 
   std::shared_ptr<StreamWorker> worker(Stream s) {
@@ -330,7 +330,6 @@ class EmulatedDevice final : public Device {
 std::unique_ptr<Device> make_emulated_device(int ordinal, const EmulatedOptions& options) {
   return std::make_unique<EmulatedDevice>(ordinal, options);
 }
-
 
 const char* to_string(CopyKind kind) {
   switch (kind) {

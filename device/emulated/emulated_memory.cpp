@@ -60,14 +60,14 @@ DeviceCounters Memory::counters() const {
 
 void Memory::check_granular(std::size_t value, const char* what) const {
   if (value == 0 || value % granularity_ != 0)
-    throw InvalidArgument(fmt::format("{}: {} {} is not a positive multiple of the granularity {}",
-                                      where(), what, value, granularity_));
+    throw InvalidArgument(
+        fmt::format("{}: {} {} is not a positive multiple of the granularity {}", where(), what, value, granularity_));
 }
 
 void Memory::charge(std::size_t bytes, const char* what) {
   if (bytes > capacity_ - used_)
-    throw OutOfMemory(fmt::format("{}: {} of {} does not fit: capacity {}, in use {}, free {}", where(),
-                                  what, bytes_str(bytes), bytes_str(capacity_), bytes_str(used_),
+    throw OutOfMemory(fmt::format("{}: {} of {} does not fit: capacity {}, in use {}, free {}", where(), what,
+                                  bytes_str(bytes), bytes_str(capacity_), bytes_str(used_),
                                   bytes_str(capacity_ - used_)));
   used_ += bytes;
 }
@@ -80,7 +80,8 @@ void* Memory::allocate(std::size_t bytes) {
   void* p = map_anonymous(size, PROT_READ | PROT_WRITE);
   if (!p) {
     used_ -= size;
-    throw OutOfMemory(fmt::format("{}: the host could not back {} ({})", where(), bytes_str(size), std::strerror(errno)));
+    throw OutOfMemory(
+        fmt::format("{}: the host could not back {} ({})", where(), bytes_str(size), std::strerror(errno)));
   }
   raw_[reinterpret_cast<std::uintptr_t>(p)] = size;
   counters_.raw_allocated += size;
@@ -145,8 +146,8 @@ PhysicalHandle Memory::create_physical(std::size_t bytes, const PhysicalOptions&
   if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     if (fd >= 0) ::close(fd);
     if (on_device) used_ -= bytes;
-    throw OutOfMemory(fmt::format("{}: cannot create a physical chunk of {} ({})", where(), bytes_str(bytes),
-                                  std::strerror(errno)));
+    throw OutOfMemory(
+        fmt::format("{}: cannot create a physical chunk of {} ({})", where(), bytes_str(bytes), std::strerror(errno)));
   }
   const std::uintptr_t id = next_chunk_++;
   chunks_[id] = Chunk{fd, bytes, options, 0, false};
@@ -189,13 +190,15 @@ void Memory::map(void* va_ptr, std::size_t bytes, PhysicalHandle handle, std::si
   const auto va = reinterpret_cast<std::uintptr_t>(va_ptr);
   check_granular(bytes, "map size");
   if (va % granularity_ != 0 || offset % granularity_ != 0)
-    throw InvalidArgument(fmt::format("{}: map address {:#x} / offset {} not aligned to {}", where(), va, offset, granularity_));
+    throw InvalidArgument(
+        fmt::format("{}: map address {:#x} / offset {} not aligned to {}", where(), va, offset, granularity_));
   std::lock_guard lock(mutex_);
   auto cit = chunks_.find(static_cast<std::uintptr_t>(handle));
   if (cit == chunks_.end() || cit->second.destroyed)
     throw InvalidArgument(fmt::format("{}: unknown physical handle {}", where(), static_cast<std::uintptr_t>(handle)));
   if (offset + bytes > cit->second.size)
-    throw InvalidArgument(fmt::format("{}: map of {} B at offset {} exceeds the chunk's {} B", where(), bytes, offset, cit->second.size));
+    throw InvalidArgument(
+        fmt::format("{}: map of {} B at offset {} exceeds the chunk's {} B", where(), bytes, offset, cit->second.size));
   Reservation& r = reservation_of(va, bytes, "map");
   auto next = r.mappings.lower_bound(va);
   if (next != r.mappings.end() && next->first < va + bytes)
@@ -224,7 +227,8 @@ void Memory::unmap(void* va_ptr, std::size_t bytes) {
   auto first = it;
   while (at < va + bytes) {
     if (it == r.mappings.end() || it->first != at || at + it->second.size > va + bytes)
-      throw InvalidArgument(fmt::format("{}: [{:#x}, +{}) is not a run of whole mappings (at {:#x})", where(), va, bytes, at));
+      throw InvalidArgument(
+          fmt::format("{}: [{:#x}, +{}) is not a run of whole mappings (at {:#x})", where(), va, bytes, at));
     at += it->second.size;
     ++it;
   }

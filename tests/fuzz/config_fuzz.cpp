@@ -15,8 +15,8 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
-#include "stowage/fault_injection.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/fault_injection.hpp"
 
 namespace {
 

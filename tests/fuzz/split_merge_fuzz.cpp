@@ -59,7 +59,9 @@ std::uint16_t nearest_even_reference(std::uint32_t u) {
 }
 
 template <class Bytes>
-bool tie_bit(const Bytes& ties, std::size_t i) { return (ties[i / 8] >> (i % 8)) & 1u; }
+bool tie_bit(const Bytes& ties, std::size_t i) {
+  return (ties[i / 8] >> (i % 8)) & 1u;
+}
 
 // Expected planes of element with bits u.
 void check_element(std::uint32_t u, Rounding r, std::uint16_t bf16, std::uint16_t residual, bool tie, std::size_t i) {

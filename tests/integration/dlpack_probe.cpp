@@ -9,13 +9,14 @@
 
 #include "stowage/allocator.hpp"
 #include "stowage/dlpack.hpp"
-#include "stowage/parameter_bucket.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/parameter_bucket.hpp"
 
 namespace {
 
 struct Probe {
-  std::unique_ptr<stowage::Device> device = stowage::make_emulated_device(0, stowage::EmulatedOptions{.capacity = 64 << 20});
+  std::unique_ptr<stowage::Device> device =
+      stowage::make_emulated_device(0, stowage::EmulatedOptions{.capacity = 64 << 20});
   stowage::CachingAllocator allocator{*device};
 };
 
@@ -44,8 +45,7 @@ extern "C" {
 // slice [col_begin, col_end), so the consumer sees non-contiguous strides. *data receives the
 // address of the slice's first element.
 __attribute__((visibility("default"))) void* probe_iota_f32(std::int64_t rows, std::int64_t cols,
-                                                            std::int64_t col_begin, std::int64_t col_end,
-                                                            void** data) {
+                                                            std::int64_t col_begin, std::int64_t col_end, void** data) {
   return guarded(
       [&]() -> void* {
         stowage::TensorView t = stowage::TensorView::empty(probe().allocator, stowage::DType::f32, {rows, cols});
@@ -60,8 +60,7 @@ __attribute__((visibility("default"))) void* probe_iota_f32(std::int64_t rows, s
 
 // The bf16 plane of a one-parameter split-storage bucket holding `values` as its fp32 master
 // (nearest_even != 0 selects IEEE round-to-nearest-even), exported as a bf16 tensor of shape [n].
-__attribute__((visibility("default"))) void* probe_bf16_weights(const float* values, std::int64_t n,
-                                                                int nearest_even) {
+__attribute__((visibility("default"))) void* probe_bf16_weights(const float* values, std::int64_t n, int nearest_even) {
   return guarded(
       [&]() -> void* {
         stowage::BucketOptions options;

@@ -12,8 +12,7 @@ inline constexpr std::size_t kMaxJsonBytes = std::size_t{64} << 20;
 inline constexpr int kMaxJsonDepth = 64;
 
 // ParseError("<what>: ... at byte N") for malformed, truncated, too deep or too large input.
-nlohmann::json parse_json(const std::string& text, const std::string& what,
-                          std::size_t max_bytes = kMaxJsonBytes);
+nlohmann::json parse_json(const std::string& text, const std::string& what, std::size_t max_bytes = kMaxJsonBytes);
 
 // The whole file; ParseError when it cannot be read or exceeds max_bytes.
 std::string read_file(const std::string& path, std::size_t max_bytes = kMaxJsonBytes);

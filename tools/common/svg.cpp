@@ -39,13 +39,14 @@ void SvgWriter::rect(double x, double y, double w, double h, std::string_view fi
 }
 
 void SvgWriter::line(double x1, double y1, double x2, double y2, std::string_view stroke, double width) {
-  out_ += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"{:.1f}\"/>\n",
-                      x1, y1, x2, y2, xml_escape(stroke), width);
+  out_ += fmt::format(
+      "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"{:.1f}\"/>\n", x1, y1,
+      x2, y2, xml_escape(stroke), width);
 }
 
 void SvgWriter::polyline(std::string_view points, std::string_view stroke, double width) {
-  out_ += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{:.1f}\"/>\n", xml_escape(points),
-                      xml_escape(stroke), width);
+  out_ += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{:.1f}\"/>\n",
+                      xml_escape(points), xml_escape(stroke), width);
 }
 
 void SvgWriter::text(double x, double y, std::string_view content, double size, std::string_view anchor) {

@@ -4,10 +4,10 @@
 
 #include <fmt/format.h>
 
+#include "simd/bf16.hpp"
 #include "stowage/bucket_optimizers.hpp"
 #include "stowage/error.hpp"
 #include "tools/demo/adamw.hpp"
-#include "simd/bf16.hpp"
 
 namespace stowage::demo {
 

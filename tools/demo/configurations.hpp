@@ -8,9 +8,9 @@
 namespace stowage::demo {
 
 struct Techniques {
-  bool shared_storage = false;  // bf16 plane inside the fp32 master (stowage/precision.hpp)
-  bool recompute = false;       // release the GeLU output after forward, recompute before backward
-  bool swap_attention = false;  // attention activations to host after forward, prefetched for backward
+  bool shared_storage = false;     // bf16 plane inside the fp32 master (stowage/precision.hpp)
+  bool recompute = false;          // release the GeLU output after forward, recompute before backward
+  bool swap_attention = false;     // attention activations to host after forward, prefetched for backward
   bool offload_optimizer = false;  // AdamW m, v in host memory
 };
 

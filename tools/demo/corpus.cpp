@@ -22,12 +22,12 @@ const char* pick(const std::array<const char*, N>& words, std::uint64_t& rng) {
 }
 
 constexpr std::array<const char*, 8> kAdjectives{"old", "quiet", "bright", "small", "heavy", "green", "cold", "kind"};
-constexpr std::array<const char*, 10> kNouns{"miller", "river", "garden", "sailor", "lantern",
-                                             "village", "teacher", "horse", "window", "baker"};
+constexpr std::array<const char*, 10> kNouns{"miller",  "river",   "garden", "sailor", "lantern",
+                                             "village", "teacher", "horse",  "window", "baker"};
 constexpr std::array<const char*, 8> kVerbs{"watched", "carried", "followed", "painted",
-                                            "found", "mended", "greeted", "passed"};
-constexpr std::array<const char*, 6> kPlaces{"by the mill", "in the morning", "near the bridge",
-                                             "after the rain", "at the market", "under the hill"};
+                                            "found",   "mended",  "greeted",  "passed"};
+constexpr std::array<const char*, 6> kPlaces{"by the mill",    "in the morning", "near the bridge",
+                                             "after the rain", "at the market",  "under the hill"};
 
 }  // namespace
 

@@ -30,8 +30,7 @@ struct Batch {
 
 // The windows of step `step`, a pure function of (tokens, step, seed): every configuration of
 // the demo sees the same data.
-Batch sample_batch(const std::vector<std::int32_t>& tokens, int batch, int seq, int step,
-                   std::uint64_t seed = 7);
+Batch sample_batch(const std::vector<std::int32_t>& tokens, int batch, int seq, int step, std::uint64_t seed = 7);
 
 std::uint64_t splitmix64(std::uint64_t& state);
 

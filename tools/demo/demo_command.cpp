@@ -1,11 +1,12 @@
 // `stowage demo`: trains a small transformer under each memory technique and shows, for each,
 // the loss curve, the measured peak device memory, the step time, and whether every step's
 // loss is bit-identical to the baseline.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -47,7 +48,7 @@ std::vector<Configuration> configs_in_build(const std::string& requested, bool e
 // similar times; the first steps include set-up, so the estimate settles as the run goes).
 std::string eta_text(double elapsed_s, double done, double total) {
   if (done <= 0 || done >= total) return done >= total ? fmt::format("done in {:.1f}s  ", elapsed_s) : "";
-  const auto left = static_cast<long long>(elapsed_s / done * (total - done) + 0.5);
+  const long long left = std::llround(elapsed_s / done * (total - done));
   return left >= 60 ? fmt::format("ETA {}m{:02}s", left / 60, left % 60) : fmt::format("ETA {}s ", left);
 }
 

@@ -54,9 +54,10 @@ void check_fits(const ModelShape& s, const Device& device) {
   // per head with int.
   const double tokens = static_cast<double>(s.batch) * s.seq;
   if (tokens * 4.0 * s.hidden > INT_MAX || static_cast<double>(s.batch) * s.heads * s.seq * s.seq > INT_MAX)
-    throw InvalidArgument(fmt::format("demo: {} is too large for the demo's kernels (a layer's activations or "
-                                      "attention scores would exceed 2^31 elements)",
-                                      shape_text(s)));
+    throw InvalidArgument(
+        fmt::format("demo: {} is too large for the demo's kernels (a layer's activations or "
+                    "attention scores would exceed 2^31 elements)",
+                    shape_text(s)));
   const FitFloor f = fit_floor(s);
   const double capacity = static_cast<double>(device.capacity());
   if (f.device_bytes > capacity)
@@ -67,9 +68,10 @@ void check_fits(const ModelShape& s, const Device& device) {
         shape_text(s), f.parameters, bytes(f.device_bytes), bytes(capacity)));
   const double host = host_available_bytes();
   if (f.host_bytes > host)
-    throw InvalidArgument(fmt::format("demo: the model does not fit the host: {} needs {} of fp32 initial "
-                                      "parameters, and {} is available",
-                                      shape_text(s), bytes(f.host_bytes), bytes(host)));
+    throw InvalidArgument(
+        fmt::format("demo: the model does not fit the host: {} needs {} of fp32 initial "
+                    "parameters, and {} is available",
+                    shape_text(s), bytes(f.host_bytes), bytes(host)));
 }
 
 }  // namespace stowage::demo

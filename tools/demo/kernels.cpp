@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "stowage/activations.hpp"
 #include "simd/bf16.hpp"
+#include "stowage/activations.hpp"
 
 namespace stowage::demo::kernels {
 
@@ -23,7 +23,8 @@ void linear_forward(const float* x, const bf16* w, float* y, int m, int k, int n
 
 void transpose_widen(const bf16* w, float* wt, int k, int n) {
   for (int kk = 0; kk < k; ++kk)
-    for (int j = 0; j < n; ++j) wt[static_cast<std::size_t>(j) * k + kk] = stowage::bf16::to_f32(w[static_cast<std::size_t>(kk) * n + j]);
+    for (int j = 0; j < n; ++j)
+      wt[static_cast<std::size_t>(j) * k + kk] = stowage::bf16::to_f32(w[static_cast<std::size_t>(kk) * n + j]);
 }
 
 void linear_backward_input(const float* dy, const float* wt, float* dx, int m, int k, int n) {
@@ -80,8 +81,8 @@ void rmsnorm_forward(const float* x, const bf16* g, float* y, float* inv_rms, in
   }
 }
 
-void rmsnorm_backward(const float* x, const bf16* g, const float* inv_rms, const float* dy, float* dx,
-                      float* dg, int rows, int h) {
+void rmsnorm_backward(const float* x, const bf16* g, const float* inv_rms, const float* dy, float* dx, float* dg,
+                      int rows, int h) {
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + static_cast<std::size_t>(r) * h;
     const float* dyr = dy + static_cast<std::size_t>(r) * h;
@@ -136,8 +137,8 @@ void attention_forward(const float* qkv, float* probs, float* ctx, int b, int s,
   }
 }
 
-void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, float* dp,
-                        int b, int s, int h, int heads) {
+void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, float* dp, int b, int s,
+                        int h, int heads) {
   const int d = h / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const std::size_t ld = static_cast<std::size_t>(3) * h;

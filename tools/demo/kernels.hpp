@@ -24,15 +24,15 @@ void embedding_backward(const std::int32_t* ids, const float* dout, float* dtabl
 // y = x / rms(x) * g, one row of h per token; inv_rms saved for backward.
 void rmsnorm_forward(const float* x, const bf16* g, float* y, float* inv_rms, int rows, int h);
 // dx = (dy through the norm); dx is written (not accumulated); dg accumulated.
-void rmsnorm_backward(const float* x, const bf16* g, const float* inv_rms, const float* dy, float* dx,
-                      float* dg, int rows, int h);
+void rmsnorm_backward(const float* x, const bf16* g, const float* inv_rms, const float* dy, float* dx, float* dg,
+                      int rows, int h);
 
 // Causal self-attention over qkv[B*S, 3H] (q | k | v, heads of H/heads each):
 // probs[B, heads, S, S] (softmax, zero above the diagonal) and ctx[B*S, H].
 void attention_forward(const float* qkv, float* probs, float* ctx, int b, int s, int h, int heads);
 // dqkv[B*S, 3H] from dctx (written, not accumulated); dp is a workspace of S floats.
-void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, float* dp,
-                        int b, int s, int h, int heads);
+void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, float* dp, int b, int s,
+                        int h, int heads);
 
 // GeLU, tanh approximation, elementwise (stowage/activations.hpp; dx may be dy).
 void gelu_forward(const float* x, float* y, std::int64_t n);

@@ -21,12 +21,12 @@ struct ModelShape {
 };
 
 struct ParamInfo {
-  std::string name;           // "layer2.w_qkv"
-  std::string tag;            // allocator tag of its layer ("layer2.attn")
-  std::int64_t offset = 0;    // elements from the start of the flat buffer
+  std::string name;         // "layer2.w_qkv"
+  std::string tag;          // allocator tag of its layer ("layer2.attn")
+  std::int64_t offset = 0;  // elements from the start of the flat buffer
   std::int64_t rows = 0, cols = 0;
   std::int64_t numel() const { return rows * cols; }
-  bool decay = true;          // weight decay (matrices) or not (norm gains)
+  bool decay = true;  // weight decay (matrices) or not (norm gains)
 };
 
 // Indices into ParameterLayout::params for one block.

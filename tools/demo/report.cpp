@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "stowage/byte_size.hpp"
 #include <nlohmann/json.hpp>
+#include "stowage/byte_size.hpp"
 
 #include "tools/common/svg.hpp"
 #include "tools/demo/estimate_bridge.hpp"
@@ -42,12 +42,12 @@ std::string format_table(const std::vector<ConfigResult>& results, const DemoOpt
   std::string out;
   const auto& s = o.shape;
   out += fmt::format("model: {} layers, hidden {}, {} heads, seq {}, batch {}, vocab {}; {} parameters; {} steps\n",
-                     s.layers, s.hidden, s.heads, s.seq, s.batch, s.vocab,
-                     results.empty() ? 0 : results.front().params, o.steps);
+                     s.layers, s.hidden, s.heads, s.seq, s.batch, s.vocab, results.empty() ? 0 : results.front().params,
+                     o.steps);
   const ConfigResult* base = find_baseline(results);
-  out += fmt::format("{:<10} {:>8} {:>8} {:>8} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8}  {}\n", "config",
-                     "loss[0]", "loss[-1]", "min loss", "peak alloc", "peak resvd", "saved", "predicted",
-                     "estimate", "step ms", "bit-identical to baseline");
+  out += fmt::format("{:<10} {:>8} {:>8} {:>8} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8}  {}\n", "config", "loss[0]",
+                     "loss[-1]", "min loss", "peak alloc", "peak resvd", "saved", "predicted", "estimate", "step ms",
+                     "bit-identical to baseline");
   for (const auto& r : results) {
     std::string saved, predicted, estimated;
     if (base != nullptr && &r != base) {
@@ -55,14 +55,14 @@ std::string format_table(const std::vector<ConfigResult>& results, const DemoOpt
       predicted = format_bytes(predicted_saving(r.techniques, o, r.params).bytes);
       estimated = format_bytes(estimated_saving(r.techniques, o.shape, o.rounding));
     }
-    out += fmt::format("{:<10} {:>8.4f} {:>8.4f} {:>8.4f} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8.1f}  {}\n",
-                       r.name, first(r), last(r), min_loss(r), format_bytes(r.peak_allocated),
-                       format_bytes(r.peak_reserved), saved, predicted, estimated, r.mean_step_ms,
-                       identical_text(r));
+    out += fmt::format("{:<10} {:>8.4f} {:>8.4f} {:>8.4f} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8.1f}  {}\n", r.name,
+                       first(r), last(r), min_loss(r), format_bytes(r.peak_allocated), format_bytes(r.peak_reserved),
+                       saved, predicted, estimated, r.mean_step_ms, identical_text(r));
   }
-  out += "saved: baseline peak allocated minus this one's, measured. predicted: the demo's own byte counts "
-         "(tools/demo/savings.cpp).\nestimate: `stowage estimate`'s model of the same shape (bf16 activations; "
-         "offload counted as 12 B/param, the demo offloads m and v, 8 B/param).\n";
+  out +=
+      "saved: baseline peak allocated minus this one's, measured. predicted: the demo's own byte counts "
+      "(tools/demo/savings.cpp).\nestimate: `stowage estimate`'s model of the same shape (bf16 activations; "
+      "offload counted as 12 B/param, the demo offloads m and v, 8 B/param).\n";
   out += "\n";
   for (const auto& r : results) {
     out += fmt::format("{}: {}\n", r.name, r.summary);
@@ -75,8 +75,8 @@ std::string to_json(const std::vector<ConfigResult>& results, const DemoOptions&
   nlohmann::json j;
   const auto& s = o.shape;
   j["schema"] = "stowage.demo/1";
-  j["model"] = {{"layers", s.layers}, {"hidden", s.hidden}, {"heads", s.heads}, {"seq", s.seq},
-                {"batch", s.batch},   {"vocab", s.vocab}};
+  j["model"] = {{"layers", s.layers}, {"hidden", s.hidden}, {"heads", s.heads},
+                {"seq", s.seq},       {"batch", s.batch},   {"vocab", s.vocab}};
   j["steps"] = o.steps;
   j["rounding"] = to_string(o.rounding);
   j["configs"] = nlohmann::json::array();

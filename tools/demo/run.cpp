@@ -8,12 +8,12 @@
 
 #include <fmt/format.h>
 
-#include "stowage/device_handles.hpp"
-#include "stowage/runtime.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
-#include "stowage/fault_injection.hpp"
+#include "stowage/device_handles.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/fault_injection.hpp"
+#include "stowage/runtime.hpp"
 #include "tools/demo/adamw.hpp"
 #include "tools/demo/baseline_store.hpp"
 #include "tools/demo/corpus.hpp"

@@ -29,16 +29,16 @@ struct ConfigResult {
   std::vector<float> losses;         // one per step
   std::int64_t peak_allocated = 0;   // allocator stats, bytes, over the whole run
   std::int64_t peak_reserved = 0;
-  std::int64_t peak_requested = 0;   // bytes as asked, before the allocator rounds block sizes
-  std::uint64_t master_hash = 0;     // FNV-1a of the final fp32 master's bit patterns
-  std::int64_t left_allocated = 0;   // still allocated once the run's objects are gone (0 = no leak)
-  std::int64_t params = 0;           // parameter elements (with alignment padding)
+  std::int64_t peak_requested = 0;  // bytes as asked, before the allocator rounds block sizes
+  std::uint64_t master_hash = 0;    // FNV-1a of the final fp32 master's bit patterns
+  std::int64_t left_allocated = 0;  // still allocated once the run's objects are gone (0 = no leak)
+  std::int64_t params = 0;          // parameter elements (with alignment padding)
   int vocab = 0;
-  bool must_match = true;            // false where the rounding differs by design (half_up)
-  double mean_step_ms = 0;           // steps 2..n (the first warms the cache)
-  bool compared = false;             // a baseline ran to compare with
-  bool bit_identical = false;        // every step's loss has the baseline's bit pattern
-  int first_difference = -1;         // step index (0-based) of the first differing loss
+  bool must_match = true;      // false where the rounding differs by design (half_up)
+  double mean_step_ms = 0;     // steps 2..n (the first warms the cache)
+  bool compared = false;       // a baseline ran to compare with
+  bool bit_identical = false;  // every step's loss has the baseline's bit pattern
+  int first_difference = -1;   // step index (0-based) of the first differing loss
 };
 
 // Called after every step: configuration index, step (1-based), loss.

@@ -15,8 +15,7 @@ namespace {
 
 class SwapHooks final : public ActivationHooks {
  public:
-  explicit SwapHooks(const Context& ctx)
-      : pool_(*ctx.device), swap_(*ctx.allocator, pool_, options(ctx)) {}
+  explicit SwapHooks(const Context& ctx) : pool_(*ctx.device), swap_(*ctx.allocator, pool_, options(ctx)) {}
 
   void attention_done(int layer, const std::vector<TensorView*>& saved) override {
     const std::string tag = fmt::format("layer{}.attn", layer);
@@ -32,11 +31,11 @@ class SwapHooks final : public ActivationHooks {
 
   void describe(std::vector<std::string>& lines) const override {
     const SwapStats s = swap_.stats();
-    lines.push_back(fmt::format(
-        "swap-attention: {} tensors to host ({}), {} back ({}), {} kept on device; peak host {}; "
-        "overlap {:.0f}%, compute waited {:.1f} ms",
-        s.copies_d2h, format_bytes(s.bytes_d2h), s.copies_h2d, format_bytes(s.bytes_h2d), kept_,
-        format_bytes(s.peak_host_bytes), 100.0 * s.overlap_fraction, s.compute_wait_ms));
+    lines.push_back(
+        fmt::format("swap-attention: {} tensors to host ({}), {} back ({}), {} kept on device; peak host {}; "
+                    "overlap {:.0f}%, compute waited {:.1f} ms",
+                    s.copies_d2h, format_bytes(s.bytes_d2h), s.copies_h2d, format_bytes(s.bytes_h2d), kept_,
+                    format_bytes(s.peak_host_bytes), 100.0 * s.overlap_fraction, s.compute_wait_ms));
   }
 
  private:

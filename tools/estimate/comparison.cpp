@@ -49,7 +49,8 @@ EstimateResult run_estimate(const RunConfig& config) {
   c.techniques.swap_attention = true;
   r.alone.push_back(variant("swap_attention", c));
   c = base;
-  c.techniques.optimizer_offload = want.optimizer_offload == OffloadMode::none ? OffloadMode::mapped : want.optimizer_offload;
+  c.techniques.optimizer_offload =
+      want.optimizer_offload == OffloadMode::none ? OffloadMode::mapped : want.optimizer_offload;
   r.alone.push_back(variant("optimizer_offload", c));
   r.all = variant("all", with_all_techniques(config));
   return r;

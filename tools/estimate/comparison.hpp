@@ -16,8 +16,8 @@ struct Variant {
 
 struct EstimateResult {
   RunConfig config;
-  StageMemory baseline;    // the configuration with every stowage technique off
-  StageMemory configured;  // the configuration as given
+  StageMemory baseline;        // the configuration with every stowage technique off
+  StageMemory configured;      // the configuration as given
   std::vector<Variant> alone;  // shared_storage, act_fn_recompute, swap_attention, optimizer_offload
   Variant all;                 // all four together
 };

@@ -46,11 +46,11 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
     t.micro_batch = tools::get_int_or(j, "train_micro_batch_size_per_gpu", t.micro_batch, name);
   if (!is_auto(j, "gradient_accumulation_steps"))
     t.grad_accumulation = tools::get_int_or(j, "gradient_accumulation_steps", t.grad_accumulation, name);
-  if (const auto* bf = object_at(j, "bf16", name); bf && !is_auto(*bf, "enabled") &&
-                                                   tools::get_bool_or(*bf, "enabled", false, name + ".bf16"))
+  if (const auto* bf = object_at(j, "bf16", name);
+      bf && !is_auto(*bf, "enabled") && tools::get_bool_or(*bf, "enabled", false, name + ".bf16"))
     t.precision = Precision::bf16;
-  if (const auto* fp = object_at(j, "fp16", name); fp && !is_auto(*fp, "enabled") &&
-                                                   tools::get_bool_or(*fp, "enabled", false, name + ".fp16"))
+  if (const auto* fp = object_at(j, "fp16", name);
+      fp && !is_auto(*fp, "enabled") && tools::get_bool_or(*fp, "enabled", false, name + ".fp16"))
     t.precision = Precision::fp16;
   const std::string zname = name + ".zero_optimization";
   const auto* zero = object_at(j, "zero_optimization", name);
@@ -68,7 +68,8 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   auto bucket = [&](const char* field, std::int64_t fallback) {
     if (is_auto(*zero, field)) return fallback;
     const double v = tools::get_number_or(*zero, field, double(fallback), zname);
-    if (!(v >= 0 && v < 1e15)) throw ParseError(fmt::format("{}: field '{}' must be a non-negative size", zname, field));
+    if (!(v >= 0 && v < 1e15))
+      throw ParseError(fmt::format("{}: field '{}' must be a non-negative size", zname, field));
     return static_cast<std::int64_t>(v);
   };
   p.reduce_bucket_elements = bucket("reduce_bucket_size", p.reduce_bucket_elements);

@@ -10,6 +10,7 @@ namespace stowage::estimate {
 
 // ParseError naming the field ("zero_optimization.stage") for malformed or wrongly typed values.
 // "auto" values (Hugging Face integration) leave the setting as it is.
-void apply_deepspeed_config(const std::string& json_text, RunConfig& config, const std::string& name = "deepspeed config");
+void apply_deepspeed_config(const std::string& json_text, RunConfig& config,
+                            const std::string& name = "deepspeed config");
 
 }  // namespace stowage::estimate

@@ -7,9 +7,9 @@
 #include <iostream>
 #include <optional>
 
+#include "stowage/byte_size.hpp"
 #include "stowage/error.hpp"
 #include "tools/command.hpp"
-#include "stowage/byte_size.hpp"
 #include "tools/common/json_input.hpp"
 #include "tools/estimate/chart.hpp"
 #include "tools/estimate/deepspeed_config.hpp"
@@ -156,10 +156,12 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_option("--seq", o->seq, "sequence length (default 4096, or from --megatron-args)");
   cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size (default 1)");
   cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per step, in flight for pipeline stages (default 1)");
-  cmd->add_option("--global-batch", o->global_batch, "global batch: sets grad-accum = global / (micro × dp) (default: unset)");
+  cmd->add_option("--global-batch", o->global_batch,
+                  "global batch: sets grad-accum = global / (micro × dp) (default: unset)");
   cmd->add_option("--precision", o->precision, "bf16, fp16 or fp32 (default bf16)");
   cmd->add_option("--optimizer", o->optimizer, "adam or sgd (default adam)");
-  cmd->add_option("--grad-bytes", o->grad_bytes, "bytes per gradient: 2 or 4 (default 2 for bf16/fp16, 4 for fp32 or megatron accounting)");
+  cmd->add_option("--grad-bytes", o->grad_bytes,
+                  "bytes per gradient: 2 or 4 (default 2 for bf16/fp16, 4 for fp32 or megatron accounting)");
   cmd->add_flag("--no-flash-attention", o->no_flash, "attention stores the s² scores");
   cmd->add_flag("--unfused-swiglu", o->unfused_swiglu, "SwiGLU keeps silu(x1) too");
   cmd->add_option("--tp", o->tp, "tensor parallel size (default 1)");
@@ -171,7 +173,8 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_flag("--sequence-parallel", o->sp, "Megatron sequence parallelism");
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3 (default 0)");
   cmd->add_flag("--distributed-optimizer", o->dist_opt, "Megatron distributed optimizer (ZeRO-1)");
-  cmd->add_option("--accounting", o->accounting, "zero-paper, deepspeed or megatron model-state bookkeeping (default zero-paper)");
+  cmd->add_option("--accounting", o->accounting,
+                  "zero-paper, deepspeed or megatron model-state bookkeeping (default zero-paper)");
   cmd->add_option("--recompute", o->recompute, "none, selective, full or activation-function (default none)");
   cmd->add_option("--recompute-method", o->recompute_method,
                   "full recompute: block (first n layers) or uniform (chunks of n) (default block)");

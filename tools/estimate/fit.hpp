@@ -12,8 +12,8 @@ enum class FitDim { micro_batch, seq_length };
 struct FitResult {
   FitDim dim = FitDim::micro_batch;
   std::int64_t budget = 0;
-  std::int64_t step = 1;              // sequence lengths are searched in multiples of this
-  std::int64_t without_stowage = 0;   // 0: nothing fits
+  std::int64_t step = 1;             // sequence lengths are searched in multiples of this
+  std::int64_t without_stowage = 0;  // 0: nothing fits
   std::int64_t with_stowage = 0;
   StageMemory memory_without, memory_with;  // at the values found (when > 0)
 };

@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "stowage/error.hpp"
 #include "stowage/byte_size.hpp"
+#include "stowage/error.hpp"
 
 namespace stowage::estimate {
 

@@ -6,7 +6,6 @@
 
 namespace stowage::estimate {
 
-
 nlohmann::json to_json(const StageMemory& m) {
   nlohmann::json acts = nlohmann::json::object();
   for (const auto& a : m.activations) acts[a.name] = a.bytes;

@@ -16,7 +16,7 @@ struct EventLogAnalysis {
   double peak_time = 0;              // seconds
   std::int64_t live_at_end = 0, live_blocks_at_end = 0;
   std::vector<std::pair<double, std::int64_t>> timeline;  // (seconds, live bytes)
-  std::vector<EventRecord> largest;                        // largest allocations, largest first
+  std::vector<EventRecord> largest;                       // largest allocations, largest first
 };
 
 EventLogAnalysis analyze(const std::vector<EventRecord>& records, std::size_t top = 10);

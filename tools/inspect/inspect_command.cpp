@@ -1,4 +1,5 @@
-// `stowage inspect`: where did my memory go? Reads allocator snapshots (JSON) and event logs (CSV).
+// `stowage inspect`: where did my memory go? Reads allocator snapshots (stowage's JSON, PyTorch's
+// pickle or JSON) and event logs (CSV); writes a snapshot in PyTorch's form for memory_viz.
 #include <fmt/format.h>
 
 #include <fstream>
@@ -7,6 +8,8 @@
 #include "stowage/error.hpp"
 #include "tools/command.hpp"
 #include "tools/inspect/inspect_report.hpp"
+#include "tools/inspect/pickle_reader.hpp"
+#include "tools/inspect/pytorch_snapshot.hpp"
 
 namespace stowage::inspect {
 namespace {
@@ -15,13 +18,13 @@ struct Options {
   std::string file;
   std::vector<std::string> compare;
   bool json = false;
-  std::string svg;
+  std::string svg, memory_viz;
   std::size_t top = 10;
 };
 
-void write_file(const std::string& path, const std::string& text) {
+void write_file(const std::string& path, const std::string& text, const char* option = "--svg") {
   std::ofstream out(path, std::ios::binary);
-  if (!out || !(out << text)) throw InvalidArgument(fmt::format("--svg: cannot write '{}'", path));
+  if (!out || !(out << text)) throw InvalidArgument(fmt::format("{}: cannot write '{}'", option, path));
 }
 
 int run(const Options& o) {
@@ -40,7 +43,9 @@ int run(const Options& o) {
     else std::cout << to_table(a);
     return 0;
   }
-  const SnapshotAnalysis a = analyze(load_snapshot(o.file), o.top);
+  const Snapshot snapshot = load_snapshot(o.file);
+  if (!o.memory_viz.empty()) write_file(o.memory_viz, write_pickle(to_pytorch(snapshot)), "--to-memory-viz");
+  const SnapshotAnalysis a = analyze(snapshot, o.top);
   if (!o.svg.empty()) write_file(o.svg, timeline_svg(a, o.file));
   if (o.json) std::cout << to_json(a).dump(2) << "\n";
   else std::cout << to_table(a);
@@ -49,12 +54,19 @@ int run(const Options& o) {
 
 void setup(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("inspect", "Read an allocator snapshot or event log: peaks, fragmentation, largest blocks, owning tags");
-  cmd->add_option("file", o->file, "snapshot JSON (docs/snapshot.md) or event-log CSV (docs/event_log.md)");
+  auto* cmd = app.add_subcommand(
+      "inspect", "Read an allocator snapshot or event log: peaks, fragmentation, largest blocks, owning tags");
+  cmd->add_option("file", o->file,
+                  "snapshot: stowage's JSON (docs/snapshot.md) or PyTorch's (pickle from _dump_snapshot, or its "
+                  "JSON); or an event-log CSV (docs/event_log.md)");
   cmd->add_option("--compare", o->compare, "two snapshots: what changed from A to B")->expected(2);
   cmd->add_flag("--json", o->json, "JSON output (schema stowage.inspect/1, docs/estimate.md)");
   cmd->add_option("--svg", o->svg, "write a timeline of allocated and reserved bytes");
-  cmd->add_option("--top", o->top, "how many blocks and tags to list")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--to-memory-viz", o->memory_viz,
+                  "write the snapshot as a PyTorch snapshot pickle for pytorch.org/memory_viz (tags as categories)");
+  cmd->add_option("--top", o->top, "how many blocks and tags to list")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   cmd->callback([o, &exit_code] { exit_code = run(*o); });
 }
 

@@ -101,8 +101,7 @@ std::string chart(const std::string& title, const std::string& x_label, const st
     std::string pts;
     for (const auto& [x, y] : s.points) {
       if (!std::isfinite(x) || !std::isfinite(y)) continue;
-      pts += fmt::format("{:.1f},{:.1f} ", left + fraction(x, x_min, x_max) * w,
-                         top + h - fraction(y, 0.0, y_max) * h);
+      pts += fmt::format("{:.1f},{:.1f} ", left + fraction(x, x_min, x_max) * w, top + h - fraction(y, 0.0, y_max) * h);
     }
     if (!pts.empty()) svg.polyline(pts, s.color);
     svg.rect(left + w + 20, top + 20.0 * double(row), 12, 12, s.color);
@@ -117,10 +116,16 @@ std::string chart(const std::string& title, const std::string& x_label, const st
 nlohmann::json to_json(const SnapshotAnalysis& a) {
   nlohmann::json blocks = nlohmann::json::array();
   for (const auto& b : a.largest_blocks)
-    blocks.push_back({{"address", b.address}, {"size", b.size}, {"requested_size", b.requested}, {"state", b.state}, {"tag", b.tag}});
+    blocks.push_back({{"address", b.address},
+                      {"size", b.size},
+                      {"requested_size", b.requested},
+                      {"state", b.state},
+                      {"tag", b.tag}});
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& p : thin(a.timeline, 2000, [](const TimelinePoint& q) { return q.allocated; }))
-    timeline.push_back({{"time_ns", p.time_ns}, {"allocated", p.allocated}, {"reserved", p.reserved},
+    timeline.push_back({{"time_ns", p.time_ns},
+                        {"allocated", p.allocated},
+                        {"reserved", p.reserved},
                         {"fragmentation", p.fragmentation()}});
   return {{"schema", "stowage.inspect/1"},
           {"kind", "snapshot"},
@@ -150,9 +155,10 @@ std::string to_table(const SnapshotAnalysis& a) {
   out += fmt::format("  fragmentation {:.1f}% (reserved but free), largest free block {}, {} segments, {} OOMs\n",
                      100.0 * a.fragmentation, format_bytes(a.largest_free), a.segments, a.num_ooms);
   if (!a.timeline.empty()) {
-    out += fmt::format("  trace: {} events, allocated peak {} with {:.1f}% of reserved free; largest reserved-but-free gap {}\n",
-                       a.timeline.size(), format_bytes(a.trace_peak_allocated), 100.0 * a.fragmentation_at_peak,
-                       format_bytes(a.largest_gap));
+    out += fmt::format(
+        "  trace: {} events, allocated peak {} with {:.1f}% of reserved free; largest reserved-but-free gap {}\n",
+        a.timeline.size(), format_bytes(a.trace_peak_allocated), 100.0 * a.fragmentation_at_peak,
+        format_bytes(a.largest_gap));
   }
   out += "largest blocks:\n";
   for (const auto& b : a.largest_blocks)
@@ -167,25 +173,33 @@ std::string to_table(const SnapshotAnalysis& a) {
 nlohmann::json to_json(const EventLogAnalysis& a) {
   nlohmann::json largest = nlohmann::json::array();
   for (const auto& r : a.largest)
-    largest.push_back({{"time", r.time}, {"pointer", r.pointer}, {"size", r.size}, {"thread", r.thread}, {"stream", r.stream}});
+    largest.push_back(
+        {{"time", r.time}, {"pointer", r.pointer}, {"size", r.size}, {"thread", r.thread}, {"stream", r.stream}});
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& [t, b] : thin(a.timeline, 2000, [](const auto& q) { return q.second; }))
     timeline.push_back({{"time", t}, {"live", b}});
-  return {{"schema", "stowage.inspect/1"}, {"kind", "event_log"},       {"events", a.events},
-          {"allocations", a.allocations},  {"frees", a.frees},          {"unmatched_frees", a.unmatched_frees},
-          {"peak_live", a.peak_live},      {"peak_time", a.peak_time},  {"live_at_end", a.live_at_end},
-          {"live_blocks_at_end", a.live_blocks_at_end}, {"largest_allocations", largest}, {"timeline", timeline}};
+  return {{"schema", "stowage.inspect/1"},
+          {"kind", "event_log"},
+          {"events", a.events},
+          {"allocations", a.allocations},
+          {"frees", a.frees},
+          {"unmatched_frees", a.unmatched_frees},
+          {"peak_live", a.peak_live},
+          {"peak_time", a.peak_time},
+          {"live_at_end", a.live_at_end},
+          {"live_blocks_at_end", a.live_blocks_at_end},
+          {"largest_allocations", largest},
+          {"timeline", timeline}};
 }
 
 std::string to_table(const EventLogAnalysis& a) {
   std::string out = fmt::format("{} events ({} allocations, {} frees, {} frees of unknown pointers)\n", a.events,
                                 a.allocations, a.frees, a.unmatched_frees);
-  out += fmt::format("  peak live {} at {:.6f} s; live at end {} in {} blocks\n", format_bytes(a.peak_live), a.peak_time,
-                     format_bytes(a.live_at_end), a.live_blocks_at_end);
+  out += fmt::format("  peak live {} at {:.6f} s; live at end {} in {} blocks\n", format_bytes(a.peak_live),
+                     a.peak_time, format_bytes(a.live_at_end), a.live_blocks_at_end);
   out += "largest allocations:\n";
   for (const auto& r : a.largest)
-    out += fmt::format("  {:>14}  {:#x}  at {:.6f} s, stream {}\n", format_bytes(r.size),
-                       r.pointer, r.time, r.stream);
+    out += fmt::format("  {:>14}  {:#x}  at {:.6f} s, stream {}\n", format_bytes(r.size), r.pointer, r.time, r.stream);
   return out;
 }
 
@@ -199,14 +213,16 @@ nlohmann::json compare_json(const SnapshotAnalysis& a, const SnapshotAnalysis& b
     return std::llabs(x.second.second - x.second.first) > std::llabs(y.second.second - y.second.first);
   });
   nlohmann::json tag_rows = nlohmann::json::array();
-  for (const auto& [tag, v] : rows) tag_rows.push_back({{"tag", tag}, {"a", v.first}, {"b", v.second}, {"change", v.second - v.first}});
+  for (const auto& [tag, v] : rows)
+    tag_rows.push_back({{"tag", tag}, {"a", v.first}, {"b", v.second}, {"change", v.second - v.first}});
   return {{"schema", "stowage.inspect.compare/1"},
           {"peak_allocated", stat(a.peak_allocated, b.peak_allocated)},
           {"peak_reserved", stat(a.peak_reserved, b.peak_reserved)},
           {"allocated", stat(a.allocated, b.allocated)},
           {"reserved", stat(a.reserved, b.reserved)},
           {"segments", stat(a.segments, b.segments)},
-          {"fragmentation", {{"a", a.fragmentation}, {"b", b.fragmentation}, {"change", b.fragmentation - a.fragmentation}}},
+          {"fragmentation",
+           {{"a", a.fragmentation}, {"b", b.fragmentation}, {"change", b.fragmentation - a.fragmentation}}},
           {"tags", tag_rows}};
 }
 

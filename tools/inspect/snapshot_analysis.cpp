@@ -7,6 +7,8 @@
 
 #include "stowage/error.hpp"
 #include "tools/common/json_input.hpp"
+#include "tools/inspect/pickle_reader.hpp"
+#include "tools/inspect/pytorch_snapshot.hpp"
 #include "tools/inspect/snapshot_consistency.hpp"
 
 namespace stowage::inspect {
@@ -109,12 +111,22 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
 }
 
 Snapshot load_snapshot(const std::string& path) {
-  const std::string text = tools::read_file(path);  // bounded size; the reader bounds the depth
+  const std::string text = tools::read_file(path);  // bounded size; each reader bounds the depth
+  auto stowage_snapshot = [&] {
+    try {
+      return snapshot_from_json(text);
+    } catch (const ParseError& e) {
+      throw ParseError(fmt::format("{}: {}", path, e.what()));
+    }
+  };
   Snapshot snapshot;
-  try {
-    snapshot = snapshot_from_json(text);
-  } catch (const ParseError& e) {
-    throw ParseError(fmt::format("{}: {}", path, e.what()));
+  if (!text.empty() && static_cast<unsigned char>(text[0]) == 0x80) {  // a pickle's PROTO opcode
+    snapshot = snapshot_from_pytorch(read_pickle(text, path), path);
+  } else if (text.find("\"device_traces\"") != std::string::npos) {  // PyTorch's dict as JSON?
+    const nlohmann::json j = tools::parse_json(text, path);
+    snapshot = is_pytorch_snapshot(j) ? snapshot_from_pytorch(j, path) : stowage_snapshot();
+  } else {
+    snapshot = stowage_snapshot();
   }
   if (const auto broken = inconsistencies(snapshot); !broken.empty()) {
     std::string list;

@@ -36,8 +36,8 @@ struct SnapshotAnalysis {
   std::int64_t allocated = 0, reserved = 0;            // now (stats)
   std::int64_t peak_allocated = 0, peak_reserved = 0;  // since the last reset (stats)
   std::int64_t segments = 0, num_ooms = 0;
-  double fragmentation = 0;        // 1 − allocated / reserved now
-  std::int64_t largest_free = 0;   // largest inactive block
+  double fragmentation = 0;                  // 1 − allocated / reserved now
+  std::int64_t largest_free = 0;             // largest inactive block
   std::vector<BlockSummary> largest_blocks;  // allocated blocks, largest first
   std::vector<TagBytes> tags_now;            // allocated bytes per tag now, most first
   std::vector<TagBytes> tags_at_peak;        // per tag at the trace's allocated peak

@@ -7,11 +7,13 @@ namespace stowage::inspect {
 std::vector<std::string> inconsistencies(const Snapshot& s) {
   std::vector<std::string> out;
   const AllocatorStats& st = s.stats;
-  const std::pair<const char*, const StatArray*> arrays[] = {
-      {"allocated_bytes", &st.allocated_bytes}, {"reserved_bytes", &st.reserved_bytes},
-      {"active_bytes", &st.active_bytes},       {"inactive_split_bytes", &st.inactive_split_bytes},
-      {"requested_bytes", &st.requested_bytes}, {"allocation", &st.allocation},
-      {"segment", &st.segment}};
+  const std::pair<const char*, const StatArray*> arrays[] = {{"allocated_bytes", &st.allocated_bytes},
+                                                             {"reserved_bytes", &st.reserved_bytes},
+                                                             {"active_bytes", &st.active_bytes},
+                                                             {"inactive_split_bytes", &st.inactive_split_bytes},
+                                                             {"requested_bytes", &st.requested_bytes},
+                                                             {"allocation", &st.allocation},
+                                                             {"segment", &st.segment}};
   for (const auto& [name, array] : arrays)
     for (const auto& [pool, stat] : {std::pair<const char*, const Stat*>{"all", &array->all},
                                      {"small_pool", &array->small_pool},
@@ -44,8 +46,8 @@ std::vector<std::string> inconsistencies(const Snapshot& s) {
       sum += b.size;
     }
     if (sum != seg.total_size)
-      out.push_back(fmt::format("segments[{}]: its blocks add up to {} bytes, not its total_size {}", i, sum,
-                                seg.total_size));
+      out.push_back(
+          fmt::format("segments[{}]: its blocks add up to {} bytes, not its total_size {}", i, sum, seg.total_size));
   }
   return out;
 }

@@ -105,7 +105,9 @@ void setup(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Options>();
   auto* cmd =
       app.add_subcommand("plan", "Search parallel layouts and memory techniques for the fastest plan that fits");
-  cmd->add_option("--model", o->model, "preset (required unless --model-json or --megatron-args): " + fmt::format("{}", fmt::join(estimate::preset_names(), ", ")));
+  cmd->add_option("--model", o->model,
+                  "preset (required unless --model-json or --megatron-args): " +
+                      fmt::format("{}", fmt::join(estimate::preset_names(), ", ")));
   cmd->add_option("--model-json", o->model_json, "a Hugging Face config.json");
   cmd->add_option("--megatron-args", o->megatron_args, "Megatron-LM arguments (the model and training shape are read)");
   cmd->add_option("--seq", o->seq, "sequence length (default 4096 or from --megatron-args)");

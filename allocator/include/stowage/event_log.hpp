@@ -20,12 +20,12 @@ enum class EventAction { allocate, free };
 const char* to_string(EventAction action);
 
 struct EventRecord {
-  std::uint64_t thread = 0;     // OS thread id
-  double time = 0;              // seconds since the log was opened
+  std::uint64_t thread = 0;  // OS thread id
+  double time = 0;           // seconds since the log was opened
   EventAction action = EventAction::allocate;
   std::uintptr_t pointer = 0;
-  std::size_t size = 0;         // bytes asked for (also on free)
-  std::uint64_t stream = 0;     // the Stream's value (cudaStream_t on CUDA)
+  std::size_t size = 0;      // bytes asked for (also on free)
+  std::uint64_t stream = 0;  // the Stream's value (cudaStream_t on CUDA)
 };
 
 // Writes the CSV; thread-safe. Each line goes to the file with one append (O_APPEND, a single

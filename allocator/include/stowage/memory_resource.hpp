@@ -63,11 +63,11 @@ R* find_resource(MemoryResource& top) {
 class ResourceHandle {
  public:
   ResourceHandle() = default;
-  ResourceHandle(MemoryResource& resource);  // NOLINT(google-explicit-constructor): implicit on purpose
+  ResourceHandle(MemoryResource& resource);                  // NOLINT(google-explicit-constructor): implicit on purpose
   ResourceHandle(std::shared_ptr<MemoryResource> resource);  // NOLINT(google-explicit-constructor)
   template <class R>
-    requires std::derived_from<R, MemoryResource>
-  ResourceHandle(std::shared_ptr<R> resource)  // NOLINT(google-explicit-constructor)
+  requires std::derived_from<R, MemoryResource> ResourceHandle(
+      std::shared_ptr<R> resource)  // NOLINT(google-explicit-constructor)
       : ResourceHandle(std::shared_ptr<MemoryResource>(std::move(resource))) {}
 
   bool valid() const { return raw_ != nullptr; }

@@ -33,8 +33,8 @@ class Storage {
   StorageState state() const;
   bool resident() const { return state() == StorageState::resident; }
   Device& device() const;
-  MemoryResource* resource() const;     // nullptr for wrapped storage
-  Stream stream() const;                // the stream the bytes are used on
+  MemoryResource* resource() const;  // nullptr for wrapped storage
+  Stream stream() const;             // the stream the bytes are used on
   long use_count() const { return impl_.use_count(); }
   bool same_as(const Storage& other) const { return impl_ == other.impl_; }
   const void* id() const { return impl_.get(); }

@@ -14,8 +14,8 @@ class TensorView {
  public:
   TensorView() = default;
   // Strides empty = contiguous (row-major). InvalidArgument when the view exceeds the storage.
-  TensorView(Storage storage, DType dtype, std::vector<std::int64_t> shape,
-             std::vector<std::int64_t> strides = {}, std::size_t byte_offset = 0);
+  TensorView(Storage storage, DType dtype, std::vector<std::int64_t> shape, std::vector<std::int64_t> strides = {},
+             std::size_t byte_offset = 0);
 
   // A new contiguous tensor from a memory resource.
   static TensorView empty(ResourceHandle resource, DType dtype, std::vector<std::int64_t> shape,
@@ -36,7 +36,9 @@ class TensorView {
   // The first element's address; InvalidArgument when the storage is not resident.
   void* data() const;
   template <class T>
-  T* data_as() const { return static_cast<T*>(data()); }
+  T* data_as() const {
+    return static_cast<T*>(data());
+  }
 
   // Same storage, new contiguous shape with the same numel.
   TensorView reshape(std::vector<std::int64_t> shape) const;

@@ -24,8 +24,8 @@ struct Backend {
   // Real accelerator memory. The emulated backend is not: it is the fallback when no accelerator
   // backend has a device, and it has as many devices as it is asked for.
   bool accelerator;
-  int (*device_count)();                          // usable now; 0 when none
-  std::string (*unavailable_reason)();            // why device_count() is 0
+  int (*device_count)();                // usable now; 0 when none
+  std::string (*unavailable_reason)();  // why device_count() is 0
   std::unique_ptr<Device> (*open)(int ordinal, const BackendOptions& options);
 };
 

@@ -52,26 +52,26 @@ struct DeviceProperties {
   DeviceKind kind = DeviceKind::emulated;
   int ordinal = 0;
   std::string name;
-  std::size_t capacity = 0;         // bytes of device memory
-  std::size_t granularity = 0;      // virtual-memory mapping granule (0 = no VMM)
-  bool virtual_memory = false;      // reserve/map/unmap supported
-  bool partial_mapping = false;     // map() of part of a chunk (an offset, or less than its size);
-                                    // the CUDA driver maps chunks whole
-  bool host_numa_memory = false;    // create_physical(Location::host_numa) supported
-  bool host_accessible = false;     // the host can read/write device pointers directly
+  std::size_t capacity = 0;       // bytes of device memory
+  std::size_t granularity = 0;    // virtual-memory mapping granule (0 = no VMM)
+  bool virtual_memory = false;    // reserve/map/unmap supported
+  bool partial_mapping = false;   // map() of part of a chunk (an offset, or less than its size);
+                                  // the CUDA driver maps chunks whole
+  bool host_numa_memory = false;  // create_physical(Location::host_numa) supported
+  bool host_accessible = false;   // the host can read/write device pointers directly
   // How DLPack names this device's memory (a DLDeviceType: 1 = kDLCPU for memory the host
   // addresses as its own, 2 = kDLCUDA, ...): what other frameworks see in stowage's exports.
   int dlpack_device_type = 1;
-  std::string pci_bus_id;           // "0000:17:00.0" (CUDA), empty when emulated
-  std::vector<int> numa_nodes;      // the host NUMA node(s) nearest this device
+  std::string pci_bus_id;       // "0000:17:00.0" (CUDA), empty when emulated
+  std::vector<int> numa_nodes;  // the host NUMA node(s) nearest this device
 };
 
 // Statistics the device keeps of itself (not the allocator's).
 struct DeviceCounters {
-  std::size_t raw_allocated = 0;        // bytes handed out by allocate()
-  std::size_t physical_allocated = 0;   // bytes of device-located physical chunks
-  std::size_t reserved_address = 0;     // bytes of reserved virtual address space
-  std::size_t pinned_host = 0;          // bytes of host memory registered with pin_host
+  std::size_t raw_allocated = 0;       // bytes handed out by allocate()
+  std::size_t physical_allocated = 0;  // bytes of device-located physical chunks
+  std::size_t reserved_address = 0;    // bytes of reserved virtual address space
+  std::size_t pinned_host = 0;         // bytes of host memory registered with pin_host
   std::uint64_t bytes_h2d = 0, bytes_d2h = 0, bytes_d2d = 0;
 };
 

@@ -17,9 +17,9 @@ inline constexpr double kMaxLinkGbps = 1e5;
 inline constexpr std::size_t kMaxEmulatedCapacity = std::size_t{1} << 47;
 
 struct EmulatedOptions {
-  std::size_t capacity = std::size_t{8} << 30;   // STOWAGE_EMULATED_CAPACITY
-  double link_bandwidth_gbps = 0.0;               // 0 = unthrottled; STOWAGE_EMULATED_LINK_GBPS
-  std::size_t granularity = std::size_t{2} << 20; // VMM granule
+  std::size_t capacity = std::size_t{8} << 30;     // STOWAGE_EMULATED_CAPACITY
+  double link_bandwidth_gbps = 0.0;                // 0 = unthrottled; STOWAGE_EMULATED_LINK_GBPS
+  std::size_t granularity = std::size_t{2} << 20;  // VMM granule
   std::string name = "emulated";
   // Streams keep the device's own clock (event times, when queued work may start): the host
   // threads that run them lose time to wake-ups a GPU does not, and up to this much of it per

@@ -38,18 +38,18 @@ struct HostPoolNodeStats {
 };
 
 struct HostPoolStats {
-  std::string backend;                // "jemalloc" or "builtin"
-  std::size_t cap_bytes = 0;          // 0 = none
-  std::size_t pinned_bytes = 0;       // mapped, bound and pinned: what the pool holds
+  std::string backend;           // "jemalloc" or "builtin"
+  std::size_t cap_bytes = 0;     // 0 = none
+  std::size_t pinned_bytes = 0;  // mapped, bound and pinned: what the pool holds
   std::size_t peak_pinned_bytes = 0;
-  std::size_t in_use_bytes = 0;       // handed out, in the backend's rounded sizes
+  std::size_t in_use_bytes = 0;  // handed out, in the backend's rounded sizes
   std::size_t peak_in_use_bytes = 0;
-  std::size_t requested_bytes = 0;    // handed out, as asked
+  std::size_t requested_bytes = 0;  // handed out, as asked
   std::size_t live_buffers = 0;
   std::uint64_t num_allocs = 0, num_frees = 0;
   std::uint64_t num_maps = 0, num_unmaps = 0;  // extents mapped/unmapped (each pinned once)
   std::uint64_t num_ooms = 0;
-  bool numa_bound = false;            // pages are bound with mbind
+  bool numa_bound = false;               // pages are bound with mbind
   std::vector<HostPoolNodeStats> nodes;  // ascending by node
 };
 

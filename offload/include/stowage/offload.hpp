@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "stowage/memory_resource.hpp"
 #include "stowage/bucket_optimizers.hpp"
 #include "stowage/host_pool.hpp"
+#include "stowage/memory_resource.hpp"
 #include "stowage/optimizers.hpp"
 #include "stowage/parameter_bucket.hpp"
 #include "stowage/tensor.hpp"

@@ -59,8 +59,8 @@ struct SwapStats {
   std::uint64_t kept_tag = 0, kept_small = 0, kept_host_cap = 0, kept_pool_full = 0;
   std::uint64_t kept_not_resident = 0, kept_not_ours = 0;
   std::uint64_t kept_bytes_host_cap = 0, kept_bytes_pool_full = 0;  // bytes left on the device
-  std::uint64_t prefetch_on_demand = 0;  // acquire() found no prefetch under way
-  std::uint64_t prefetch_oom = 0;        // prefetch put off: no device memory (acquire retries)
+  std::uint64_t prefetch_on_demand = 0;                             // acquire() found no prefetch under way
+  std::uint64_t prefetch_oom = 0;                   // prefetch put off: no device memory (acquire retries)
   std::size_t host_bytes = 0, peak_host_bytes = 0;  // host bytes held for swapped tensors
   std::size_t tensors_swapped = 0;                  // storages on the host or coming back now
   double d2h_ms = 0, h2d_ms = 0;                    // copy time on the copy streams

@@ -76,8 +76,8 @@ struct HostGrad {
 // True when any gradient in [begin, end) is Inf or NaN.
 bool any_nonfinite(HostGrad grad, std::size_t begin, std::size_t end);
 // m, v: fp32 arrays indexed like the weights. No finite check, no state change.
-void adam_step_range(const SplitPlanes& weights, HostGrad grad, float* m, float* v, std::size_t begin,
-                     std::size_t end, const AdamScalars& scalars);
+void adam_step_range(const SplitPlanes& weights, HostGrad grad, float* m, float* v, std::size_t begin, std::size_t end,
+                     const AdamScalars& scalars);
 // The same Adam update on a plain fp32 master array (what a framework without split storage
 // runs), bit-identical to adam_step_range on the merged planes.
 void adam_step_range_fp32(float* params, HostGrad grad, float* m, float* v, std::size_t begin, std::size_t end,

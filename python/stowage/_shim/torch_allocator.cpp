@@ -45,8 +45,8 @@ void install() {
   });
   p->set_reset_fn([] { TORCH_CHECK(stowage_empty_cache(-1) == 0, "stowage: empty_cache: ", last_error()); });
   p->set_memory_fraction_fn([](double fraction, int device) {
-    TORCH_CHECK(stowage_set_memory_fraction(device, fraction) == 0, "stowage: set_per_process_memory_fraction: ",
-                last_error());
+    TORCH_CHECK(stowage_set_memory_fraction(device, fraction) == 0,
+                "stowage: set_per_process_memory_fraction: ", last_error());
   });
   p->set_init_fn([](int) { TORCH_CHECK(stowage_device_count() > 0, "stowage: ", last_error()); });
   pluggable::changeCurrentAllocator(allocator);

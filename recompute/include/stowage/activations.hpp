@@ -33,23 +33,20 @@ namespace cpu {  // host memory, on the calling thread; AVX2 when the CPU has it
 
 void activation_forward(Activation a, DType dtype, std::size_t n, const void* x, void* y);
 // dx = dy * f'(x)
-void activation_backward(Activation a, DType dtype, std::size_t n, const void* x, const void* dy,
-                         void* dx);
+void activation_backward(Activation a, DType dtype, std::size_t n, const void* x, const void* dy, void* dx);
 // y[r, c] = f(x[r, c] + bias[c])
-void bias_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                             const void* x, const void* bias, void* y);
+void bias_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* x,
+                             const void* bias, void* y);
 // dx = dy * f'(x + bias); dbias[c] = sum over r of dx[r, c] (fp32, in row order) unless null.
-void bias_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                              const void* x, const void* bias, const void* dy, void* dx,
-                              void* dbias);
+void bias_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* x,
+                              const void* bias, const void* dy, void* dx, void* dbias);
 // y = f(gate) * up
-void gated_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                              const void* gate, std::size_t gate_ld, const void* up,
-                              std::size_t up_ld, void* y);
+void gated_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* gate,
+                              std::size_t gate_ld, const void* up, std::size_t up_ld, void* y);
 // dgate = dy * up * f'(gate); dup = dy * f(gate)
-void gated_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                               const void* gate, std::size_t gate_ld, const void* up,
-                               std::size_t up_ld, const void* dy, void* dgate, void* dup);
+void gated_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* gate,
+                               std::size_t gate_ld, const void* up, std::size_t up_ld, const void* dy, void* dgate,
+                               void* dup);
 
 }  // namespace cpu
 
@@ -58,22 +55,18 @@ void gated_activation_backward(Activation a, DType dtype, std::size_t rows, std:
 // row order, so it is deterministic too.
 namespace cuda {
 
-void activation_forward(Activation a, DType dtype, std::size_t n, const void* x, void* y,
-                        void* stream);
-void activation_backward(Activation a, DType dtype, std::size_t n, const void* x, const void* dy,
-                         void* dx, void* stream);
-void bias_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                             const void* x, const void* bias, void* y, void* stream);
-void bias_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                              const void* x, const void* bias, const void* dy, void* dx,
-                              void* dbias, void* stream);
-void gated_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                              const void* gate, std::size_t gate_ld, const void* up,
-                              std::size_t up_ld, void* y, void* stream);
-void gated_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols,
-                               const void* gate, std::size_t gate_ld, const void* up,
-                               std::size_t up_ld, const void* dy, void* dgate, void* dup,
-                               void* stream);
+void activation_forward(Activation a, DType dtype, std::size_t n, const void* x, void* y, void* stream);
+void activation_backward(Activation a, DType dtype, std::size_t n, const void* x, const void* dy, void* dx,
+                         void* stream);
+void bias_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* x,
+                             const void* bias, void* y, void* stream);
+void bias_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* x,
+                              const void* bias, const void* dy, void* dx, void* dbias, void* stream);
+void gated_activation_forward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* gate,
+                              std::size_t gate_ld, const void* up, std::size_t up_ld, void* y, void* stream);
+void gated_activation_backward(Activation a, DType dtype, std::size_t rows, std::size_t cols, const void* gate,
+                               std::size_t gate_ld, const void* up, std::size_t up_ld, const void* dy, void* dgate,
+                               void* dup, void* stream);
 
 }  // namespace cuda
 
@@ -85,18 +78,15 @@ void gated_activation_backward(Activation a, DType dtype, std::size_t rows, std:
 // caller keeps the bytes alive until the stream has run the kernel (as with any launch).
 // InvalidArgument for mismatched tensors, Unsupported for another dtype.
 void activation_forward(Activation a, const TensorView& x, const TensorView& y, Stream stream);
-void activation_backward(Activation a, const TensorView& x, const TensorView& dy,
-                         const TensorView& dx, Stream stream);
+void activation_backward(Activation a, const TensorView& x, const TensorView& dy, const TensorView& dx, Stream stream);
 // bias has shape [cols] where x is [..., cols]; dbias may be an undefined TensorView.
-void bias_activation_forward(Activation a, const TensorView& x, const TensorView& bias,
-                             const TensorView& y, Stream stream);
-void bias_activation_backward(Activation a, const TensorView& x, const TensorView& bias,
-                              const TensorView& dy, const TensorView& dx,
-                              const TensorView& dbias, Stream stream);
-void gated_activation_forward(Activation a, const TensorView& gate, const TensorView& up,
-                              const TensorView& y, Stream stream);
-void gated_activation_backward(Activation a, const TensorView& gate, const TensorView& up,
-                               const TensorView& dy, const TensorView& dgate,
-                               const TensorView& dup, Stream stream);
+void bias_activation_forward(Activation a, const TensorView& x, const TensorView& bias, const TensorView& y,
+                             Stream stream);
+void bias_activation_backward(Activation a, const TensorView& x, const TensorView& bias, const TensorView& dy,
+                              const TensorView& dx, const TensorView& dbias, Stream stream);
+void gated_activation_forward(Activation a, const TensorView& gate, const TensorView& up, const TensorView& y,
+                              Stream stream);
+void gated_activation_backward(Activation a, const TensorView& gate, const TensorView& up, const TensorView& dy,
+                               const TensorView& dgate, const TensorView& dup, Stream stream);
 
 }  // namespace stowage

@@ -37,15 +37,14 @@
 
 namespace stowage {
 
-
 // What a registered function is given, in forward and in every recomputation.
 struct RecomputeContext {
   const std::vector<TensorView>& inputs;
   const std::vector<TensorView>& outputs;  // resident; f writes them
   Device& device;
-  Stream stream;      // launch everything on this stream
-  RngState rng;       // the same every time
-  bool recomputing;   // false in forward()
+  Stream stream;     // launch everything on this stream
+  RngState rng;      // the same every time
+  bool recomputing;  // false in forward()
 };
 using RecomputeFn = std::function<void(const RecomputeContext&)>;
 
@@ -68,7 +67,7 @@ struct RecomputeStats {
   std::uint64_t rematerializations = 0;  // storages brought back and recomputed
   std::uint64_t bytes_released = 0;      // totals over the registry's life
   std::uint64_t bytes_recomputed = 0;
-  std::size_t released_bytes_now = 0;    // device bytes currently given back
+  std::size_t released_bytes_now = 0;     // device bytes currently given back
   std::uint64_t prefetches_deferred = 0;  // prefetched layers left for their own hook
 };
 
@@ -95,8 +94,8 @@ class Recompute {
                                   const std::vector<OutputSpec>& outputs, RecomputeFn fn);
   // The same with outputs the caller made (resident, from this registry's allocator, not yet
   // registered as another function's output).
-  void forward_into(int layer, const std::string& name, std::vector<TensorView> inputs,
-                    std::vector<TensorView> outputs, RecomputeFn fn);
+  void forward_into(int layer, const std::string& name, std::vector<TensorView> inputs, std::vector<TensorView> outputs,
+                    RecomputeFn fn);
 
   // Releases every output registered for the layer (all or none; see the rules above). Returns
   // the bytes given back; 0 for a layer with nothing registered or already released.

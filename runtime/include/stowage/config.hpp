@@ -10,21 +10,21 @@
 #include "stowage/allocator.hpp"
 #include "stowage/byte_size.hpp"
 #include "stowage/device.hpp"
-#include "stowage/fault_injection.hpp"
 #include "stowage/emulated_device.hpp"
+#include "stowage/fault_injection.hpp"
 #include "stowage/log_level.hpp"
 
 namespace stowage {
 
 struct Config {
-  LogLevel log_level = LogLevel::off;             // STOWAGE_LOG_LEVEL
+  LogLevel log_level = LogLevel::off;  // STOWAGE_LOG_LEVEL
   // STOWAGE_DEVICE: which backend the process-wide devices come from: "auto" (the first
   // accelerator backend that has a device, else emulated) or a backend's name (backends.hpp).
   std::string device = "auto";
-  int emulated_devices = 1;                       // STOWAGE_EMULATED_DEVICES
-  EmulatedOptions emulated;                       // STOWAGE_EMULATED_CAPACITY, _LINK_GBPS
-  AllocatorOptions allocator;                     // STOWAGE_ALLOC_CONF
-  std::string event_log;                          // STOWAGE_EVENT_LOG: CSV path, empty = off
+  int emulated_devices = 1;    // STOWAGE_EMULATED_DEVICES
+  EmulatedOptions emulated;    // STOWAGE_EMULATED_CAPACITY, _LINK_GBPS
+  AllocatorOptions allocator;  // STOWAGE_ALLOC_CONF
+  std::string event_log;       // STOWAGE_EVENT_LOG: CSV path, empty = off
   // STOWAGE_FAULTS: "alloc=N,map=N,pin=N,copy=N"; any non-zero wraps every registry device in
   // a FaultInjectingDevice (testing error paths of a whole program; off by default).
   FaultPlan faults;
@@ -47,6 +47,5 @@ std::vector<std::string> unknown_variable_warnings(const std::vector<std::string
 // The process's configuration, read from the environment once on first use. A malformed
 // variable throws ParseError on every call (nothing is half-configured).
 const Config& config();
-
 
 }  // namespace stowage

@@ -82,8 +82,8 @@ int stowage_pop_tag(void);
  * allocated on `stream`, as a DLManagedTensor: pass it to a DLPack consumer, which calls its
  * deleter (that frees the memory); or call the deleter yourself. Emulated devices' memory is
  * kDLCPU data. NULL on error. */
-struct DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code,
-                                             uint8_t bits, void* stream);
+struct DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code, uint8_t bits,
+                                             void* stream);
 
 /* Number of devices the ordinals above may name; -1 on error (e.g. a malformed STOWAGE_*). */
 int stowage_device_count(void);
