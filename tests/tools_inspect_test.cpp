@@ -446,7 +446,10 @@ TEST(InspectPyTorch, RefusesWhatAMemorySnapshotDoesNotHold) {
                       "cos\nsystem\n",
                       13),
           "at byte 2");
-  refused(std::string("\x80\x02X\xff\x00\x00\x00ab", 10), "truncated");
+  refused(std::string("\x80\x02X\xff\x00\x00\x00"
+                      "ab",
+                      10),
+          "truncated");
   refused(std::string("\x80\x02]", 3), "ends before STOP");
   refused(std::string("\x80\x01N.", 4), "protocol 1");
   refused(std::string("\x80\x02]q\x00h\x00"
