@@ -24,6 +24,14 @@ std::uint64_t unsigned_at(const nlohmann::json& j, const char* key, const std::s
   return static_cast<std::uint64_t>(v);
 }
 
+// Sizes beyond any device (256 TiB) are refused, so the sums below cannot overflow.
+constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 48;
+std::uint64_t bytes_at(const nlohmann::json& j, const char* key, const std::string& where) {
+  const std::uint64_t v = unsigned_at(j, key, where);
+  if (v > kMaxBytes) throw ParseError(fmt::format("{}: field '{}' is {} bytes, more than 256 TiB", where, key, v));
+  return v;
+}
+
 std::string tag_of(const nlohmann::json& entry) {
   const auto it = entry.find("frames");
   if (it == entry.end() || !it->is_array() || it->empty()) return "";
@@ -86,7 +94,7 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
     if (tools::get_int_or(seg, "device", 0, where) != device) continue;
     SegmentInfo info;
     info.address = unsigned_at(seg, "address", where);
-    info.total_size = unsigned_at(seg, "total_size", where);
+    info.total_size = bytes_at(seg, "total_size", where);
     info.stream = Stream{static_cast<std::uintptr_t>(tools::get_int_or(seg, "stream", 0, where))};
     info.pool = tools::get_string_or(seg, "segment_type", "large", where) == "small" ? Pool::small : Pool::large;
     info.expandable = tools::get_bool_or(seg, "is_expandable", false, where);
@@ -96,9 +104,8 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
       const std::string bw = fmt::format("{}.blocks[{}]", where, k);
       BlockInfo b;
       b.address = blocks[k].contains("address") ? unsigned_at(blocks[k], "address", bw) : next;
-      b.size = unsigned_at(blocks[k], "size", bw);
-      b.requested_size =
-          static_cast<std::size_t>(tools::get_int_or(blocks[k], "requested_size", std::int64_t(b.size), bw));
+      b.size = bytes_at(blocks[k], "size", bw);
+      b.requested_size = blocks[k].contains("requested_size") ? bytes_at(blocks[k], "requested_size", bw) : b.size;
       b.state = block_state(tools::get_string_or(blocks[k], "state", "", bw), bw);
       b.stream = info.stream;
       b.tag = tag_of(blocks[k]);
@@ -127,7 +134,7 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
       TraceEntry t;
       if (!trace_action(tools::get_string_or(trace[i], "action", "", where), t.action)) continue;
       t.address = unsigned_at(trace[i], "addr", where);
-      t.size = unsigned_at(trace[i], "size", where);
+      t.size = bytes_at(trace[i], "size", where);
       t.stream = Stream{static_cast<std::uintptr_t>(tools::get_int_or(trace[i], "stream", 0, where))};
       const std::int64_t us = tools::get_int_or(trace[i], "time_us", 0, where);
       t.time_ns = us > INT64_MAX / 1000 ? INT64_MAX : us < INT64_MIN / 1000 ? INT64_MIN : us * 1000;
