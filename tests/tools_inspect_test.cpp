@@ -429,6 +429,20 @@ TEST(InspectPyTorch, ExportsForMemoryVizWithTagsAndReadsItBack) {
   alloc.deallocate(w);
 }
 
+TEST(InspectPyTorch, FramesOfWrongTypesOnlyLoseTheirLabel) {
+  // Frames only label a block: a name, file or line of another type reads as absent ("?"),
+  // never as an exception that escapes the reader (found by pytorch_pickle_fuzz).
+  const nlohmann::json j = nlohmann::json::parse(R"({"segments": [{"device": 0, "address": 4096, "total_size": 2048,
+    "blocks": [{"size": 1024, "state": "active_allocated", "frames": [{"name": 7, "filename": ["x"], "line": "12"}]},
+               {"size": 1024, "state": "active_allocated", "frames": [{"name": "fwd", "filename": "m.py", "line": 3}]}]}],
+    "device_traces": [[]]})");
+  const Snapshot s = snapshot_from_pytorch(j, "x");
+  ASSERT_EQ(s.segments.at(0).blocks.size(), 2u);
+  EXPECT_EQ(s.segments[0].blocks[0].tag, "? (?:?)");
+  EXPECT_EQ(s.segments[0].blocks[1].tag, "fwd (m.py:3)");
+  EXPECT_EQ(analyze(s).allocated, 2048u);
+}
+
 TEST(InspectPyTorch, RefusesWhatAMemorySnapshotDoesNotHold) {
   auto refused = [](const std::string& bytes, const std::string& needle) {
     try {

@@ -32,14 +32,25 @@ std::uint64_t bytes_at(const nlohmann::json& j, const char* key, const std::stri
   return v;
 }
 
+// Frames only label a block: a field of the wrong type reads as absent, never as an error.
+std::string frame_string(const nlohmann::json& f, const char* key, const char* fallback) {
+  const auto it = f.find(key);
+  return it != f.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+std::string frame_line(const nlohmann::json& f) {
+  const auto it = f.find("line");
+  return it != f.end() && it->is_number_integer() ? it->dump() : "?";
+}
+
 std::string tag_of(const nlohmann::json& entry) {
   const auto it = entry.find("frames");
   if (it == entry.end() || !it->is_array() || it->empty()) return "";
   for (const auto& f : *it)
-    if (f.is_object() && f.value("filename", "") == kTagFrameFile) return f.value("name", "");
+    if (f.is_object() && frame_string(f, "filename", "") == kTagFrameFile) return frame_string(f, "name", "");
   const auto& f = it->front();
   if (!f.is_object()) return "";
-  return fmt::format("{} ({}:{})", f.value("name", "?"), f.value("filename", "?"), f.value("line", 0));
+  return fmt::format("{} ({}:{})", frame_string(f, "name", "?"), frame_string(f, "filename", "?"), frame_line(f));
 }
 
 BlockState block_state(const std::string& s, const std::string& where) {
