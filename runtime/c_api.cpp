@@ -3,6 +3,8 @@
 #include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
+#include "runtime/c_api_guard.hpp"
+
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -83,6 +85,15 @@ Allocators& allocators() {
   return *a;
 }
 
+}  // namespace
+
+namespace capi {
+
+void clear_error() noexcept {
+  last_error.clear();
+  last_error_code = STOWAGE_OK;
+}
+
 int code_of(const std::exception& e) {
   if (dynamic_cast<const OutOfMemory*>(&e) != nullptr) return STOWAGE_ERROR_OUT_OF_MEMORY;
   if (dynamic_cast<const InvalidArgument*>(&e) != nullptr) return STOWAGE_ERROR_INVALID_ARGUMENT;
@@ -107,20 +118,10 @@ void fail(const char* message, int code) noexcept {
   }
 }
 
-// Runs f, turning any exception into `on_error` plus the thread's last error.
-template <class R, class F>
-R guarded(R on_error, F&& f) noexcept {
-  try {
-    last_error.clear();
-    last_error_code = STOWAGE_OK;
-    return f();
-  } catch (const std::exception& e) {
-    fail(e.what(), code_of(e));
-  } catch (...) {
-    fail("unknown error", STOWAGE_ERROR_OTHER);
-  }
-  return on_error;
-}
+}  // namespace capi
+
+namespace {
+using capi::guarded;
 
 void check_buffer(const char* buf, std::size_t len, const char* what) {
   if (buf == nullptr && len != 0) throw InvalidArgument(fmt::format("{}: null buffer of non-zero length", what));

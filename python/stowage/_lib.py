@@ -52,6 +52,13 @@ def _declare(lib):
                                                    ctypes.c_uint8, ctypes.c_uint8, ctypes.c_void_p]),
         "stowage_device_count": (ctypes.c_int, []),
         "stowage_using_cuda": (ctypes.c_int, []),
+        "stowage_split": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+        "stowage_merge": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+        "stowage_any_nonfinite": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]),
+        "stowage_adam_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+        "stowage_sgd_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
         "stowage_last_error": (ctypes.c_char_p, []),
         "stowage_last_error_code": (ctypes.c_int, []),
     }

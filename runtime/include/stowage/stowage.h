@@ -92,6 +92,56 @@ int stowage_device_count(void);
  * -1 on error. */
 int stowage_using_cuda(void);
 
+/* BF16/FP32 shared storage on host memory (docs/precision.md). An fp32 master of `numel` elements
+ * is kept as two 16-bit planes: bf16[i], the bf16 value compute reads, and residual[i]; with
+ * STOWAGE_ROUND_NEAREST_EVEN also bit i % 8 of ties[i / 8] (then bf16 is IEEE round-to-nearest-
+ * even; STOWAGE_ROUND_HALF_UP needs no ties). Lossless: merge gives back every fp32 bit pattern.
+ * The pointers are host memory (a CPU tensor's data); bf16 and residual 2-byte aligned, fp32
+ * arrays 4-byte aligned. */
+enum stowage_rounding { STOWAGE_ROUND_HALF_UP = 0, STOWAGE_ROUND_NEAREST_EVEN = 1 };
+struct stowage_split_planes {
+  uint16_t* bf16;
+  uint16_t* residual;
+  uint8_t* ties; /* NULL with STOWAGE_ROUND_HALF_UP */
+  size_t numel;
+  int rounding; /* enum stowage_rounding */
+};
+
+/* src (numel fp32) into the planes; the planes into dst (numel fp32). 0, or -1 on error. */
+int stowage_split(const float* src, const struct stowage_split_planes* dst);
+int stowage_merge(const struct stowage_split_planes* src, float* dst);
+
+/* 1 when any of n gradients (grad_bits 32: fp32, 16: bf16) is Inf or NaN, 0 when none, -1 on error. */
+int stowage_any_nonfinite(const void* grad, int grad_bits, size_t n);
+
+/* Fused optimizer steps on the planes, in place: each element is merged to fp32 in registers,
+ * updated and split again, in the operation order of docs/precision.md, so the master is bit-
+ * identical to a plain fp32 optimizer doing the same float operations. grad: numel values of
+ * grad_bits 32 or 16 (bf16); g = grad * (1 / loss_scale) * clip_coef. *step is the number of steps
+ * applied so far; it is incremented when the step is applied. With skip_nonfinite, a non-finite
+ * gradient skips the step and writes nothing. Returns 1 (applied), 0 (skipped) or -1 (error,
+ * nothing written). */
+struct stowage_grad_scaling {
+  float loss_scale;
+  float clip_coef;
+  int skip_nonfinite;
+};
+struct stowage_adam_options {
+  float lr, beta1, beta2, eps, weight_decay;
+  int decoupled_weight_decay; /* 1: AdamW; 0: Adam's L2 term g += wd * p */
+};
+struct stowage_sgd_options {
+  float lr, momentum, dampening, weight_decay;
+  int nesterov;
+};
+int stowage_adam_step(const struct stowage_split_planes* weights, const void* grad, int grad_bits, float* m, float* v,
+                      const struct stowage_adam_options* options, const struct stowage_grad_scaling* scaling,
+                      int64_t* step);
+/* momentum_buffer (numel fp32) may be NULL when momentum is 0. */
+int stowage_sgd_step(const struct stowage_split_planes* weights, const void* grad, int grad_bits,
+                     float* momentum_buffer, const struct stowage_sgd_options* options,
+                     const struct stowage_grad_scaling* scaling, int64_t* step);
+
 /* The calling thread's last error message, "" when the last call succeeded. Valid until the
  * thread's next stowage call. */
 const char* stowage_last_error(void);

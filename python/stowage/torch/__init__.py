@@ -11,8 +11,8 @@ import sys
 import os
 import warnings
 
-from . import _lib, memory
-from .errors import StowageError
+from .. import _lib, memory
+from ..errors import StowageError
 
 _enabled = None  # "shim" or "plain" once enable() succeeded
 
@@ -41,7 +41,7 @@ def _version_tuple(v):
 
 
 def shim_source():
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim", "torch_allocator.cpp")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_shim", "torch_allocator.cpp")
 
 
 def _cache_dir(torch, library):

@@ -1,0 +1,99 @@
+"""BF16/FP32 shared storage on host memory through the C ABI (docs/precision.md): an fp32 master
+kept as a bf16 plane (what compute reads), a residual plane and, for round-to-nearest-even, a
+tie bitmap; split, merge, the finite check and the fused AdamW / SGD steps on those planes.
+
+Pointers are host addresses as ints (a CPU tensor's data_ptr(), a numpy array's
+ctypes.data); no torch is needed here. stowage.torch.optim builds optimizers on this.
+"""
+import ctypes
+
+from . import _lib
+
+HALF_UP = 0
+NEAREST_EVEN = 1
+_ROUNDING = {"half_up": HALF_UP, "nearest_even": NEAREST_EVEN}
+
+
+def rounding_code(rounding):
+    """"half_up" or "nearest_even" (the spelling `stowage estimate` and `stowage demo` take)."""
+    try:
+        return _ROUNDING[rounding]
+    except KeyError:
+        raise ValueError(f"rounding {rounding!r} is neither 'half_up' nor 'nearest_even'") from None
+
+
+def tie_bitmap_bytes(numel, rounding):
+    return (numel + 7) // 8 if rounding_code(rounding) == NEAREST_EVEN else 0
+
+
+class Planes(ctypes.Structure):
+    _fields_ = [("bf16", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("ties", ctypes.c_void_p),
+                ("numel", ctypes.c_size_t), ("rounding", ctypes.c_int)]
+
+
+class _GradScaling(ctypes.Structure):
+    _fields_ = [("loss_scale", ctypes.c_float), ("clip_coef", ctypes.c_float), ("skip_nonfinite", ctypes.c_int)]
+
+
+class _AdamOptions(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_float), ("beta1", ctypes.c_float), ("beta2", ctypes.c_float),
+                ("eps", ctypes.c_float), ("weight_decay", ctypes.c_float), ("decoupled_weight_decay", ctypes.c_int)]
+
+
+class _SgdOptions(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_float), ("momentum", ctypes.c_float), ("dampening", ctypes.c_float),
+                ("weight_decay", ctypes.c_float), ("nesterov", ctypes.c_int)]
+
+
+def planes(bf16, residual, ties, numel, rounding):
+    """The C struct for planes at these addresses (ties: 0 in half_up mode)."""
+    return Planes(bf16 or None, residual or None, ties or None, numel, rounding_code(rounding))
+
+
+def _grad_bits(bits):
+    if bits not in (16, 32):
+        raise ValueError(f"grad_bits {bits} is neither 32 (fp32) nor 16 (bf16)")
+    return bits
+
+
+def split(src, dst):
+    """numel fp32 values at address `src` into the Planes `dst`."""
+    _lib.call_int("stowage_split", src or None, ctypes.byref(dst))
+
+
+def merge(src, dst):
+    """The Planes `src` into numel fp32 values at address `dst`."""
+    _lib.call_int("stowage_merge", ctypes.byref(src), dst or None)
+
+
+def any_nonfinite(grad, grad_bits, numel):
+    """True when any of the numel gradients at `grad` (fp32: 32, bf16: 16) is Inf or NaN."""
+    return _lib.call_int("stowage_any_nonfinite", grad or None, _grad_bits(grad_bits), numel) == 1
+
+
+def _scaling(loss_scale, clip_coef, skip_nonfinite):
+    return _GradScaling(loss_scale, clip_coef, 1 if skip_nonfinite else 0)
+
+
+def adam_step(weights, grad, grad_bits, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+              decoupled=True, loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True):
+    """One fused Adam(W) step on the Planes `weights`; m and v are fp32 addresses. `step` is the
+    number of steps applied so far. Returns (applied, new step)."""
+    count = ctypes.c_int64(step)
+    options = _AdamOptions(lr, beta1, beta2, eps, weight_decay, 1 if decoupled else 0)
+    applied = _lib.call_int("stowage_adam_step", ctypes.byref(weights), grad or None, _grad_bits(grad_bits),
+                            m or None, v or None, ctypes.byref(options),
+                            ctypes.byref(_scaling(loss_scale, clip_coef, skip_nonfinite)), ctypes.byref(count))
+    return applied == 1, count.value
+
+
+def sgd_step(weights, grad, grad_bits, momentum_buffer, step, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
+             nesterov=False, loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True):
+    """One fused SGD step (PyTorch's formulation); momentum_buffer: an fp32 address, or 0 without
+    momentum. Returns (applied, new step)."""
+    count = ctypes.c_int64(step)
+    options = _SgdOptions(lr, momentum, dampening, weight_decay, 1 if nesterov else 0)
+    applied = _lib.call_int("stowage_sgd_step", ctypes.byref(weights), grad or None, _grad_bits(grad_bits),
+                            momentum_buffer or None, ctypes.byref(options),
+                            ctypes.byref(_scaling(loss_scale, clip_coef, skip_nonfinite)), ctypes.byref(count))
+    return applied == 1, count.value

@@ -1,0 +1,275 @@
+"""Optimizers on BF16/FP32 shared storage (docs/pytorch.md, "Shared-storage weights").
+
+SharedStorageAdamW(model.parameters(), ...) moves each fp32 parameter into split storage: a bf16
+plane, a residual plane and (nearest_even) a tie bitmap, one set per param group. The parameter
+itself becomes a bf16 view of the bf16 plane, so the model computes in bf16 with no second copy
+of the weights: 4 bytes per parameter instead of 6 (fp32 master + bf16 copy). step() runs
+stowage's fused kernels through the C ABI: each element is merged to fp32 in registers, updated
+and split again, in the operation order of docs/precision.md.
+
+Host memory (CPU tensors) only in this version: device tensors are refused with a clear error.
+"""
+import math
+
+import torch
+
+from .. import precision
+from ..errors import InvalidArgumentError, UnsupportedError
+
+_ALIGN = 64  # elements: every parameter starts a tie byte and a 128-byte line of the bf16 plane
+
+
+class _Bucket:
+    """The planes of one param group and where each parameter sits in them."""
+
+    def __init__(self, params, rounding):
+        self.rounding = rounding
+        self.offsets = []
+        n = 0
+        for p in params:
+            self.offsets.append(n)
+            n += -(-p.numel() // _ALIGN) * _ALIGN
+        self.numel = n
+        self.bf16 = torch.zeros(n, dtype=torch.bfloat16)
+        self.residual = torch.zeros(n, dtype=torch.int16)
+        self.ties = torch.zeros(max(precision.tie_bitmap_bytes(n, rounding), 1), dtype=torch.uint8)
+
+    def planes(self, index, numel):
+        """The C struct for parameter `index` (numel elements)."""
+        off = self.offsets[index]
+        ties = self.ties.data_ptr() + off // 8 if self.rounding == "nearest_even" else 0
+        return precision.planes(self.bf16.data_ptr() + 2 * off, self.residual.data_ptr() + 2 * off, ties, numel,
+                                self.rounding)
+
+    def view(self, index, shape):
+        off = self.offsets[index]
+        return self.bf16[off:off + math.prod(shape)].view(shape)
+
+    def nbytes(self):
+        return self.bf16.numel() * 2 + self.residual.numel() * 2 + (self.ties.numel() if self.rounding == "nearest_even"
+                                                                      else 0)
+
+
+def _check_param(p):
+    if not isinstance(p, torch.Tensor) or not p.is_leaf:
+        raise InvalidArgumentError("shared-storage optimizers take leaf parameters (model.parameters())")
+    if p.device.type != "cpu":
+        raise UnsupportedError(f"shared-storage optimizers: parameter on {p.device}; this version updates host "
+                               "memory (CPU tensors) only")
+    if p.dtype != torch.float32:
+        raise InvalidArgumentError(f"shared-storage optimizers: parameter of {p.dtype}; give the fp32 model (its "
+                                   "values become the master weights exactly)")
+
+
+class _SharedStorageOptimizer(torch.optim.Optimizer):
+    """What AdamW and SGD share: the buckets, the master, the global finite check and clipping."""
+
+    def __init__(self, params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale):
+        precision.rounding_code(rounding)  # ValueError for a misspelt mode
+        if max_grad_norm is not None and not (max_grad_norm > 0):
+            raise InvalidArgumentError(f"max_grad_norm must be > 0 or None (got {max_grad_norm})")
+        if not (loss_scale > 0 and math.isfinite(loss_scale)):
+            raise InvalidArgumentError(f"loss_scale must be finite and > 0 (got {loss_scale})")
+        self.rounding = rounding
+        self.max_grad_norm = max_grad_norm
+        self.skip_nonfinite = skip_nonfinite
+        self.loss_scale = loss_scale
+        self.last_step_skipped = False
+        super().__init__(params, defaults)
+        self._buckets = []
+        seen = set()
+        for group in self.param_groups:
+            for p in group["params"]:
+                _check_param(p)
+                if id(p) in seen:
+                    raise InvalidArgumentError("a parameter appears twice in the optimizer's groups")
+                seen.add(id(p))
+            bucket = _Bucket(group["params"], rounding)
+            for i, p in enumerate(group["params"]):
+                master = p.detach().contiguous()
+                precision.split(master.data_ptr(), bucket.planes(i, p.numel()))
+                p.data = bucket.view(i, p.shape)  # the model now computes with the bf16 plane itself
+                p.grad = None
+            self._buckets.append(bucket)
+        self._flat = [(g, b, i, p) for g, b in zip(self.param_groups, self._buckets) for i, p in enumerate(g["params"])]
+
+    # --- the fp32 master ---
+    def master(self, param):
+        """The fp32 master value of `param` (a new tensor, bit-exact)."""
+        for _, bucket, i, p in self._flat:
+            if p is param:
+                out = torch.empty(p.shape, dtype=torch.float32)
+                precision.merge(bucket.planes(i, p.numel()), out.data_ptr())
+                return out
+        raise InvalidArgumentError("master(): that tensor is not one of this optimizer's parameters")
+
+    def load_master(self, param, value):
+        """Sets `param`'s fp32 master to `value` exactly (and its bf16 view to value's rounding)."""
+        for _, bucket, i, p in self._flat:
+            if p is param:
+                if tuple(value.shape) != tuple(p.shape):
+                    raise InvalidArgumentError(f"load_master(): shape {tuple(value.shape)} is not {tuple(p.shape)}")
+                src = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                precision.split(src.data_ptr(), bucket.planes(i, p.numel()))
+                return
+        raise InvalidArgumentError("load_master(): that tensor is not one of this optimizer's parameters")
+
+    def master_state_dict(self, model):
+        """model.state_dict() with every parameter of this optimizer replaced by its fp32 master:
+        what an fp32 model (and plain torch.optim) loads to continue with the same numbers."""
+        by_id = {id(p): p for _, _, _, p in self._flat}
+        out = model.state_dict()
+        for name, p in model.named_parameters():
+            if id(p) in by_id:
+                out[name] = self.master(p)
+        return out
+
+    def load_master_state_dict(self, model, state_dict):
+        """The inverse: takes fp32 weights (e.g. a plain fp32 checkpoint) as the master."""
+        by_id = {id(p): p for _, _, _, p in self._flat}
+        for name, p in model.named_parameters():
+            if id(p) in by_id:
+                if name not in state_dict:
+                    raise InvalidArgumentError(f"load_master_state_dict(): no '{name}' in the state dict")
+                self.load_master(p, state_dict[name])
+
+    def storage_bytes(self):
+        """Bytes of the planes (bf16 + residual + tie bitmap), padding included."""
+        return sum(b.nbytes() for b in self._buckets)
+
+    # --- the step ---
+    def _grads(self):
+        out = []
+        for group, bucket, i, p in self._flat:
+            g = p.grad
+            if g is None:
+                continue
+            if g.is_sparse or g.device.type != "cpu" or g.dtype not in (torch.bfloat16, torch.float32):
+                raise InvalidArgumentError(f"gradient of {g.dtype} on {g.device}: a dense CPU bf16 or fp32 "
+                                           "gradient is needed")
+            out.append((group, bucket, i, p, g.contiguous()))
+        return out
+
+    def _clip_coef(self, grads):
+        if self.max_grad_norm is None or not grads:
+            return 1.0
+        # As torch.nn.utils.clip_grad_norm_: the 2-norm of all gradients, unscaled, in fp32.
+        norms = torch.stack([torch.linalg.vector_norm(g.float(), 2.0) for *_, g in grads])
+        total = float(torch.linalg.vector_norm(norms, 2.0)) / self.loss_scale
+        return min(1.0, self.max_grad_norm / (total + 1e-6))
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grads = self._grads()
+        # One decision for the whole model, as a loss scaler makes it: any Inf/NaN skips every group.
+        self.last_step_skipped = self.skip_nonfinite and any(
+            precision.any_nonfinite(g.data_ptr(), 16 if g.dtype == torch.bfloat16 else 32, g.numel())
+            for *_, g in grads)
+        if self.last_step_skipped:
+            return loss
+        clip = self._clip_coef(grads)
+        for group, bucket, i, p, g in grads:
+            self._update(group, bucket.planes(i, p.numel()), p, g, clip)
+        return loss
+
+    def _step_count(self, state):
+        return int(state["step"].item()) if "step" in state else 0
+
+    def state_dict(self):
+        """torch.optim's format (state per parameter index, param_groups) plus 'stowage_master',
+        the fp32 master of each parameter in the same order: plain torch.optim.AdamW loads it, and
+        so does this optimizer, bit for bit."""
+        sd = super().state_dict()
+        sd["stowage_master"] = [self.master(p) for _, _, _, p in self._flat]
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Restores a state_dict() of this optimizer or of torch.optim's: m, v, momentum and step
+        as saved (fp32), and the master from 'stowage_master' when present (otherwise the master
+        stays: load it with load_master_state_dict())."""
+        groups = state_dict.get("param_groups")
+        if groups is None or len(groups) != len(self.param_groups) or any(
+                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
+            raise InvalidArgumentError("load_state_dict(): its param groups do not match this optimizer's")
+        masters = state_dict.get("stowage_master")
+        if masters is not None and len(masters) != len(self._flat):
+            raise InvalidArgumentError("load_state_dict(): stowage_master has the wrong number of tensors")
+        for saved, group in zip(groups, self.param_groups):
+            for key, value in saved.items():
+                if key != "params":
+                    group[key] = value
+        self.state.clear()
+        index = 0
+        for saved, group in zip(groups, self.param_groups):
+            for saved_id, p in zip(saved["params"], group["params"]):
+                entry = state_dict["state"].get(saved_id)
+                if entry is not None:
+                    self.state[p] = {k: (v.detach().to(device="cpu", dtype=torch.float32).clone()
+                                         if isinstance(v, torch.Tensor) else v) for k, v in entry.items()}
+                if masters is not None:
+                    self.load_master(p, masters[index])
+                index += 1
+
+
+class SharedStorageAdamW(_SharedStorageOptimizer):
+    """AdamW (decoupled weight decay; Adam's L2 term with decoupled=False) on shared storage.
+
+    Arguments as torch.optim.AdamW's, plus: rounding ("nearest_even": the bf16 weights are IEEE
+    round-to-nearest-even of the master, as tensor.to(torch.bfloat16) gives; "half_up": MindSpeed's
+    encoding, no tie bitmap), max_grad_norm (clips by the global 2-norm inside the fused step),
+    skip_nonfinite (an Inf/NaN gradient anywhere skips the step; last_step_skipped says so) and
+    loss_scale (gradients are divided by it in fp32)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, decoupled=True,
+                 rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0):
+        if not (lr >= 0 and eps >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1 and weight_decay >= 0):
+            raise InvalidArgumentError(f"invalid AdamW hyper-parameters lr={lr} betas={betas} eps={eps} "
+                                       f"weight_decay={weight_decay}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=decoupled)
+        super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale)
+
+    def _update(self, group, planes, p, g, clip):
+        state = self.state[p]
+        if not state:  # as torch.optim.AdamW: the state appears at the first step
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        beta1, beta2 = group["betas"]
+        _, step = precision.adam_step(planes, g.data_ptr(), 16 if g.dtype == torch.bfloat16 else 32, m.data_ptr(),
+                                      v.data_ptr(), self._step_count(state), group["lr"], beta1, beta2,
+                                      group["eps"], group["weight_decay"], group.get("decoupled", True),
+                                      self.loss_scale, clip, skip_nonfinite=False)
+        state["step"].fill_(float(step))
+
+
+class SharedStorageSGD(_SharedStorageOptimizer):
+    """SGD (PyTorch's formulation: momentum, dampening, nesterov, weight decay) on shared storage;
+    the extra arguments are SharedStorageAdamW's."""
+
+    def __init__(self, params, lr=1e-2, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+                 rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0):
+        if not (lr >= 0 and momentum >= 0 and weight_decay >= 0) or (nesterov and (momentum <= 0 or dampening != 0)):
+            raise InvalidArgumentError(f"invalid SGD hyper-parameters lr={lr} momentum={momentum} "
+                                       f"dampening={dampening} weight_decay={weight_decay} nesterov={nesterov}")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
+        super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale)
+
+    def _update(self, group, planes, p, g, clip):
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0)
+        buf = 0
+        if group["momentum"] != 0:
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32)
+            buf = state["momentum_buffer"].data_ptr()
+        _, step = precision.sgd_step(planes, g.data_ptr(), 16 if g.dtype == torch.bfloat16 else 32, buf,
+                                     self._step_count(state), group["lr"], group["momentum"], group["dampening"],
+                                     group["weight_decay"], group["nesterov"], self.loss_scale, clip,
+                                     skip_nonfinite=False)
+        state["step"].fill_(float(step))
+

@@ -1,0 +1,100 @@
+"""The baseline the shared-storage optimizers are held to: plain PyTorch with fp32 master weights
+and a separate bf16 copy the model computes with (6 bytes per parameter), updated by AdamW or SGD
+written as one PyTorch operation per line of docs/precision.md's operation order.
+
+Each operation is one IEEE fp32 operation rounded on its own, so after every step the master is
+bit-identical to what stowage's fused kernels keep in split storage. (torch.optim.AdamW itself
+computes m + (1 - beta1) * g and v + (1 - beta2) * g * g as fused or reordered operations on some
+builds, so it can differ from both in the last bit.)
+"""
+import math
+
+import torch
+
+from ..errors import InvalidArgumentError
+
+
+def _f32(x):
+    """x rounded to fp32, as a Python float (what the C ABI's float arguments hold)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _scale(x, s):
+    # x * s as one fp32 multiplication (s is an fp32 value; a full tensor keeps PyTorch from
+    # turning a division or scalar operation into something else).
+    return x.mul_(torch.full_like(x, s))
+
+
+class MasterWeightsOptimizer:
+    """Keeps an fp32 master for each (bf16) parameter of `params`; step() updates the masters
+    and copies each, rounded to nearest even, into its parameter."""
+
+    def __init__(self, params, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 momentum=0.0, max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0):
+        if kind not in ("adamw", "sgd"):
+            raise InvalidArgumentError(f"kind {kind!r} is neither 'adamw' nor 'sgd'")
+        self.params = list(params)
+        self.masters = [p.detach().float().clone() for p in self.params]
+        for p in self.params:
+            p.data = p.detach().to(torch.bfloat16)
+        self.kind, self.lr, self.betas, self.eps, self.wd = kind, lr, betas, eps, weight_decay
+        self.momentum, self.max_grad_norm = momentum, max_grad_norm
+        self.skip_nonfinite, self.loss_scale = skip_nonfinite, loss_scale
+        self.steps = 0
+        self.m = [torch.zeros_like(m) for m in self.masters]
+        self.v = [torch.zeros_like(m) for m in self.masters]
+        self.last_step_skipped = False
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def storage_bytes(self):
+        return sum(m.numel() * 4 + p.numel() * 2 for m, p in zip(self.masters, self.params))
+
+    def _grads(self):
+        return [(i, p.grad.float()) for i, p in enumerate(self.params) if p.grad is not None]
+
+    def step(self):
+        grads = self._grads()
+        self.last_step_skipped = self.skip_nonfinite and any(not torch.isfinite(g).all() for _, g in grads)
+        if self.last_step_skipped:
+            return
+        clip = 1.0
+        if self.max_grad_norm is not None and grads:
+            norms = torch.stack([torch.linalg.vector_norm(g, 2.0) for _, g in grads])
+            total = float(torch.linalg.vector_norm(norms, 2.0)) / self.loss_scale
+            clip = min(1.0, self.max_grad_norm / (total + 1e-6))
+        self.steps += 1
+        inv_scale, clip = _f32(1.0 / _f32(self.loss_scale)), _f32(clip)
+        for i, g in grads:
+            g = _scale(_scale(g.clone(), inv_scale), clip)
+            if self.kind == "adamw":
+                self._adamw(i, g)
+            else:
+                self._sgd(i, g)
+            self.params[i].data.copy_(self.masters[i].to(torch.bfloat16))
+
+    def _adamw(self, i, g):
+        p, m, v = self.masters[i], self.m[i], self.v[i]
+        lr, b1, b2, wd = _f32(self.lr), _f32(self.betas[0]), _f32(self.betas[1]), _f32(self.wd)
+        t = self.steps
+        if wd != 0:
+            _scale(p, _f32(1.0 - lr * wd))
+        _scale(m, b1).add_(_scale(g.clone(), _f32(1.0 - b1)))
+        _scale(v, b2).add_(_scale(g * g, _f32(1.0 - b2)))
+        denom = v.sqrt().div_(torch.full_like(v, _f32(math.sqrt(1.0 - b2 ** t))))
+        denom.add_(torch.full_like(v, _f32(self.eps)))
+        p.sub_(_scale(m / denom, _f32(lr / (1.0 - b1 ** t))))
+
+    def _sgd(self, i, g):
+        p, buf = self.masters[i], self.m[i]
+        if self.wd != 0:
+            g = g.add_(_scale(p.clone(), _f32(self.wd)))
+        if self.momentum != 0:
+            if self.steps == 1:
+                buf.copy_(g)
+            else:
+                _scale(buf, _f32(self.momentum)).add_(g)
+            g = buf
+        p.sub_(_scale(g.clone(), _f32(self.lr)))

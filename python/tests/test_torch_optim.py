@@ -1,0 +1,168 @@
+"""stowage.torch.optim: shared-storage weights with fused AdamW / SGD, held bit for bit to plain
+PyTorch with fp32 masters and a bf16 copy (stowage.torch.reference), on CPU tensors."""
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stowage import InvalidArgumentError, UnsupportedError  # noqa: E402
+from stowage.torch.optim import SharedStorageAdamW, SharedStorageSGD  # noqa: E402
+from stowage.torch.reference import MasterWeightsOptimizer  # noqa: E402
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 7))
+
+
+def batches(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 24, generator=g), torch.randint(0, 7, (16,), generator=g)) for _ in range(n)]
+
+
+def train(model, opt, data, poison=()):
+    losses = []
+    for k, (x, y) in enumerate(data):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y)
+        loss.backward()
+        if k in poison:
+            next(model.parameters()).grad.view(-1)[3] = float("nan")
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def bits(t):
+    return t.detach().contiguous().view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_losses_masters_and_bf16_weights_are_bit_identical_to_plain_pytorch(kind):
+    data = batches(12)
+    ours, base = make_model(), make_model()
+    hyper = dict(lr=3e-3, weight_decay=0.05, max_grad_norm=0.5) if kind == "adamw" else dict(
+        lr=0.05, momentum=0.9, weight_decay=0.01, max_grad_norm=0.5)
+    opt = (SharedStorageAdamW if kind == "adamw" else SharedStorageSGD)(ours.parameters(), **hyper)
+    ref = MasterWeightsOptimizer(base.parameters(), kind=kind, **hyper)
+    assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
+    poison = {5}  # a NaN gradient: the step is skipped by both
+    assert train(ours, opt, data, poison) == train(base, ref, data, poison)
+    assert opt.last_step_skipped is False and ref.steps == 11
+    for p, q, master in zip(ours.parameters(), base.parameters(), ref.masters):
+        assert torch.equal(bits(opt.master(p)), bits(master))  # every fp32 bit
+        assert torch.equal(bits(p), bits(q))
+
+
+def test_half_up_rounding_keeps_the_master_and_differs_only_on_ties():
+    data = batches(4)
+    ours, base = make_model(), make_model()
+    opt = SharedStorageAdamW(ours.parameters(), lr=1e-2, rounding="half_up")
+    ref = MasterWeightsOptimizer(base.parameters(), lr=1e-2)
+    for x, y in data:  # the same gradients for both: the master must not depend on the rounding
+        for model, o in ((ours, opt), (base, ref)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+        for p, q in zip(ours.parameters(), base.parameters()):
+            p.grad = q.grad.clone()
+        opt.step()
+        ref.step()
+    for p, master in zip(ours.parameters(), ref.masters):
+        m = bits(master)
+        assert torch.equal(bits(opt.master(p)), m)
+        half_up = ((m + 0x8000) >> 16).to(torch.int16)  # round half away from zero
+        assert torch.equal(bits(p), half_up)
+
+
+def test_the_weights_cost_four_bytes_per_parameter_not_six():
+    model = make_model()
+    n = sum(p.numel() for p in model.parameters())
+    ref_bytes = MasterWeightsOptimizer(make_model().parameters()).storage_bytes()
+    assert ref_bytes == 6 * n
+    opt = SharedStorageAdamW(model.parameters(), rounding="half_up")
+    # 4 bytes per element, each parameter padded to 64 elements (128-byte lines of the bf16 plane)
+    padded = sum(-(-p.numel() // 64) * 64 for p in model.parameters())
+    assert opt.storage_bytes() == 4 * padded
+    assert ref_bytes - opt.storage_bytes() == 2 * n - 4 * (padded - n)
+    # The parameters are views of the planes: no other copy of the weights exists.
+    plane = opt._buckets[0].bf16
+    for p in model.parameters():
+        assert p.untyped_storage().data_ptr() == plane.untyped_storage().data_ptr() if hasattr(
+            p, "untyped_storage") else p.storage().data_ptr() == plane.storage().data_ptr()
+
+
+def test_param_groups_have_their_own_lr_and_weight_decay():
+    data = batches(5)
+    ours, base = make_model(), make_model()
+    groups = lambda m: [{"params": m[0].parameters(), "lr": 1e-2, "weight_decay": 0.1},  # noqa: E731
+                        {"params": m[2].parameters()}]
+    opt = SharedStorageAdamW(groups(ours), lr=1e-3, weight_decay=0.0)
+    assert [g["lr"] for g in opt.param_groups] == [1e-2, 1e-3]
+    train(ours, opt, data)
+    # The reference, one optimizer per group.
+    r0 = MasterWeightsOptimizer(base[0].parameters(), lr=1e-2, weight_decay=0.1)
+    r1 = MasterWeightsOptimizer(base[2].parameters(), lr=1e-3, weight_decay=0.0)
+    for x, y in data:
+        r0.zero_grad(), r1.zero_grad()
+        torch.nn.functional.cross_entropy(base(x.to(torch.bfloat16)).float(), y).backward()
+        r0.step(), r1.step()
+    for p, master in zip(ours.parameters(), r0.masters + r1.masters):
+        assert torch.equal(bits(opt.master(p)), bits(master))
+
+
+def test_checkpoint_round_trips_exactly_and_loads_into_plain_adamw():
+    data = batches(8)
+    model = make_model()
+    opt = SharedStorageAdamW(model.parameters(), lr=2e-3)
+    train(model, opt, data[:4])
+    sd = copy.deepcopy(opt.state_dict())
+    masters = opt.master_state_dict(model)
+    assert all(v.dtype == torch.float32 for v in masters.values())
+
+    # Into a fresh shared-storage optimizer: the same numbers from there on.
+    model2 = make_model(seed=7)
+    opt2 = SharedStorageAdamW(model2.parameters(), lr=2e-3)
+    opt2.load_state_dict(sd)
+    assert torch.equal(bits(opt2.master(next(model2.parameters()))), bits(masters["0.weight"]))
+    assert train(model, opt, data[4:]) == train(model2, opt2, data[4:])
+
+    # Into plain torch.optim.AdamW on an fp32 model: it starts from the same master, m, v and step.
+    fp32 = make_model(seed=9)
+    fp32.load_state_dict(masters)
+    adamw = torch.optim.AdamW(fp32.parameters(), lr=2e-3)
+    adamw.load_state_dict(sd)
+    for p, q in zip(fp32.parameters(), make_model().parameters()):
+        st = adamw.state[p]
+        assert st["exp_avg"].dtype == torch.float32 and float(st["step"]) == 4.0
+    assert torch.equal(bits(fp32[0].weight), bits(masters["0.weight"]))
+    # And back: a plain fp32 checkpoint becomes the master bit for bit.
+    model3 = make_model(seed=3)
+    opt3 = SharedStorageAdamW(model3.parameters(), lr=2e-3)
+    opt3.load_state_dict(adamw.state_dict())
+    opt3.load_master_state_dict(model3, fp32.state_dict())
+    assert torch.equal(bits(opt3.master(model3[2].bias)), bits(fp32[2].bias))
+    assert torch.equal(bits(opt3.state[model3[0].weight]["exp_avg"]), bits(sd["state"][0]["exp_avg"]))
+    assert float(opt3.state[model3[0].weight]["step"]) == 4.0
+
+
+def test_clear_errors_and_nothing_changed():
+    model = make_model()
+    with pytest.raises(ValueError, match="rounding 'even'"):
+        SharedStorageAdamW(model.parameters(), rounding="even")
+    with pytest.raises(InvalidArgumentError, match="fp32 model"):
+        SharedStorageAdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))])
+    with pytest.raises(InvalidArgumentError, match="max_grad_norm"):
+        SharedStorageAdamW(model.parameters(), max_grad_norm=-1)
+    with pytest.raises(InvalidArgumentError, match="loss_scale"):
+        SharedStorageSGD(model.parameters(), loss_scale=math.inf)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # refused before anything moved
+    if torch.cuda.is_available():
+        with pytest.raises(UnsupportedError, match="host"):
+            SharedStorageAdamW([torch.nn.Parameter(torch.zeros(3, device="cuda"))])
+    opt = SharedStorageAdamW(model.parameters())
+    with pytest.raises(InvalidArgumentError, match="not one of this optimizer's"):
+        opt.master(torch.zeros(3))
+    with pytest.raises(InvalidArgumentError, match="param groups"):
+        opt.load_state_dict({"state": {}, "param_groups": []})

@@ -1,0 +1,108 @@
+// The C ABI of BF16/FP32 shared storage on host memory: split, merge, the finite check and the
+// fused optimizer steps, for frameworks that own the planes (stowage.torch's optimizers).
+#include <fmt/format.h>
+
+#include "runtime/c_api_guard.hpp"
+#include "stowage/error.hpp"
+#include "stowage/optimizers.hpp"
+#include "stowage/precision.hpp"
+#include "stowage/stowage.h"
+
+namespace stowage {
+namespace {
+
+using capi::guarded;
+
+SplitPlanes planes_of(const stowage_split_planes* p, const char* what) {
+  if (p == nullptr) throw InvalidArgument(fmt::format("{}: null planes", what));
+  if (p->rounding != STOWAGE_ROUND_HALF_UP && p->rounding != STOWAGE_ROUND_NEAREST_EVEN)
+    throw InvalidArgument(
+        fmt::format("{}: rounding {} is neither STOWAGE_ROUND_HALF_UP (0) nor "
+                    "STOWAGE_ROUND_NEAREST_EVEN (1)",
+                    what, p->rounding));
+  // Null or misaligned planes are refused by the kernels' own checks, before anything is written.
+  const Rounding r = p->rounding == STOWAGE_ROUND_HALF_UP ? Rounding::half_up : Rounding::nearest_even;
+  return SplitPlanes{p->bf16, p->residual, r == Rounding::nearest_even ? p->ties : nullptr, p->numel, r};
+}
+
+HostGrad grad_of(const void* grad, int bits, const char* what) {
+  if (bits != 32 && bits != 16)
+    throw InvalidArgument(fmt::format("{}: grad_bits {} is neither 32 (fp32) nor 16 (bf16)", what, bits));
+  return HostGrad{grad, bits == 32 ? DType::f32 : DType::bf16};
+}
+
+// NULL: no loss scale, no clipping, non-finite gradients skip the step. The values are checked
+// by the steps themselves.
+GradScaling scaling_of(const stowage_grad_scaling* s) {
+  if (s == nullptr) return GradScaling{};
+  return GradScaling{s->loss_scale, s->clip_coef, s->skip_nonfinite != 0};
+}
+
+OptimizerState state_of(const int64_t* step, const char* what) {
+  if (step == nullptr || *step < 0) throw InvalidArgument(fmt::format("{}: step must point to a count >= 0", what));
+  return OptimizerState{*step};
+}
+
+}  // namespace
+}  // namespace stowage
+
+using namespace stowage;
+
+extern "C" {
+
+int stowage_split(const float* src, const stowage_split_planes* dst) {
+  return guarded(-1, [&] {
+    const SplitPlanes p = planes_of(dst, "stowage_split");
+    split(src, p);
+    return 0;
+  });
+}
+
+int stowage_merge(const stowage_split_planes* src, float* dst) {
+  return guarded(-1, [&] {
+    const SplitPlanes p = planes_of(src, "stowage_merge");
+    merge(p, dst);
+    return 0;
+  });
+}
+
+int stowage_any_nonfinite(const void* grad, int grad_bits, size_t n) {
+  return guarded(-1, [&] {
+    const HostGrad g = grad_of(grad, grad_bits, "stowage_any_nonfinite");
+    return any_nonfinite(g, 0, n) ? 1 : 0;
+  });
+}
+
+int stowage_adam_step(const stowage_split_planes* weights, const void* grad, int grad_bits, float* m, float* v,
+                      const stowage_adam_options* options, const stowage_grad_scaling* scaling, int64_t* step) {
+  return guarded(-1, [&] {
+    const char* what = "stowage_adam_step";
+    const SplitPlanes p = planes_of(weights, what);
+    const HostGrad g = grad_of(grad, grad_bits, what);
+    if (options == nullptr) throw InvalidArgument("stowage_adam_step: null options");
+    const AdamOptions o{options->lr,  options->beta1,        options->beta2,
+                        options->eps, options->weight_decay, options->decoupled_weight_decay != 0};
+    OptimizerState state = state_of(step, what);
+    const StepResult r = adam_step(p, g, m, v, o, scaling_of(scaling), state);
+    *step = state.step;
+    return r.applied ? 1 : 0;
+  });
+}
+
+int stowage_sgd_step(const stowage_split_planes* weights, const void* grad, int grad_bits, float* momentum_buffer,
+                     const stowage_sgd_options* options, const stowage_grad_scaling* scaling, int64_t* step) {
+  return guarded(-1, [&] {
+    const char* what = "stowage_sgd_step";
+    const SplitPlanes p = planes_of(weights, what);
+    const HostGrad g = grad_of(grad, grad_bits, what);
+    if (options == nullptr) throw InvalidArgument("stowage_sgd_step: null options");
+    const SgdOptions o{options->lr, options->momentum, options->dampening, options->weight_decay,
+                       options->nesterov != 0};
+    OptimizerState state = state_of(step, what);
+    const StepResult r = sgd_step(p, g, momentum_buffer, o, scaling_of(scaling), state);
+    *step = state.step;
+    return r.applied ? 1 : 0;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,165 @@
+// The C ABI of shared storage: split / merge / the fused steps give exactly what the C++ API gives,
+// and every bad argument is refused with a clear error and nothing written.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "stowage/optimizers.hpp"
+#include "stowage/precision.hpp"
+#include "stowage/stowage.h"
+
+namespace {
+
+struct Planes {
+  explicit Planes(std::size_t n, int rounding)
+      : bf16(n), residual(n), ties((n + 7) / 8), c{bf16.data(), residual.data(), ties.data(), n, rounding} {}
+  std::vector<std::uint16_t> bf16, residual;
+  std::vector<std::uint8_t> ties;
+  stowage_split_planes c;
+  stowage::SplitPlanes cpp() const {
+    return {const_cast<std::uint16_t*>(bf16.data()), const_cast<std::uint16_t*>(residual.data()),
+            c.rounding == STOWAGE_ROUND_NEAREST_EVEN ? const_cast<std::uint8_t*>(ties.data()) : nullptr, c.numel,
+            c.rounding == STOWAGE_ROUND_NEAREST_EVEN ? stowage::Rounding::nearest_even : stowage::Rounding::half_up};
+  }
+};
+
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+bool refused(int rc, const char* needle) {
+  const std::string e = stowage_last_error();
+  EXPECT_EQ(rc, -1);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT) << e;
+  EXPECT_NE(e.find(needle), std::string::npos) << e;
+  return rc == -1 && e.find(needle) != std::string::npos;
+}
+
+TEST(CapiPrecision, SplitAndMergeAreExactInBothRoundings) {
+  for (int rounding : {STOWAGE_ROUND_HALF_UP, STOWAGE_ROUND_NEAREST_EVEN}) {
+    const std::size_t n = 1001;
+    std::vector<float> src = random_floats(n, 1), back(n);
+    src[7] = std::bit_cast<float>(0x3F808000u);  // an exact tie with an odd bf16
+    Planes p(n, rounding);
+    ASSERT_EQ(stowage_split(src.data(), &p.c), 0) << stowage_last_error();
+    ASSERT_EQ(stowage_merge(&p.c, back.data()), 0) << stowage_last_error();
+    EXPECT_EQ(std::memcmp(src.data(), back.data(), n * 4), 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto s = stowage::split_bits(std::bit_cast<std::uint32_t>(src[i]), rounding == STOWAGE_ROUND_HALF_UP
+                                                                                   ? stowage::Rounding::half_up
+                                                                                   : stowage::Rounding::nearest_even);
+      ASSERT_EQ(p.bf16[i], s.bf16) << i;
+    }
+    EXPECT_EQ(p.bf16[7], rounding == STOWAGE_ROUND_HALF_UP ? 0x3F81 : 0x3F80);
+  }
+}
+
+TEST(CapiPrecision, AdamStepIsTheCppStepAndSkipsNonFiniteGradients) {
+  const std::size_t n = 517;
+  const std::vector<float> w = random_floats(n, 2);
+  std::vector<float> grad = random_floats(n, 3);
+  Planes a(n, STOWAGE_ROUND_NEAREST_EVEN), b(n, STOWAGE_ROUND_NEAREST_EVEN);
+  ASSERT_EQ(stowage_split(w.data(), &a.c), 0);
+  ASSERT_EQ(stowage_split(w.data(), &b.c), 0);
+  std::vector<float> ma(n), va(n), mb(n), vb(n);
+  const stowage_adam_options o{1e-2f, 0.9f, 0.99f, 1e-8f, 0.1f, 1};
+  const stowage_grad_scaling sc{4.0f, 0.5f, 1};
+  std::int64_t step = 0;
+  stowage::OptimizerState state;
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_EQ(stowage_adam_step(&a.c, grad.data(), 32, ma.data(), va.data(), &o, &sc, &step), 1)
+        << stowage_last_error();
+    stowage::adam_step(b.cpp(), {grad.data(), stowage::DType::f32}, mb.data(), vb.data(),
+                       {1e-2f, 0.9f, 0.99f, 1e-8f, 0.1f, true}, {4.0f, 0.5f, true}, state);
+  }
+  EXPECT_EQ(step, 3);
+  EXPECT_EQ(a.bf16, b.bf16);
+  EXPECT_EQ(a.residual, b.residual);
+  EXPECT_EQ(a.ties, b.ties);
+  EXPECT_EQ(std::memcmp(ma.data(), mb.data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(va.data(), vb.data(), n * 4), 0);
+  // A NaN gradient: skipped, nothing written, the count unchanged.
+  grad[100] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(stowage_any_nonfinite(grad.data(), 32, n), 1);
+  EXPECT_EQ(stowage_any_nonfinite(grad.data(), 32, 100), 0);
+  const auto before = a.residual;
+  EXPECT_EQ(stowage_adam_step(&a.c, grad.data(), 32, ma.data(), va.data(), &o, &sc, &step), 0);
+  EXPECT_EQ(step, 3);
+  EXPECT_EQ(a.residual, before);
+}
+
+TEST(CapiPrecision, SgdStepWithBf16GradientsIsTheCppStep) {
+  const std::size_t n = 300;
+  const std::vector<float> w = random_floats(n, 4), g32 = random_floats(n, 5);
+  std::vector<std::uint16_t> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g32[i]) >> 16);
+  Planes a(n, STOWAGE_ROUND_HALF_UP), b(n, STOWAGE_ROUND_HALF_UP);
+  ASSERT_EQ(stowage_split(w.data(), &a.c), 0);
+  ASSERT_EQ(stowage_split(w.data(), &b.c), 0);
+  std::vector<float> ba(n), bb(n);
+  const stowage_sgd_options o{0.1f, 0.9f, 0.0f, 0.01f, 1};
+  std::int64_t step = 0;
+  stowage::OptimizerState state;
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_EQ(stowage_sgd_step(&a.c, g.data(), 16, ba.data(), &o, nullptr, &step), 1) << stowage_last_error();
+    stowage::sgd_step(b.cpp(), {g.data(), stowage::DType::bf16}, bb.data(), {0.1f, 0.9f, 0.0f, 0.01f, true}, {}, state);
+  }
+  EXPECT_EQ(a.bf16, b.bf16);
+  EXPECT_EQ(a.residual, b.residual);
+  EXPECT_EQ(std::memcmp(ba.data(), bb.data(), n * 4), 0);
+}
+
+TEST(CapiPrecision, RefusesBadArgumentsAndWritesNothing) {
+  const std::size_t n = 64;
+  std::vector<float> w = random_floats(n, 6), grad(n, 1.0f), m(n), v(n);
+  Planes p(n, STOWAGE_ROUND_NEAREST_EVEN);
+  ASSERT_EQ(stowage_split(w.data(), &p.c), 0);
+  const auto bf16 = p.bf16;
+  const stowage_adam_options o{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1};
+  std::int64_t step = 0;
+  EXPECT_TRUE(refused(stowage_split(w.data(), nullptr), "null planes"));
+  Planes bad = p;
+  bad.c = p.c;
+  bad.c.rounding = 7;
+  EXPECT_TRUE(refused(stowage_merge(&bad.c, w.data()), "rounding 7"));
+  bad.c = p.c;
+  bad.c.ties = nullptr;
+  EXPECT_TRUE(refused(stowage_split(w.data(), &bad.c), "tie bitmap"));
+  bad.c = p.c;
+  bad.c.bf16 = reinterpret_cast<std::uint16_t*>(reinterpret_cast<char*>(p.bf16.data()) + 1);
+  EXPECT_TRUE(refused(stowage_split(w.data(), &bad.c), "aligned"));
+  EXPECT_TRUE(refused(stowage_split(nullptr, &p.c), "source"));
+  EXPECT_TRUE(refused(stowage_any_nonfinite(grad.data(), 8, n), "grad_bits 8"));
+  EXPECT_TRUE(
+      refused(stowage_adam_step(&p.c, grad.data(), 32, m.data(), v.data(), nullptr, nullptr, &step), "null options"));
+  EXPECT_TRUE(refused(stowage_adam_step(&p.c, grad.data(), 32, m.data(), v.data(), &o, nullptr, nullptr), "step"));
+  step = -2;
+  EXPECT_TRUE(refused(stowage_adam_step(&p.c, grad.data(), 32, m.data(), v.data(), &o, nullptr, &step), "step"));
+  step = 0;
+  EXPECT_TRUE(refused(stowage_adam_step(&p.c, grad.data(), 32, nullptr, v.data(), &o, nullptr, &step), "exp_avg"));
+  const stowage_grad_scaling zero_scale{0.0f, 1.0f, 1};
+  EXPECT_TRUE(
+      refused(stowage_adam_step(&p.c, grad.data(), 32, m.data(), v.data(), &o, &zero_scale, &step), "loss_scale"));
+  const stowage_sgd_options so{0.1f, 0.9f, 0.0f, 0.0f, 0};
+  EXPECT_TRUE(refused(stowage_sgd_step(&p.c, grad.data(), 32, nullptr, &so, nullptr, &step), "momentum buffer"));
+  EXPECT_EQ(step, 0);
+  EXPECT_EQ(p.bf16, bf16);
+  for (float x : m) EXPECT_EQ(x, 0.0f);
+  // And the next good call works.
+  EXPECT_EQ(stowage_adam_step(&p.c, grad.data(), 32, m.data(), v.data(), &o, nullptr, &step), 1);
+  EXPECT_STREQ(stowage_last_error(), "");
+  EXPECT_EQ(step, 1);
+}
+
+}  // namespace
