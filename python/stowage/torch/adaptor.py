@@ -1,0 +1,75 @@
+"""One call that applies stowage's techniques to an existing model and optimizer, the way
+MindSpeed's adaptor does; the training loop stays as it is (docs/pytorch.md, "One entry point")."""
+import torch
+
+from ..errors import InvalidArgumentError, UnsupportedError
+from .optim import SharedStorageAdamW, SharedStorageSGD
+from .recompute import DEFAULT_ACTIVATIONS, recompute_activations
+
+
+class Applied:
+    """What apply() did: the optimizer to step (the shared-storage one, or the one given) and the
+    recompute handle (None without recompute); remove() undoes the recompute wrapping."""
+
+    def __init__(self, optimizer, recompute):
+        self.optimizer = optimizer
+        self.recompute = recompute
+
+    def remove(self):
+        if self.recompute is not None:
+            self.recompute.remove()
+            self.recompute = None
+
+
+def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite):
+    groups = [dict(g) for g in optimizer.param_groups]
+    common = dict(rounding=rounding, max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite)
+    if type(optimizer) in (torch.optim.AdamW, torch.optim.Adam):
+        if any(g.get("amsgrad") or g.get("maximize") for g in groups):
+            raise UnsupportedError("shared storage: amsgrad and maximize are not supported")
+        keep = ("params", "lr", "betas", "eps", "weight_decay")
+        decoupled = type(optimizer) is torch.optim.AdamW
+        made = SharedStorageAdamW([{**{k: g[k] for k in keep}, "decoupled": decoupled} for g in groups], **common)
+    elif type(optimizer) is torch.optim.SGD:
+        if any(g.get("maximize") for g in groups):
+            raise UnsupportedError("shared storage: maximize is not supported")
+        keep = ("params", "lr", "momentum", "dampening", "weight_decay", "nesterov")
+        made = SharedStorageSGD([{k: g[k] for k in keep} for g in groups], **common)
+    else:
+        raise UnsupportedError(f"shared storage: {type(optimizer).__name__} has no fused form; give torch.optim."
+                               "AdamW, Adam or SGD")
+    if optimizer.state:  # a resumed optimizer: its moments and step carry over, the master is the fp32 weights
+        made.load_state_dict(optimizer.state_dict())
+    return made
+
+
+def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max_grad_norm=None,
+          skip_nonfinite=True, recompute=False, recompute_activation_types=DEFAULT_ACTIVATIONS,
+          recompute_names=()):
+    """Applies the chosen techniques to `model` (fp32, unchanged otherwise) and `optimizer` (a
+    torch.optim.AdamW, Adam or SGD over the model's parameters). Returns an Applied whose
+    .optimizer the loop then steps.
+
+    shared_storage: the parameters become bf16 views of split storage and the optimizer becomes
+      the fused SharedStorageAdamW / SharedStorageSGD with the same groups and hyper-parameters.
+    recompute: the outputs of activation modules (recompute_activation_types, or the modules named
+      in recompute_names) are released after forward and recomputed before backward.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidArgumentError("apply(): model must be a torch.nn.Module")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidArgumentError("apply(): optimizer must be a torch.optim.Optimizer")
+    handle = None
+    if recompute:
+        handle = recompute_activations(model, activation_types=recompute_activation_types, names=recompute_names)
+    if shared_storage:
+        try:
+            optimizer = _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite)
+        except Exception:
+            if handle is not None:
+                handle.remove()
+            raise
+    elif max_grad_norm is not None:
+        raise InvalidArgumentError("apply(): max_grad_norm is the fused clipping of shared storage; without it, "
+                                   "call torch.nn.utils.clip_grad_norm_ in the loop")
+    return Applied(optimizer, handle)

@@ -1,0 +1,381 @@
+"""Storage-release activation recomputation for PyTorch (MindSpeed's CheckpointWithoutOutput).
+
+The activation runs under no_grad and only its input is saved. Once the next layer has consumed
+and saved the output, the output's storage is resized to 0 bytes (the tensor object and every
+saved view of it stay); a hook on a later tensor recomputes the activation, puts the bytes back
+into the same storage, and keeps the recomputed graph for the activation's own backward.
+
+    act = ReleasedActivation()
+    a = act.checkpoint(F.gelu, h)       # h is saved, a is not
+    y = fc2(a)                          # fc2 saves a
+    act.release()                       # a's bytes go back to the allocator
+    act.register_recompute(y)           # a is recomputed before y's backward node runs
+
+or, on an unmodified model, `handle = recompute_activations(model)` ... `handle.remove()`.
+Needs only torch (not libstowage). docs/recompute.md, "From PyTorch".
+"""
+import contextlib
+import weakref
+
+import torch
+
+from ..errors import InvalidArgumentError, StowageError
+
+__all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute_activations",
+           "DEFAULT_ACTIVATIONS"]
+
+# Their backward saves the input, so the input is saved anyway and dropping the output is a pure
+# saving. (ReLU, Tanh, Sigmoid save their output: releasing it would only trade it for the input.)
+DEFAULT_ACTIVATIONS = (torch.nn.GELU, torch.nn.SiLU)
+
+
+def _storage(t):
+    """The tensor's bytes as an untyped storage: untyped_storage() from torch 2.0; 1.13 has only
+    the TypedStorage view of the same StorageImpl."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
+
+
+def _dense(t):
+    # Strides are a permutation of a contiguous layout: no gaps, no overlap.
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _rng_state(device):
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def _set_rng_state(device, state):
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+@contextlib.contextmanager
+def _replayed_rng(device, state):
+    # Replay the forward's generator state, then hand the training loop its own state back.
+    mine = _rng_state(device)
+    _set_rng_state(device, state)
+    try:
+        yield
+    finally:
+        _set_rng_state(device, mine)
+
+
+def _autocast_state():
+    # Autocast is thread-local and off in CUDA's backward threads: replay the forward's (as
+    # torch.utils.checkpoint does).
+    devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    state = []
+    for dev in devices:
+        if hasattr(torch, "get_autocast_dtype"):  # 2.4+
+            state.append((dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))
+        elif dev == "cpu":
+            state.append((dev, torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()))
+        else:
+            state.append((dev, torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()))
+    return state
+
+
+class RecomputeStats:
+    """bytes_released / activations_released: in the last forward of the wrapped model (or since
+    reset()); recomputations: activation forwards rerun in backward, since creation."""
+
+    def __init__(self):
+        self.bytes_released = 0
+        self.activations_released = 0
+        self.recomputations = 0
+
+    def reset(self):
+        self.bytes_released = 0
+        self.activations_released = 0
+
+    def __repr__(self):
+        return (f"RecomputeStats(bytes_released={self.bytes_released}, "
+                f"activations_released={self.activations_released}, recomputations={self.recomputations})")
+
+
+class _Checkpoint(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, owner, *args):
+        out = owner._run_forward(args)
+        if any(ctx.needs_input_grad):
+            ctx.owner = owner  # ctx -> owner only; owner keeps a weak reference back (no cycle)
+            ctx.save_for_backward(*owner._tensor_args(args))
+            owner._ctx = weakref.ref(ctx)
+        else:
+            # No backward node will exist; the inputs are still needed to restore the bytes.
+            owner._inputs = owner._tensor_args(args)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        owner = ctx.owner
+        if owner._pending is None:  # never released, or no hook fired: recompute here
+            owner._recompute()
+        out, args = owner._pending
+        owner._pending = None
+        if out.requires_grad:
+            # Reentrant, as torch.utils.checkpoint(use_reentrant=True): leaves inside fn accumulate .grad.
+            torch.autograd.backward(out, grad)
+        return (None,) + tuple(a.grad if isinstance(a, torch.Tensor) and a.requires_grad else None for a in args)
+
+
+class ReleasedActivation:
+    """One activation call whose output can be released after its consumer saved it and is
+    recomputed, bit for bit, before the consumer's backward reads it.
+
+    fn must return one tensor, be deterministic given the generator state (dropout is replayed),
+    and must not write into its inputs. Used once: one checkpoint() per object."""
+
+    def __init__(self, stats=None):
+        self.stats = stats if stats is not None else RecomputeStats()
+        self.released_bytes = 0
+        self._fn = None
+        self._ctx = None        # weakref to the backward node (it holds the saved inputs)
+        self._inputs = None     # the inputs, when no backward node exists
+        self._output = None     # weakref to the output, until release
+        self._storage = None    # the released storage, until restored
+        self._pending = None    # (recomputed output, detached args) for the backward node
+
+    def _tensor_args(self, args):
+        return [a for a in args if isinstance(a, torch.Tensor)]
+
+    def _run_forward(self, args):
+        tensors = self._tensor_args(args)
+        self._device = tensors[0].device if tensors else torch.device("cpu")
+        self._rng = _rng_state(self._device)
+        self._autocast = _autocast_state()
+        self._template = [None if isinstance(a, torch.Tensor) else a for a in args]
+        self._versions = [t._version for t in tensors]
+        out = self._fn(*args)  # autograd.Function.forward runs under no_grad
+        if not isinstance(out, torch.Tensor):
+            raise InvalidArgumentError(f"ReleasedActivation: fn must return one tensor, not {type(out).__name__}")
+        ptr = _storage(out).data_ptr()
+        if ptr and any(_storage(t).data_ptr() == ptr for t in tensors):
+            raise InvalidArgumentError("ReleasedActivation: fn's output shares storage with its input (an in-place "
+                                       "or aliasing fn): the input is what recomputation reads, it cannot be "
+                                       "released or overwritten")
+        self._is_view = out._base is not None
+        return out
+
+    def checkpoint(self, fn, *inputs):
+        """Runs fn(*inputs) without building its graph; saves the inputs. Returns the output."""
+        if self._fn is not None:
+            raise InvalidArgumentError("ReleasedActivation.checkpoint: already used; make one per call")
+        self._fn = fn
+        out = _Checkpoint.apply(self, *inputs)
+        self._output = weakref.ref(out)
+        self._version = out._version
+        return out
+
+    def release(self):
+        """Frees the output's bytes (storage resized to 0; the tensor and its saved views remain).
+        Call it after every consumer has saved the output, then register_recompute().
+
+        Refuses (InvalidArgumentError, nothing released) an output that another tensor may read
+        before backward: a view (its base and sibling views alias the bytes), one that does not
+        cover its whole storage (the rest is someone else's data), or one modified in place after
+        fn (the recomputed bytes would differ)."""
+        out = self._output() if self._output is not None else None
+        if out is None:
+            raise InvalidArgumentError("ReleasedActivation.release: no output to release (not checkpointed, already "
+                                       "released, or the output is gone)")
+        if self._is_view:
+            raise InvalidArgumentError("ReleasedActivation.release: the output is a view of another tensor, which "
+                                       "(or another view of it) is a live alias of its bytes; return a fresh tensor "
+                                       "from fn (e.g. .clone())")
+        storage = _storage(out)
+        nbytes = out.numel() * out.element_size()
+        if out.storage_offset() != 0 or storage.nbytes() != nbytes or not _dense(out):
+            raise InvalidArgumentError(f"ReleasedActivation.release: the output ({nbytes} bytes at offset "
+                                       f"{out.storage_offset()}) is not its whole storage ({storage.nbytes()} bytes): "
+                                       "the rest belongs to other tensors")
+        if out._version != self._version:
+            raise InvalidArgumentError("ReleasedActivation.release: the output was modified in place after fn; "
+                                       "recomputation would not give those bytes back")
+        self._shape, self._stride, self._dtype = out.shape, out.stride(), out.dtype
+        storage.resize_(0)
+        self._storage, self._output = storage, None
+        self.released_bytes = nbytes
+        self.stats.bytes_released += nbytes
+        self.stats.activations_released += 1
+
+    def register_recompute(self, hook_tensor):
+        """Recomputes (and restores the bytes) when hook_tensor's gradient is ready, i.e. just
+        before hook_tensor's backward node runs. hook_tensor must come after every consumer of
+        the output. Returns the hook's handle."""
+        if not hook_tensor.requires_grad:
+            raise InvalidArgumentError("ReleasedActivation.register_recompute: the hook tensor does not require grad, "
+                                       "so its hook would never run")
+        return hook_tensor.register_hook(lambda grad: self._recompute() if self._pending is None else None)
+
+    def forget(self):
+        """Drops the reference to the output when it will not be released."""
+        self._output = None
+
+    def _recompute(self):
+        ctx = self._ctx() if self._ctx is not None else None
+        inputs = ctx.saved_tensors if ctx is not None else self._inputs
+        if inputs is None:
+            raise StowageError("ReleasedActivation: nothing to recompute from (the backward node and its saved "
+                               "inputs are gone)")
+        if ctx is None and any(t._version != v for t, v in zip(inputs, self._versions)):
+            raise StowageError("ReleasedActivation: an input was modified in place after the forward")
+        it = iter(inputs)
+        args = []
+        for a in self._template:
+            if a is None:
+                t = next(it)
+                args.append(t.detach().requires_grad_(t.requires_grad))
+            else:
+                args.append(a)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_replayed_rng(self._device, self._rng))
+            for dev, on, dtype in self._autocast:
+                stack.enter_context(torch.autocast(dev, enabled=on, dtype=dtype))
+            stack.enter_context(torch.enable_grad() if ctx is not None else torch.no_grad())
+            out = self._fn(*args)
+        self.stats.recomputations += 1
+        if self._storage is not None:
+            if (out.shape, out.stride(), out.dtype) != (self._shape, self._stride, self._dtype) or \
+                    _storage(out).nbytes() != self.released_bytes:
+                raise StowageError(f"ReleasedActivation: the recomputed output ({tuple(out.shape)}, {out.stride()}, "
+                                   f"{out.dtype}) does not match the released one ({tuple(self._shape)}, "
+                                   f"{self._stride}, {self._dtype}): fn is not deterministic")
+            # Storage-level copy: the tensor's version counter stays, so saved views still unpack.
+            self._storage.resize_(self.released_bytes)
+            self._storage.copy_(_storage(out))
+            self._storage = None
+        if ctx is not None:
+            self._pending = (out, args)
+
+
+def _flat_tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flat_tensors(v)]
+    return []
+
+
+class RecomputeHandle:
+    """What recompute_activations() returns: .stats (RecomputeStats), .modules (the wrapped names),
+    .remove() (the model as it was). Also a context manager."""
+
+    def __init__(self, stats, modules, undo):
+        self.stats, self.modules, self._undo = stats, modules, undo
+
+    def remove(self):
+        while self._undo:
+            self._undo.pop()()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def _set_forward(module, forward, undo):
+    had = "forward" in module.__dict__
+    old = module.__dict__.get("forward")
+
+    def restore():
+        if had:
+            module.forward = old
+        else:
+            del module.forward
+    module.forward = forward
+    undo.append(restore)
+
+
+def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=()):
+    """Releases the output of every activation module (an instance of one of activation_types, or
+    named in names, e.g. "layers.0.mlp.act") when its parent module's forward returns, and
+    recomputes it when the gradient reaches the parent's output. The model's code is unchanged;
+    any module class works as an activation (SwiGLU written as a module, dropout inside).
+
+    Rules: the activation's value must leave the parent only through the parent's outputs (a
+    tensor stashed elsewhere would read released bytes), and backward must enter through them.
+    Under no_grad / inference_mode nothing is saved and nothing is released."""
+    modules = dict(model.named_modules())
+    missing = [n for n in names if n not in modules]
+    if missing:
+        raise InvalidArgumentError(f"recompute_activations: no module named {', '.join(missing)}")
+    chosen = [n for n, m in modules.items() if n in names or isinstance(m, tuple(activation_types))]
+    stats, undo, stacks = RecomputeStats(), [], {}
+    for name in chosen:
+        module = modules[name]
+        if name == "":
+            raise InvalidArgumentError("recompute_activations: the model itself cannot be the activation (it needs "
+                                       "a parent module whose forward consumes it)")
+        if getattr(module, "inplace", False):
+            raise InvalidArgumentError(f"recompute_activations: {name} is in-place; its output is its input's storage")
+        parent = modules[name.rpartition(".")[0]]
+        if id(parent) not in stacks:
+            stacks[id(parent)] = _wrap_parent(parent, stats, undo)
+        _wrap_activation(module, name, stacks[id(parent)], stats, undo)
+
+    # "Last forward": reset at each call of the model.
+    reset = model.register_forward_pre_hook(lambda module, args: stats.reset())
+    undo.append(reset.remove)
+    return RecomputeHandle(stats, chosen, undo)
+
+
+def _wrap_activation(module, name, stack, stats, undo):
+    original = module.forward
+
+    def forward(*args, **kwargs):
+        # Nothing to save under no_grad; outside its parent's forward nobody would release it.
+        if not torch.is_grad_enabled() or not stack:
+            return original(*args, **kwargs)
+        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            raise InvalidArgumentError(f"recompute_activations: {name} got a tensor keyword argument; pass tensors "
+                                       "positionally (they are what is saved and recomputed from)")
+        act = ReleasedActivation(stats)
+        fn = original if not kwargs else (lambda *a: original(*a, **kwargs))
+        out = act.checkpoint(fn, *args)
+        stack[-1].append((name, act))
+        return out
+    _set_forward(module, forward, undo)
+
+
+def _wrap_parent(parent, stats, undo):
+    original, stack = parent.forward, []
+
+    def forward(*args, **kwargs):
+        stack.append([])
+        try:
+            output = original(*args, **kwargs)
+        finally:
+            acts = stack.pop()
+        if acts:
+            _release(acts, output)
+        return output
+    _set_forward(parent, forward, undo)
+    return stack
+
+
+def _release(acts, output):
+    # By now every consumer inside the parent has run and saved what it needs.
+    outputs = _flat_tensors(output)
+    hooks = [t for t in outputs if t.requires_grad and t.grad_fn is not None]
+    out_ptrs = {_storage(t).data_ptr() for t in outputs} - {0}
+    for name, act in acts:
+        out = act._output() if act._output is not None else None
+        if not hooks or out is None:
+            act.forget()  # no backward through the parent: nothing saved it, nothing to gain
+            continue
+        if _storage(out).data_ptr() in out_ptrs:
+            raise InvalidArgumentError(f"recompute_activations: {name}'s output is (or shares storage with) an output "
+                                       "of its parent module, which the caller reads: it cannot be released")
+        act.release()
+        for t in hooks:
+            act.register_recompute(t)

@@ -1,0 +1,316 @@
+"""stowage.torch.recompute: storage-release activation recomputation (docs/recompute.md, "From
+PyTorch"). CPU only; every comparison is bit for bit (torch.equal)."""
+import contextlib
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+from stowage.errors import InvalidArgumentError, StowageError  # noqa: E402
+from stowage.torch import recompute as rc  # noqa: E402
+from stowage.torch.recompute import ReleasedActivation, recompute_activations  # noqa: E402
+
+B, S, HIDDEN, INTER, LAYERS = 2, 8, 16, 48, 3
+TOKENS = B * S
+
+
+class SwiGLU(nn.Module):
+    def forward(self, x):
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class GeluDropout(nn.Module):
+    def forward(self, x):
+        return F.dropout(F.gelu(x), p=0.3, training=self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, act, gated=False):
+        super().__init__()
+        self.fc1 = nn.Linear(HIDDEN, INTER * (2 if gated else 1))
+        self.act = act
+        self.fc2 = nn.Linear(INTER, HIDDEN)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        return x + self.mlp(x)
+
+
+def make(kind, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    act = {"gelu": nn.GELU, "swiglu": SwiGLU, "dropout": GeluDropout}[kind]
+    return nn.Sequential(*[Block(MLP(act(), gated=kind == "swiglu")) for _ in range(LAYERS)]).to(dtype)
+
+
+def inputs(step, dtype):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(B, S, HIDDEN, generator=g).to(dtype)
+
+
+def loss_of(model, x):
+    return model(x).float().square().mean()
+
+
+def storage_of(t):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
+
+
+def assert_same_grads(a, b):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert p.grad is not None and torch.equal(p.grad, q.grad), name
+
+
+def train_side_by_side(kind, dtype, steps, wrap=recompute_activations, **kw):
+    """Trains a plain model and a copy under `wrap` on the same data with the same generator
+    state; asserts equal losses and gradients at every step. Returns (plain, wrapped, handle)."""
+    plain = make(kind, dtype)
+    wrapped = copy.deepcopy(plain)
+    handle = wrap(wrapped, **kw)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, wrapped)]
+    for step in range(steps):
+        x = inputs(step, dtype)
+        losses = []
+        for model, opt in zip((plain, wrapped), opts):
+            opt.zero_grad()
+            torch.manual_seed(step)  # the same dropout masks on both sides
+            loss = loss_of(model, x)
+            loss.backward()
+            losses.append(loss)
+        assert torch.equal(losses[0], losses[1]), step
+        assert_same_grads(plain, wrapped)
+        for opt in opts:
+            opt.step()
+    return plain, wrapped, handle
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["gelu", "swiglu"])
+def test_losses_and_gradients_are_bit_identical_over_sgd_steps(kind, dtype):
+    types = (nn.GELU,) if kind == "gelu" else (SwiGLU,)
+    _, wrapped, handle = train_side_by_side(kind, dtype, steps=4, activation_types=types)
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    assert handle.stats.bytes_released == LAYERS * TOKENS * INTER * itemsize
+    assert handle.stats.activations_released == LAYERS
+    assert handle.stats.recomputations == 4 * LAYERS
+    assert len(handle.modules) == LAYERS
+
+
+def test_dropout_inside_the_activation_is_replayed_bit_for_bit():
+    train_side_by_side("dropout", torch.float32, steps=3, activation_types=(GeluDropout,))
+
+
+def test_without_rng_replay_the_dropout_gradients_would_differ(monkeypatch):
+    # The control for the test above: it can fail.
+    monkeypatch.setattr(rc, "_replayed_rng", lambda device, state: contextlib.nullcontext())
+    with pytest.raises(AssertionError):
+        train_side_by_side("dropout", torch.float32, steps=1, activation_types=(GeluDropout,))
+
+
+def test_recomputation_leaves_the_training_generator_where_it_was():
+    draws = []
+    for wrap in (False, True):
+        model = make("dropout")
+        if wrap:
+            recompute_activations(model, activation_types=(GeluDropout,))
+        torch.manual_seed(7)
+        loss_of(model, inputs(0, torch.float32)).backward()
+        draws.append(torch.rand(4))
+    assert torch.equal(draws[0], draws[1])
+
+
+def saved_bytes_and_grads(model, x):
+    """Bytes of the distinct storages autograd holds for backward, counted when forward has
+    finished (the peak of a training step): every saved tensor goes through the pack hook."""
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        loss = loss_of(model, x)
+    storages = {}
+    for t in packed:
+        s = storage_of(t)
+        if s.data_ptr():  # a released storage has no bytes and no address
+            storages[s.data_ptr()] = s.nbytes()
+    loss.backward()
+    return sum(storages.values()), loss
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["gelu", "swiglu"])
+def test_saved_bytes_drop_by_the_released_activations(kind, dtype):
+    plain = make(kind, dtype)
+    wrapped = copy.deepcopy(plain)
+    handle = recompute_activations(wrapped, activation_types=(nn.GELU, SwiGLU))
+    x = inputs(0, dtype)
+    before, loss0 = saved_bytes_and_grads(plain, x)
+    after, loss1 = saved_bytes_and_grads(wrapped, x)
+    out = TOKENS * INTER * torch.tensor([], dtype=dtype).element_size()  # one activation output
+    # GeLU saves its input (fc1's output) either way; fc2's saved copy of the output is released.
+    # SwiGLU: the input (both halves) is saved either way; released are the output and silu(gate),
+    # which the plain model saves for the product's backward.
+    per_layer = out if kind == "gelu" else 2 * out
+    assert before - after == LAYERS * per_layer
+    assert handle.stats.bytes_released == LAYERS * out
+    assert torch.equal(loss0, loss1)
+    assert_same_grads(plain, wrapped)
+
+
+def test_remove_restores_the_model():
+    plain = make("gelu")
+    wrapped = copy.deepcopy(plain)
+    handle = recompute_activations(wrapped)
+    loss_of(wrapped, inputs(0, torch.float32)).backward()
+    handle.remove()
+    assert all("forward" not in m.__dict__ for m in wrapped.modules())
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in wrapped.modules())
+    wrapped.zero_grad()
+    before, loss0 = saved_bytes_and_grads(plain, inputs(1, torch.float32))
+    after, loss1 = saved_bytes_and_grads(wrapped, inputs(1, torch.float32))
+    assert before == after and torch.equal(loss0, loss1)
+    assert_same_grads(plain, wrapped)
+    assert handle.stats.recomputations == LAYERS  # only the wrapped step
+    handle.remove()  # twice is harmless
+
+
+def test_backward_twice_with_retain_graph_recomputes_each_time():
+    plain = make("gelu")
+    wrapped = copy.deepcopy(plain)
+    handle = recompute_activations(wrapped)
+    x = inputs(0, torch.float32)
+    for model in (plain, wrapped):
+        loss = loss_of(model, x)
+        loss.backward(retain_graph=True)
+        loss.backward()  # the activations stay restored; their graphs are rebuilt
+        with pytest.raises(RuntimeError, match="second time"):
+            loss.backward()
+    assert_same_grads(plain, wrapped)
+    assert handle.stats.recomputations == 2 * LAYERS
+
+
+def test_no_grad_forward_releases_nothing():
+    plain = make("gelu")
+    wrapped = copy.deepcopy(plain)
+    handle = recompute_activations(wrapped)
+    x = inputs(0, torch.float32)
+    with torch.no_grad():
+        y0, y1 = plain(x), wrapped(x)
+    assert torch.equal(y0, y1)
+    assert handle.stats.bytes_released == 0 and handle.stats.recomputations == 0
+    loss_of(wrapped, x)  # a training forward after it releases as usual
+    assert handle.stats.bytes_released == LAYERS * TOKENS * INTER * 4
+
+
+def test_autocast_is_replayed():
+    class ProjGelu(nn.Module):  # a linear inside the recomputed function: autocast changes its dtype
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(INTER, INTER)
+
+        def forward(self, x):
+            return F.gelu(self.proj(x))
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(Block(MLP(ProjGelu())))
+    wrapped = copy.deepcopy(plain)
+    handle = recompute_activations(wrapped, activation_types=(ProjGelu,))
+    x = inputs(0, torch.float32)
+    losses = []
+    for model in (plain, wrapped):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_of(model, x)
+        loss.backward()  # outside autocast, as usual
+        losses.append(loss)
+    assert torch.equal(*losses)
+    assert_same_grads(plain, wrapped)
+    assert handle.stats.bytes_released == TOKENS * INTER * 2  # bf16 output
+
+
+def test_low_level_release_and_recompute():
+    torch.manual_seed(0)
+    h = torch.randn(TOKENS, INTER, requires_grad=True)
+    w = torch.randn(HIDDEN, INTER, requires_grad=True)
+    ref_a = F.gelu(h)
+    ref = (ref_a @ w.t()).square().sum()
+    ref_grads = torch.autograd.grad(ref, (h, w))
+
+    act = ReleasedActivation()
+    a = act.checkpoint(F.gelu, h)
+    assert torch.equal(a, ref_a) and a.requires_grad
+    y = a @ w.t()  # the consumer saves a
+    act.release()
+    assert storage_of(a).nbytes() == 0 and a.shape == (TOKENS, INTER)
+    assert act.released_bytes == TOKENS * INTER * 4
+    act.register_recompute(y)
+    grads = torch.autograd.grad(y.square().sum(), (h, w))
+    assert torch.equal(a, ref_a)  # the same storage has the bytes back
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref_grads))
+    assert act.stats.recomputations == 1
+
+
+def test_a_released_output_is_restored_even_when_nothing_needs_its_gradient():
+    # Frozen input: no backward node for the activation, but the consumer still saved its output.
+    h = torch.randn(TOKENS, INTER)
+    w = torch.randn(HIDDEN, INTER, requires_grad=True)
+    ref = torch.autograd.grad((F.gelu(h) @ w.t()).square().sum(), w)[0]
+    act = ReleasedActivation()
+    a = act.checkpoint(F.gelu, h)
+    y = a @ w.t()
+    act.release()
+    act.register_recompute(y)
+    assert torch.equal(torch.autograd.grad(y.square().sum(), w)[0], ref)
+
+
+def test_aliased_outputs_are_refused():
+    h = torch.randn(TOKENS, INTER, requires_grad=True) * 1
+
+    def refused(fn, match, at_release=True):
+        act = ReleasedActivation()
+        if not at_release:
+            with pytest.raises(InvalidArgumentError, match=match):
+                act.checkpoint(fn, h)
+            return
+        a = act.checkpoint(fn, h)
+        with pytest.raises(InvalidArgumentError, match=match) as e:
+            act.release()
+        assert isinstance(e.value, StowageError)
+        assert storage_of(a).nbytes() > 0  # nothing was released
+
+    refused(lambda x: F.gelu(x).view(-1), "is a view")
+    refused(lambda x: F.gelu(x)[:, :4], "is a view")
+    buffer = torch.zeros(2 * TOKENS * INTER)
+    refused(lambda x: torch.empty(0).set_(storage_of(buffer) if hasattr(buffer, "untyped_storage") else
+                                          buffer.storage(), 0, x.shape).copy_(F.gelu(x)), "not its whole storage")
+    refused(lambda x: x.relu_(), "shares storage with its input", at_release=False)
+
+    act = ReleasedActivation()
+    a = act.checkpoint(F.gelu, h)
+    a.mul_(2)
+    with pytest.raises(InvalidArgumentError, match="modified in place"):
+        act.release()
+
+
+def test_module_level_refusals():
+    with pytest.raises(InvalidArgumentError, match="in-place"):
+        recompute_activations(nn.Sequential(nn.Linear(4, 4), nn.SiLU(inplace=True)))
+    with pytest.raises(InvalidArgumentError, match="no module named nope"):
+        recompute_activations(nn.Sequential(nn.Linear(4, 4)), names=("nope",))
+
+    class Leaky(MLP):  # returns the activation itself next to the result
+        def forward(self, x):
+            a = self.act(self.fc1(x))
+            return self.fc2(a), a
+
+    model = Leaky(nn.GELU())
+    recompute_activations(model, names=("act",))  # by name
+    with pytest.raises(InvalidArgumentError, match="shares storage with\\) an output"):
+        model(torch.randn(TOKENS, HIDDEN))
