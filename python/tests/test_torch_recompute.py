@@ -48,10 +48,25 @@ class Block(nn.Module):
         return x + self.mlp(x)
 
 
-def make(kind, dtype=torch.float32, seed=0):
+class InplaceResidual(Block):
+    # The MLP's output (a view on torch 1.13: linear of a 3-d input) is modified in place after
+    # the parent returned, which replaces its backward node.
+    def forward(self, x):
+        y = self.mlp(x)
+        y += x
+        return y
+
+
+class SharedTwice(Block):
+    # The same MLP (one parent module) runs twice in one forward.
+    def forward(self, x):
+        return self.mlp(self.mlp(x))
+
+
+def make(kind, dtype=torch.float32, seed=0, block=Block):
     torch.manual_seed(seed)
     act = {"gelu": nn.GELU, "swiglu": SwiGLU, "dropout": GeluDropout}[kind]
-    return nn.Sequential(*[Block(MLP(act(), gated=kind == "swiglu")) for _ in range(LAYERS)]).to(dtype)
+    return nn.Sequential(*[block(MLP(act(), gated=kind == "swiglu")) for _ in range(LAYERS)]).to(dtype)
 
 
 def inputs(step, dtype):
@@ -72,12 +87,12 @@ def assert_same_grads(a, b):
         assert p.grad is not None and torch.equal(p.grad, q.grad), name
 
 
-def train_side_by_side(kind, dtype, steps, wrap=recompute_activations, **kw):
-    """Trains a plain model and a copy under `wrap` on the same data with the same generator
-    state; asserts equal losses and gradients at every step. Returns (plain, wrapped, handle)."""
-    plain = make(kind, dtype)
+def train_side_by_side(kind, dtype, steps, block=Block, **kw):
+    """Trains a plain model and a copy under recompute_activations on the same data with the same
+    generator state; asserts equal losses and gradients at every step. Returns (plain, wrapped, handle)."""
+    plain = make(kind, dtype, block=block)
     wrapped = copy.deepcopy(plain)
-    handle = wrap(wrapped, **kw)
+    handle = recompute_activations(wrapped, **kw)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, wrapped)]
     for step in range(steps):
         x = inputs(step, dtype)
@@ -105,6 +120,14 @@ def test_losses_and_gradients_are_bit_identical_over_sgd_steps(kind, dtype):
     assert handle.stats.activations_released == LAYERS
     assert handle.stats.recomputations == 4 * LAYERS
     assert len(handle.modules) == LAYERS
+
+
+@pytest.mark.parametrize("block", [InplaceResidual, SharedTwice])
+def test_in_place_on_the_parent_output_and_a_parent_run_twice(block):
+    _, _, handle = train_side_by_side("gelu", torch.float32, steps=2, block=block)
+    calls = 2 if block is SharedTwice else 1
+    assert handle.stats.activations_released == calls * LAYERS
+    assert handle.stats.recomputations == 2 * calls * LAYERS
 
 
 def test_dropout_inside_the_activation_is_replayed_bit_for_bit():
@@ -314,3 +337,20 @@ def test_module_level_refusals():
     recompute_activations(model, names=("act",))  # by name
     with pytest.raises(InvalidArgumentError, match="shares storage with\\) an output"):
         model(torch.randn(TOKENS, HIDDEN))
+
+
+def test_non_tensor_arguments_pass_through():
+    h = torch.randn(TOKENS, INTER, requires_grad=True)
+    w = torch.randn(HIDDEN, INTER, requires_grad=True)
+
+    def fn(x, scale, approximate, nothing):
+        assert nothing is None
+        return F.gelu(x * scale, approximate=approximate)
+
+    ref = torch.autograd.grad((fn(h, 0.5, "tanh", None) @ w.t()).square().sum(), (h, w))
+    act = ReleasedActivation()
+    y = act.checkpoint(fn, h, 0.5, "tanh", None) @ w.t()
+    act.release()
+    act.register_recompute(y)
+    got = torch.autograd.grad(y.square().sum(), (h, w))
+    assert all(torch.equal(g, r) for g, r in zip(got, ref))

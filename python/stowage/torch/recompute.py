@@ -29,6 +29,9 @@ __all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute
 DEFAULT_ACTIVATIONS = (torch.nn.GELU, torch.nn.SiLU)
 
 
+_TENSOR = object()  # marks a tensor argument's place among fn's arguments
+
+
 def _storage(t):
     """The tensor's bytes as an untyped storage: untyped_storage() from torch 2.0; 1.13 has only
     the TypedStorage view of the same StorageImpl."""
@@ -150,7 +153,7 @@ class ReleasedActivation:
         self._device = tensors[0].device if tensors else torch.device("cpu")
         self._rng = _rng_state(self._device)
         self._autocast = _autocast_state()
-        self._template = [None if isinstance(a, torch.Tensor) else a for a in args]
+        self._template = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]
         self._versions = [t._version for t in tensors]
         out = self._fn(*args)  # autograd.Function.forward runs under no_grad
         if not isinstance(out, torch.Tensor):
@@ -209,9 +212,14 @@ class ReleasedActivation:
         """Recomputes (and restores the bytes) when hook_tensor's gradient is ready, i.e. just
         before hook_tensor's backward node runs. hook_tensor must come after every consumer of
         the output. Returns the hook's handle."""
-        if not hook_tensor.requires_grad:
-            raise InvalidArgumentError("ReleasedActivation.register_recompute: the hook tensor does not require grad, "
-                                       "so its hook would never run")
+        # A view's hook goes on its base: an in-place op on the view (x = mlp(x); x += r) gives the
+        # view a new backward node and drops the old one from the graph; the base's node stays, and
+        # it runs after the view's and before anything the view was computed from.
+        if hook_tensor._base is not None:
+            hook_tensor = hook_tensor._base
+        if not hook_tensor.requires_grad or hook_tensor.grad_fn is None:
+            raise InvalidArgumentError("ReleasedActivation.register_recompute: the hook tensor has no backward node "
+                                       "(it does not require grad, or is a leaf), so its hook would not run first")
         return hook_tensor.register_hook(lambda grad: self._recompute() if self._pending is None else None)
 
     def forget(self):
@@ -229,7 +237,7 @@ class ReleasedActivation:
         it = iter(inputs)
         args = []
         for a in self._template:
-            if a is None:
+            if a is _TENSOR:
                 t = next(it)
                 args.append(t.detach().requires_grad_(t.requires_grad))
             else:
@@ -366,7 +374,8 @@ def _wrap_parent(parent, stats, undo):
 def _release(acts, output):
     # By now every consumer inside the parent has run and saved what it needs.
     outputs = _flat_tensors(output)
-    hooks = [t for t in outputs if t.requires_grad and t.grad_fn is not None]
+    hooks = list({id(b): t for t in outputs for b in [t if t._base is None else t._base]
+                  if b.requires_grad and b.grad_fn is not None}.values())  # one per base (see register_recompute)
     out_ptrs = {_storage(t).data_ptr() for t in outputs} - {0}
     for name, act in acts:
         out = act._output() if act._output is not None else None
