@@ -86,3 +86,29 @@ def test_apply_keeps_param_groups_and_a_resumed_optimizers_state():
     assert torch.equal(opt.state[model.head.weight]["exp_avg"], m)
     assert float(opt.state[model.head.weight]["step"]) == 1.0
     assert model.head.weight.dtype == torch.bfloat16
+
+
+def test_apply_with_every_technique_keeps_the_losses():
+    data, vocab = gpt.batches(gpt.corpus(), 16, 2, 3)
+
+    def train(techniques):
+        torch.manual_seed(0)
+        model = gpt.GPT(vocab, 16)
+        base = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if techniques:
+            done = apply(model, base, recompute=True, recompute_activation_types=(torch.nn.GELU, gpt.SwiGLU),
+                         swap=True)
+            opt = done.optimizer
+            assert done.swap.modules == ["blocks.0.attn", "blocks.1.attn"]
+        else:
+            opt = demo.MasterWeightsOptimizer(model.parameters(), lr=1e-3)
+        losses = []
+        for x, y in data:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x).float().view(-1, vocab), y.view(-1))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    assert train(True) == train(False)

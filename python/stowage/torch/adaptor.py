@@ -5,20 +5,23 @@ import torch
 from ..errors import InvalidArgumentError, UnsupportedError
 from .optim import SharedStorageAdamW, SharedStorageSGD
 from .recompute import DEFAULT_ACTIVATIONS, recompute_activations
+from .swap import swap_activations
 
 
 class Applied:
-    """What apply() did: the optimizer to step (the shared-storage one, or the one given) and the
-    recompute handle (None without recompute); remove() undoes the recompute wrapping."""
+    """What apply() did: the optimizer to step (the shared-storage one, or the one given), the
+    recompute and swap handles (None when not asked for); remove() undoes the module wrapping."""
 
-    def __init__(self, optimizer, recompute):
+    def __init__(self, optimizer, recompute, swap):
         self.optimizer = optimizer
         self.recompute = recompute
+        self.swap = swap
 
     def remove(self):
-        if self.recompute is not None:
-            self.recompute.remove()
-            self.recompute = None
+        for handle in (self.swap, self.recompute):
+            if handle is not None:
+                handle.remove()
+        self.recompute = self.swap = None
 
 
 def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite):
@@ -45,7 +48,7 @@ def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite):
 
 def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max_grad_norm=None,
           skip_nonfinite=True, recompute=False, recompute_activation_types=DEFAULT_ACTIVATIONS,
-          recompute_names=()):
+          recompute_names=(), swap=False, swap_prefetch=1, swap_names=()):
     """Applies the chosen techniques to `model` (fp32, unchanged otherwise) and `optimizer` (a
     torch.optim.AdamW, Adam or SGD over the model's parameters). Returns an Applied whose
     .optimizer the loop then steps.
@@ -54,22 +57,26 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
       the fused SharedStorageAdamW / SharedStorageSGD with the same groups and hyper-parameters.
     recompute: the outputs of activation modules (recompute_activation_types, or the modules named
       in recompute_names) are released after forward and recomputed before backward.
+    swap: what attention modules (classes named *Attention, or the modules in swap_names) save for
+      backward goes to host memory after forward and comes back swap_prefetch modules ahead.
     """
     if not isinstance(model, torch.nn.Module):
         raise InvalidArgumentError("apply(): model must be a torch.nn.Module")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError("apply(): optimizer must be a torch.optim.Optimizer")
-    handle = None
-    if recompute:
-        handle = recompute_activations(model, activation_types=recompute_activation_types, names=recompute_names)
-    if shared_storage:
-        try:
-            optimizer = _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite)
-        except Exception:
-            if handle is not None:
-                handle.remove()
-            raise
-    elif max_grad_norm is not None:
+    if not shared_storage and max_grad_norm is not None:
         raise InvalidArgumentError("apply(): max_grad_norm is the fused clipping of shared storage; without it, "
                                    "call torch.nn.utils.clip_grad_norm_ in the loop")
-    return Applied(optimizer, handle)
+    done = Applied(optimizer, None, None)
+    try:  # a refusal anywhere leaves the model as it was
+        if recompute:
+            done.recompute = recompute_activations(model, activation_types=recompute_activation_types,
+                                                   names=recompute_names)
+        if swap:
+            done.swap = swap_activations(model, prefetch=swap_prefetch, names=swap_names)
+        if shared_storage:
+            done.optimizer = _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite)
+    except Exception:
+        done.remove()
+        raise
+    return done

@@ -1,0 +1,196 @@
+"""Swap-attention from PyTorch: the tensors that chosen modules (attention, by default) save for
+backward go to host memory right after they are saved, and come back before backward needs them,
+`prefetch` modules ahead (docs/pytorch.md, "Swap-attention").
+
+On CUDA the copies run on two side streams of their own, into pinned host memory, ordered by
+events: device-to-host after the tensor is produced (the device tensor is kept alive for that
+stream by record_stream, so its memory is reused only after the copy), host-to-device issued when
+backward reaches a swapped module for the `prefetch` modules before it, and the compute stream
+waits on the copy's event before it reads. On the CPU the same bookkeeping runs with plain copies
+into stowage's own memory (an emulated device's, which PyTorch's allocator does not own), so the
+bytes PyTorch holds at the forward/backward boundary drop as they would on a GPU: it is how the
+mechanism is tested without one.
+
+    handle = swap_activations(model, prefetch=1)   # model unchanged otherwise
+    ... training loop ...
+    handle.stats                                   # bytes moved, prefetch hits
+    handle.remove()
+"""
+import weakref
+
+import torch
+
+from .. import dlpack as stowage_memory
+from ..errors import InvalidArgumentError
+
+__all__ = ["swap_activations", "SwapHandle", "SwapStats"]
+
+
+def _is_attention(module):
+    return type(module).__name__.endswith("Attention")
+
+
+class SwapStats:
+    """bytes_to_host / bytes_to_device: moved since reset(); swapped: tensors sent to host;
+    prefetched: unpacks whose copy back had been issued ahead (by the prefetch of a later module);
+    on_demand: unpacks that had to start their copy then."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.bytes_to_host = self.bytes_to_device = 0
+        self.swapped = self.prefetched = self.on_demand = 0
+
+    def __repr__(self):
+        return (f"SwapStats(bytes_to_host={self.bytes_to_host}, bytes_to_device={self.bytes_to_device}, "
+                f"swapped={self.swapped}, prefetched={self.prefetched}, on_demand={self.on_demand})")
+
+
+class _Packed:
+    """One saved tensor in host memory, and its way back."""
+    __slots__ = ("host", "device", "ready", "back", "back_ready", "call", "__weakref__")
+
+    def __init__(self, host, device, ready, call):
+        self.host, self.device, self.ready, self.call = host, device, ready, call
+        self.back = self.back_ready = None
+
+
+class _Copier:
+    """Where the copies run: side streams and pinned memory on CUDA, plain copies elsewhere."""
+
+    def __init__(self):
+        self.streams = {}
+
+    def _pair(self, device):
+        if device not in self.streams:
+            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        return self.streams[device]
+
+    def to_host(self, t):
+        if t.device.type != "cuda":
+            # bool as uint8 bytes: older PyTorch reads no DLPack bool.
+            as_bytes = t.dtype == torch.bool
+            host = torch.from_dlpack(stowage_memory.empty(tuple(t.shape), torch.uint8 if as_bytes else t.dtype))
+            return (host.view(torch.bool) if as_bytes else host).copy_(t.detach()), None
+        d2h, _ = self._pair(t.device)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        d2h.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(d2h):
+            host.copy_(t.detach(), non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(d2h)
+        t.record_stream(d2h)  # its memory is reused only after the copy read it
+        return host, ready
+
+    def to_device(self, p):
+        if p.device.type != "cuda":
+            return p.host.clone(), None
+        _, h2d = self._pair(p.device)
+        with torch.cuda.stream(h2d):
+            h2d.wait_event(p.ready)
+            back = p.host.to(p.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(h2d)
+        return back, done
+
+    def use(self, p):
+        if p.back_ready is not None:
+            current = torch.cuda.current_stream(p.device)
+            current.wait_event(p.back_ready)
+            p.back.record_stream(current)
+        return p.back
+
+
+class SwapHandle:
+    """What swap_activations() returns: .stats (SwapStats), .modules (the swapped modules' names),
+    .remove() (the model as it was). Also a context manager."""
+
+    def __init__(self, stats, modules, undo):
+        self.stats, self.modules, self._undo = stats, modules, undo
+
+    def remove(self):
+        while self._undo:
+            self._undo.pop()()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
+    """Swaps what the chosen modules save for backward to host memory. modules: a predicate on a
+    module (default: classes named *Attention), or `names` (qualified module names). prefetch:
+    how many swapped module calls before the current one are brought back when backward reaches
+    it (0: each comes back only when it is read). Tensors under min_bytes and parameters stay."""
+    if not isinstance(prefetch, int) or prefetch < 0:
+        raise InvalidArgumentError(f"swap_activations: prefetch must be an int >= 0 (got {prefetch!r})")
+    found = dict(model.named_modules())
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise InvalidArgumentError(f"swap_activations: no module named {', '.join(missing)}")
+    pick = modules or _is_attention
+    chosen = [n for n, m in found.items() if n in names or (not names and pick(m))]
+    if not chosen:
+        raise InvalidArgumentError("swap_activations: no module was chosen (no *Attention class; name them)")
+    params = {id(p) for p in model.parameters()}
+    stats, copier, undo = SwapStats(), _Copier(), []
+    # This forward's swapped module calls, in order, each a list of weak references to its _Packed:
+    # autograd owns them, so a saved tensor's copies go when its backward node lets it go.
+    calls = []
+
+    def prefetch_before(call):
+        for earlier in calls[max(0, call - prefetch):call]:
+            for ref in earlier:
+                p = ref()
+                if p is not None and p.back is None:
+                    p.back, p.back_ready = copier.to_device(p)
+                    stats.bytes_to_device += p.host.numel() * p.host.element_size()
+
+    def make_hooks(call):
+        def pack(t):
+            if id(t) in params or t.numel() * t.element_size() < min_bytes:
+                return t
+            host, ready = copier.to_host(t)
+            p = _Packed(host, t.device, ready, call)
+            calls[call].append(weakref.ref(p))
+            stats.swapped += 1
+            stats.bytes_to_host += host.numel() * host.element_size()
+            return p
+
+        def unpack(p):
+            if not isinstance(p, _Packed):
+                return p
+            if p.back is None:
+                p.back, p.back_ready = copier.to_device(p)
+                stats.bytes_to_device += p.host.numel() * p.host.element_size()
+                stats.on_demand += 1
+            else:
+                stats.prefetched += 1
+            if prefetch:
+                prefetch_before(p.call)
+            return copier.use(p)
+        return pack, unpack
+
+    for name in chosen:
+        module = found[name]
+        original = module.forward
+
+        def forward(*args, __original=original, **kwargs):
+            if not torch.is_grad_enabled():
+                return __original(*args, **kwargs)
+            calls.append([])
+            with torch.autograd.graph.saved_tensors_hooks(*make_hooks(len(calls) - 1)):
+                return __original(*args, **kwargs)
+
+        had = "forward" in module.__dict__
+        module.forward = forward
+        undo.append(lambda m=module, had=had, old=original: setattr(m, "forward", old) if had else delattr(m, "forward"))
+    def new_forward(m, args):  # the statistics are the last step's
+        calls.clear()
+        stats.reset()
+    reset = model.register_forward_pre_hook(new_forward)
+    undo.append(reset.remove)
+    return SwapHandle(stats, chosen, undo)
