@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from ..errors import InvalidArgumentError, StowageError
+from ._wrapping import WrapHandle, set_forward
 
 __all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute_activations",
            "DEFAULT_ACTIVATIONS"]
@@ -273,35 +274,9 @@ def _flat_tensors(value):
     return []
 
 
-class RecomputeHandle:
+class RecomputeHandle(WrapHandle):
     """What recompute_activations() returns: .stats (RecomputeStats), .modules (the wrapped names),
     .remove() (the model as it was). Also a context manager."""
-
-    def __init__(self, stats, modules, undo):
-        self.stats, self.modules, self._undo = stats, modules, undo
-
-    def remove(self):
-        while self._undo:
-            self._undo.pop()()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
-
-
-def _set_forward(module, forward, undo):
-    had = "forward" in module.__dict__
-    old = module.__dict__.get("forward")
-
-    def restore():
-        if had:
-            module.forward = old
-        else:
-            del module.forward
-    module.forward = forward
-    undo.append(restore)
 
 
 def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=()):
@@ -352,7 +327,7 @@ def _wrap_activation(module, name, stack, stats, undo):
         out = act.checkpoint(fn, *args)
         stack[-1].append((name, act))
         return out
-    _set_forward(module, forward, undo)
+    set_forward(module, forward, undo)
 
 
 def _wrap_parent(parent, stats, undo):
@@ -367,7 +342,7 @@ def _wrap_parent(parent, stats, undo):
         if acts:
             _release(acts, output)
         return output
-    _set_forward(parent, forward, undo)
+    set_forward(parent, forward, undo)
     return stack
 
 

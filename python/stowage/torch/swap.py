@@ -22,6 +22,7 @@ import torch
 
 from .. import dlpack as stowage_memory
 from ..errors import InvalidArgumentError
+from ._wrapping import WrapHandle, set_forward
 
 __all__ = ["swap_activations", "SwapHandle", "SwapStats"]
 
@@ -102,22 +103,9 @@ class _Copier:
         return p.back
 
 
-class SwapHandle:
+class SwapHandle(WrapHandle):
     """What swap_activations() returns: .stats (SwapStats), .modules (the swapped modules' names),
     .remove() (the model as it was). Also a context manager."""
-
-    def __init__(self, stats, modules, undo):
-        self.stats, self.modules, self._undo = stats, modules, undo
-
-    def remove(self):
-        while self._undo:
-            self._undo.pop()()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
 
 
 def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
@@ -185,9 +173,7 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
             with torch.autograd.graph.saved_tensors_hooks(*make_hooks(len(calls) - 1)):
                 return __original(*args, **kwargs)
 
-        had = "forward" in module.__dict__
-        module.forward = forward
-        undo.append(lambda m=module, had=had, old=original: setattr(m, "forward", old) if had else delattr(m, "forward"))
+        set_forward(module, forward, undo)
     def new_forward(m, args):  # the statistics are the last step's
         calls.clear()
         stats.reset()
