@@ -151,7 +151,7 @@ struct SplitMaster {
   }
   template <class P>
   void store(std::size_t i, typename P::F x) const {
-    store_master<P, RNE>(w, i, x);
+    store_master<P, RNE>(w, i, P::quiet_nan(x));  // a NaN result must read as NaN in the bf16 plane
   }
 };
 struct Fp32Master {
@@ -162,7 +162,7 @@ struct Fp32Master {
   }
   template <class P>
   void store(std::size_t i, typename P::F x) const {
-    P::store_f32(p + i, x);
+    P::store_f32(p + i, P::quiet_nan(x));  // as SplitMaster: the two paths stay bit-identical
   }
 };
 
@@ -214,7 +214,7 @@ void sgd_range(const SgdArgs& a, std::size_t b, std::size_t e) {
       g = s.nesterov ? P::fadd(g, P::fmul(buf, P::fset1(s.momentum))) : buf;
     }
     p = P::fsub(p, P::fmul(g, P::fset1(s.lr)));
-    store_master<P, RNE>(a.w, i, p);
+    store_master<P, RNE>(a.w, i, P::quiet_nan(p));
   });
 }
 template <class O>

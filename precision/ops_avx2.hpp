@@ -50,4 +50,7 @@ struct Avx2Ops {
   static F fmul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F fdiv(F a, F b) { return _mm256_div_ps(a, b); }
   static F fsqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F quiet_nan(F a) {
+    return _mm256_blendv_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
 };

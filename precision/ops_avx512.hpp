@@ -65,4 +65,8 @@ struct Avx512Ops {
   static F fmul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fdiv(F a, F b) { return _mm512_div_ps(a, b); }
   static F fsqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F quiet_nan(F a) {
+    return _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q),
+                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+  }
 };

@@ -136,6 +136,10 @@ struct LanesOps {
   static F fdiv(const F& a, const F& b) {
     return each<F>([&](std::size_t k) { return a[k] / b[k]; });
   }
+  static F quiet_nan(const F& a) {
+    const U bits = as_u(a);
+    return as_f(each<U>([&](std::size_t k) { return (bits[k] & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : bits[k]; }));
+  }
 #if defined(__SSE2__)
   // sqrtps is IEEE-exact like std::sqrt, which GCC keeps out of line here (errno).
   static F fsqrt(const F& a) {

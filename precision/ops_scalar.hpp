@@ -48,4 +48,6 @@ struct ScalarOps {
   static F fmul(F a, F b) { return a * b; }
   static F fdiv(F a, F b) { return a / b; }
   static F fsqrt(F a) { return std::sqrt(a); }
+  // NaN lanes become the canonical quiet NaN 0x7FC00000 (its bf16 half is NaN too).
+  static F quiet_nan(F a) { return std::isnan(a) ? as_f(0x7FC00000u) : a; }
 };

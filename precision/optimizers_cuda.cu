@@ -42,7 +42,7 @@ __global__ void adam_kernel(detail::AdamArgs a, std::size_t begin, std::size_t e
       p = __fsub_rn(p, __fmul_rn(__fdiv_rn(m, denom), s.step_size));
       a.m[i] = m;
       a.v[i] = v;
-      tie = split_one(a.w, i, p, rne);
+      tie = split_one(a.w, i, quiet_nan(p), rne);
     }
     store_ties_warp(a.w, i, end, active, tie);
   }
@@ -65,7 +65,7 @@ __global__ void sgd_kernel(detail::SgdArgs a, std::size_t begin, std::size_t end
         g = s.nesterov ? __fadd_rn(g, __fmul_rn(buf, s.momentum)) : buf;
       }
       p = __fsub_rn(p, __fmul_rn(g, s.lr));
-      tie = split_one(a.w, i, p, rne);
+      tie = split_one(a.w, i, quiet_nan(p), rne);
     }
     store_ties_warp(a.w, i, end, active, tie);
   }

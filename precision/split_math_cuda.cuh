@@ -32,6 +32,10 @@ __device__ __forceinline__ std::uint32_t split_one(const SplitPlanes& w, std::si
 }
 
 // The tie bit of element i (0 in half_up mode).
+// A computed NaN becomes the canonical quiet NaN 0x7FC00000: CUDA's arithmetic NaN 0x7FFFFFFF,
+// split as it is, would read as -0 in the bf16 plane and hide the divergence.
+__device__ __forceinline__ float quiet_nan(float x) { return isnan(x) ? __int_as_float(0x7FC00000) : x; }
+
 __device__ __forceinline__ std::uint32_t tie_in(const SplitPlanes& w, std::size_t i) {
   return w.rounding == Rounding::nearest_even ? (w.ties[i / 8] >> (i % 8)) & 1u : 0u;
 }

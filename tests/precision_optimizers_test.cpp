@@ -223,6 +223,56 @@ std::uint64_t fnv(const void* data, std::size_t bytes, std::uint64_t h = 1469598
   return h;
 }
 
+// A NaN the update computes must read as NaN in the bf16 plane: split as it is, CUDA's arithmetic
+// NaN 0x7FFFFFFF (and other payloads) would show as -0 or Inf. Every payload class, in the weights
+// and in the gradients, with the finite check off; the result is the canonical quiet NaN.
+TEST(PrecisionOptimizers, ANaNResultReadsAsNaNInTheBf16Plane) {
+  const std::uint32_t payloads[] = {0x7FFFFFFFu, 0xFFFFFFFFu, 0x7F800001u, 0xFF800001u,
+                                    0x7FC00000u, 0xFFC00000u, 0x7FBFFFFFu, 0x7FFF8000u};
+  auto is_bf16_nan = [](std::uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x7Fu) != 0; };
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(std::string(to_string(c.level)) + " " + to_string(c.rounding) + " " + to_string(c.grad));
+    ScopedSimd simd(c.level);
+    for (bool adam : {true, false}) {
+      std::mt19937 rng(3);
+      std::vector<float> ref = random_weights(rng, kN), m(kN, 0.0f), v(kN, 0.0f), rm = m, rv = v;
+      Grad g = random_grad(rng, kN, c.grad, 1.0f);
+      for (std::size_t k = 0; k < std::size(payloads); ++k) {
+        ref[k * 509 + 3] = std::bit_cast<float>(payloads[k]);  // in heads, vector bodies and the tail
+        const std::size_t j = kN - 1 - k * 211;
+        const std::uint32_t bits = c.grad == DType::bf16 ? payloads[k] & 0xFFFF0000u : payloads[k];
+        g.f32[j] = std::bit_cast<float>(bits | (c.grad == DType::bf16 && (bits & 0x7FFFFF) == 0 ? 0x10000u : 0u));
+        g.bf16[j] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g.f32[j]) >> 16);
+      }
+      Split s(ref, c.rounding);
+      OptimizerState state;
+      const GradScaling scaling{.skip_nonfinite = false};
+      if (adam) {
+        const AdamOptions o{.lr = 1e-3f, .weight_decay = 0.01f};
+        ASSERT_TRUE(adam_step(s.view, g.host(c.grad), m.data(), v.data(), o, scaling, state).applied);
+        reference_adam(ref, g.f32, rm, rv, adam_scalars(o, 1, scaling));
+      } else {
+        const SgdOptions o{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
+        ASSERT_TRUE(sgd_step(s.view, g.host(c.grad), m.data(), o, scaling, state).applied);
+        reference_sgd(ref, g.f32, rm, sgd_scalars(o, 1, scaling));
+      }
+      const std::vector<float> master = s.master();
+      std::size_t nans = 0;
+      for (std::size_t i = 0; i < kN; ++i) {
+        if (std::isnan(ref[i])) {
+          ++nans;
+          ASSERT_TRUE(is_bf16_nan(s.hi[i])) << (adam ? "adam" : "sgd") << " element " << i << " bf16 " << s.hi[i];
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(master[i]), 0x7FC00000u) << i;
+        } else {
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(master[i]), std::bit_cast<std::uint32_t>(ref[i])) << i;
+          ASSERT_EQ(s.hi[i], round_bf16(ref[i], c.rounding)) << i;
+        }
+      }
+      EXPECT_EQ(nans, 2 * std::size(payloads));
+    }
+  }
+}
+
 TEST(PrecisionOptimizers, NonFiniteGradientSkipsTheStepAndSaysSo) {
   for (DType t : {DType::f32, DType::bf16}) {
     for (float bad : {INFINITY, -INFINITY, NAN}) {
