@@ -79,6 +79,15 @@ void* CachingAllocator::Impl::hand_out(Block* b, std::size_t bytes, std::size_t 
   return reinterpret_cast<void*>(b->addr);
 }
 
+bool CachingAllocator::Impl::stream_alive(Stream s) {
+  try {
+    device.check_stream(s);
+    return true;
+  } catch (const InvalidArgument&) {
+    return false;
+  }
+}
+
 void CachingAllocator::Impl::complete_free(Block* b) {
   const Pool p = b->pool;
   st.active_bytes.sub(p, static_cast<std::int64_t>(b->size));
@@ -128,7 +137,9 @@ Block* CachingAllocator::Impl::take_from_other_streams(std::size_t rounded, Pool
   std::vector<Event> waited;
   if (pending_index < pending.size()) waited = pending[pending_index].events;
   for (Event e : waited) device.wait(stream, e);
-  if (best->stream != stream) {  // the stream it was last used on, up to now
+  bool ordered = !waited.empty();
+  // The stream it was last used on, up to now; one destroyed since has finished its work.
+  if (best->stream != stream && stream_alive(best->stream)) {
     Event e = take_event();
     try {
       device.record(e, best->stream);
@@ -138,8 +149,9 @@ Block* CachingAllocator::Impl::take_from_other_streams(std::size_t rounded, Pool
       throw;
     }
     spare_events.push_back(e);  // a wait holds the point recorded, so the event can be reused
+    ordered = true;
   }
-  ++st.num_stream_waits;
+  if (ordered) ++st.num_stream_waits;
   if (pending_index < pending.size()) {
     spare_events.insert(spare_events.end(), waited.begin(), waited.end());
     pending[pending_index] = std::move(pending.back());
@@ -213,11 +225,12 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
     if (void* p = m.fast_allocate(bytes, rounded, stream)) return p;
   }
   // A block never carries a stream that is not real: a bad one fails here, changing nothing.
-  // (A thread's cache holds blocks only for streams that passed this check.)
+  // (A thread's cache serves only streams checked since the device last destroyed one.)
   m.device.check_stream(stream);
   const Pool p = detail::pool_for(rounded);
   Impl::Exclusive ex(m);
   if (m.thread_caches) {
+    if (detail::ThreadCache* c = m.thread_cache(false)) m.check_cached_streams(*c);
     if (void* cached = m.hand_out_cached(bytes, rounded, stream)) return cached;
   }
   Block* b = m.pool(p).find(rounded, stream, m.max_split());
@@ -281,6 +294,7 @@ void CachingAllocator::Impl::free_block(Block* b) {
   std::vector<Event> events;
   try {
     for (Stream s : b->uses) {
+      if (!stream_alive(s)) continue;  // destroyed: its work on the block has finished
       events.push_back(take_event());
       device.record(events.back(), s);
     }

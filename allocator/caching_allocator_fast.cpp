@@ -88,6 +88,10 @@ void* CachingAllocator::Impl::fast_allocate(std::size_t bytes, std::size_t round
   ThreadCache* c = thread_cache(false);
   if (c == nullptr) return nullptr;
   std::lock_guard lock(c->lock);
+  // Streams destroyed since the cache checked its own: the slow path refuses a dead `stream`
+  // and takes back the blocks kept for dead ones. (Relaxed: a destroy that happened before this
+  // call is seen; one racing with it is the caller's race.)
+  if (!c->streams_current(device.stream_epoch())) return nullptr;
   Block* b = c->take(stream, rounded);
   if (b == nullptr) return nullptr;
   if (!c->lease_allocation(b->size, bytes, b->pool)) {
@@ -110,6 +114,19 @@ bool CachingAllocator::Impl::fast_free(Block* b) {
   if (!c->lease_free(b->size, b->requested, b->pool)) return false;
   c->put(b, key);
   return true;
+}
+
+void CachingAllocator::Impl::check_cached_streams(ThreadCache& c) {
+  const std::uint64_t epoch = device.stream_epoch();  // before the checks: a later destroy shows
+  if (c.streams_current(epoch)) return;
+  const std::vector<Block*> gone = c.take_streams([&](Stream s) { return !stream_alive(s); });
+  for (Block* b : gone) {
+    b->free_tick = ++tick;
+    pool(b->pool).insert(b);
+  }
+  if (!gone.empty())
+    for (Pool p : {Pool::small, Pool::large}) sync_split_stat(p);
+  c.stream_epoch = epoch;
 }
 
 void CachingAllocator::Impl::apply_exact(const FastDelta& d) {

@@ -70,6 +70,10 @@ struct CachingAllocator::Impl {
   // cache; false when it does not fit or the headroom does not allow it.
   bool fast_free(detail::Block* b);
   bool cacheable(const detail::Block* b) const;
+  // Inside an Exclusive, when streams were destroyed since c last checked: the blocks it keeps
+  // for streams now gone go back to their pools (their work finished when the stream was
+  // destroyed), and c's check is brought up to date.
+  void check_cached_streams(detail::ThreadCache& c);
   // Inside an Exclusive: the same through the statistics themselves (peaks recorded exactly).
   void* hand_out_cached(std::size_t bytes, std::size_t rounded, Stream stream);
   bool cache_freed(detail::Block* b);
@@ -90,6 +94,9 @@ struct CachingAllocator::Impl {
   detail::Block* slow_find(std::size_t bytes, std::size_t rounded, Pool p, Stream stream);
   detail::Block* take_from_other_streams(std::size_t rounded, Pool p, Stream stream);
   void complete_free(detail::Block* b);
+  // Whether work may still be queued on s. A stream destroyed through the device has finished
+  // its work; one a framework destroyed itself cannot be told from a live one (CUDA).
+  bool stream_alive(Stream s);
   void process_events();
   Event take_event();
   void sync_split_stat(Pool p);

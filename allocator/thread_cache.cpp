@@ -1,5 +1,7 @@
 #include "allocator/thread_cache.hpp"
 
+#include <algorithm>
+
 namespace stowage::detail {
 
 bool ThreadCache::affords(const FastDelta& d) const {
@@ -43,6 +45,9 @@ bool ThreadCache::put(Block* b, std::size_t key) {
     if (bin.head == nullptr && empty == nullptr) empty = &bin;
   }
   if (target == nullptr) {
+    // A stream no bin names yet has not been checked: the fast path waits until it is.
+    if (std::none_of(bins.begin(), bins.end(), [&](const Bin& bin) { return bin.stream == b->stream; }))
+      stream_epoch = kUnchecked;
     if (empty != nullptr) {
       *empty = Bin{b->stream, key, nullptr, 0};
       target = empty;

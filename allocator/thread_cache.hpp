@@ -46,6 +46,12 @@ struct alignas(64) ThreadCache {
   std::int64_t hits = 0;                                // allocations served here since the last fold
   std::size_t bytes = 0;                                // bytes of the blocks cached
   bool detached = false;                                // the allocator is gone
+  // The device's stream_epoch() when every stream a bin names was last found alive: while the
+  // device's count is still this, none of them has been destroyed. kUnchecked when a bin names a
+  // stream not checked yet. The fast path serves only while it holds (streams_current()).
+  static constexpr std::uint64_t kUnchecked = ~std::uint64_t{0};
+  std::uint64_t stream_epoch = kUnchecked;
+  bool streams_current(std::uint64_t device_epoch) const { return stream_epoch == device_epoch; }
 
   struct Bin {
     Stream stream;
@@ -100,6 +106,23 @@ struct alignas(64) ThreadCache {
   bool put(Block* b, std::size_t key);
   bool can_put(Stream stream, std::size_t key) const;
   std::vector<Block*> take_all();
+  // Takes out the blocks of every bin whose stream `gone(stream)` says is gone, and the bins.
+  template <class Gone>
+  std::vector<Block*> take_streams(Gone&& gone) {
+    std::vector<Block*> out;
+    std::erase_if(bins, [&](Bin& bin) {
+      if (!gone(bin.stream)) return false;
+      for (Block* b = bin.head; b != nullptr;) {
+        Block* next = b->cache_next;
+        b->cache_next = nullptr;
+        bytes -= b->size;
+        out.push_back(b);
+        b = next;
+      }
+      return true;
+    });
+    return out;
+  }
 };
 
 // The part of an allocator its threads' caches outlive: the device-wide lock and the list of

@@ -48,6 +48,7 @@ FaultInjectingDevice::FaultInjectingDevice(std::unique_ptr<Device> inner, FaultP
     : inner_(std::move(inner)), state_(std::make_unique<State>()) {
   if (!inner_) throw InvalidArgument("FaultInjectingDevice needs a device");
   state_->plan = plan;
+  share_stream_epoch(*inner_);
 }
 
 FaultInjectingDevice::~FaultInjectingDevice() = default;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <future>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -148,6 +149,105 @@ TEST(AllocatorStreams, ExpandableHandsOverInsteadOfMapping) {
   dev->synchronize();
   dev->destroy_stream(s1);
   dev->destroy_stream(s2);
+}
+
+// Classic and expandable segments, each with and without the threads' caches.
+std::vector<AllocatorOptions> every_configuration() {
+  std::vector<AllocatorOptions> out;
+  for (SegmentMode mode : {SegmentMode::classic, SegmentMode::expandable}) {
+    AllocatorOptions o;
+    o.segments = mode;
+    out.push_back(o);
+    out.push_back(without_thread_caches(o));
+  }
+  return out;
+}
+
+std::string describe(const AllocatorOptions& o) {
+  return std::string(o.segments == SegmentMode::classic ? "classic" : "expandable") +
+         (o.thread_cache_bytes > 0 ? ", thread caches" : ", no thread caches");
+}
+
+// A stream is destroyed after blocks were freed on it (kept in the thread's cache, or in the
+// pools): allocating on it is refused as for any stream that is not real, changing nothing.
+TEST(AllocatorStreams, AllocationOnADestroyedStreamIsRefusedAndChangesNothing) {
+  for (const AllocatorOptions& o : every_configuration()) {
+    SCOPED_TRACE(describe(o));
+    auto dev = small_device();
+    CachingAllocator a(*dev, o);
+    const Stream s = dev->create_stream();
+    const std::size_t sizes[] = {64 * KiB, 3 * MiB};
+    for (std::size_t bytes : sizes) a.deallocate(a.allocate(bytes, s));
+    dev->destroy_stream(s);
+    const std::string before = to_json(a.stats());
+    for (std::size_t bytes : sizes) EXPECT_THROW(a.allocate(bytes, s), InvalidArgument);
+    EXPECT_EQ(to_json(a.stats()), before);
+    // The memory is still the allocator's to hand out on live streams.
+    for (std::size_t bytes : sizes) a.deallocate(a.allocate(bytes));
+    EXPECT_EQ(a.stats().allocated_bytes.all.current, 0);
+  }
+}
+
+// destroy_stream returns once the stream's work has finished, so a block freed on it needs no
+// ordering after it: another stream takes it (no wait, no growth) instead of failing to record an
+// event on a stream that is gone.
+TEST(AllocatorStreams, ABlockOfADestroyedStreamServesOtherStreams) {
+  for (const AllocatorOptions& o : every_configuration()) {
+    SCOPED_TRACE(describe(o));
+    auto dev = small_device();
+    CachingAllocator a(*dev, o);
+    const Stream s = dev->create_stream();
+    auto* x = static_cast<std::uint32_t*>(a.allocate(MiB, s));
+    void* y = a.allocate(MiB, s);  // the 2 MiB segment (or mapping) is full
+    dev->launch_host(s, [x] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      x[0] = 0xAAAAAAAA;  // s still writes x after the free below
+    });
+    a.deallocate(x);
+    dev->destroy_stream(s);  // waits for the write
+    const AllocatorStats before = a.stats();
+    auto* z = static_cast<std::uint32_t*>(a.allocate(MiB));  // the default stream
+    EXPECT_EQ(z, x) << "the block freed on the destroyed stream should be reused";
+    const AllocatorStats after = a.stats();
+    EXPECT_EQ(after.reserved_bytes.all.current, before.reserved_bytes.all.current);
+    EXPECT_EQ(after.num_device_alloc, before.num_device_alloc);
+    EXPECT_EQ(after.num_stream_waits, before.num_stream_waits) << "nothing is left to wait for";
+    EXPECT_EQ(x[0], 0xAAAAAAAAu);
+    z[0] = 0xBBBBBBBB;
+    dev->synchronize();
+    EXPECT_EQ(z[0], 0xBBBBBBBBu);
+    // y, allocated on the destroyed stream, frees and serves the default stream too.
+    a.deallocate(y);
+    void* w = a.allocate(MiB);
+    EXPECT_EQ(w, y);
+    EXPECT_EQ(a.stats().reserved_bytes.all.current, before.reserved_bytes.all.current);
+    a.deallocate(w);
+    a.deallocate(z);
+    a.empty_cache();
+    EXPECT_EQ(a.stats().reserved_bytes.all.current, 0);
+  }
+}
+
+// A block also used on a stream that is destroyed before the free: that stream's work has
+// finished, so the free records nothing on it (and does not fail), and the block is reused.
+TEST(AllocatorStreams, AFreeIgnoresAUseOnADestroyedStream) {
+  for (const AllocatorOptions& o : every_configuration()) {
+    SCOPED_TRACE(describe(o));
+    auto dev = small_device();
+    CachingAllocator a(*dev, o);
+    const Stream user = dev->create_stream();
+    void* x = a.allocate(MiB);
+    void* y = a.allocate(MiB);
+    a.record_stream(x, user);
+    dev->destroy_stream(user);
+    EXPECT_NO_THROW(a.deallocate(x));
+    const AllocatorStats st = a.stats();
+    EXPECT_EQ(st.allocated_bytes.all.current, static_cast<std::int64_t>(a.block_size(y)));
+    EXPECT_EQ(st.active_bytes.all.current, st.allocated_bytes.all.current) << "nothing left pending";
+    EXPECT_EQ(a.allocate(MiB), x);
+    a.deallocate(x);
+    a.deallocate(y);
+  }
 }
 
 }  // namespace

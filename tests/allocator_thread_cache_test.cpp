@@ -268,19 +268,132 @@ TEST(ThreadCache, AThreadMayOutliveItsAllocator) {
 }
 
 TEST(ThreadCache, ABlockCachedForOneStreamReachesAnotherOnlyBehindAWait) {
+  for (SegmentMode mode : {SegmentMode::expandable, SegmentMode::classic}) {
+    auto dev = small_device();
+    AllocatorOptions o;
+    o.segments = mode;
+    CachingAllocator a(*dev, o);
+    const Stream s1 = dev->create_stream(), s2 = dev->create_stream();
+    void* p = a.allocate(MiB, s1);
+    void* full = a.allocate(MiB, s1);  // the 2 MiB segment (or mapping) is full: s2 can only reuse p
+    a.deallocate(p);
+    ASSERT_EQ(a.stats().thread_cache_bytes, static_cast<std::int64_t>(MiB)) << "p should be in the cache";
+    const AllocatorStats before = a.stats();
+    void* q = a.allocate(MiB, s2);
+    EXPECT_EQ(q, p) << "the cached block should be reused rather than growing";
+    const AllocatorStats after = a.stats();
+    EXPECT_EQ(after.num_stream_waits, before.num_stream_waits + 1) << "reused on s2 without waiting for s1";
+    EXPECT_EQ(after.reserved_bytes.all.current, before.reserved_bytes.all.current);
+    EXPECT_EQ(after.num_thread_cache_hits, 0);
+    a.deallocate(q);
+    a.deallocate(full);
+    dev->synchronize();
+    dev->destroy_stream(s1);
+    dev->destroy_stream(s2);
+  }
+}
+
+// A block cached for a stream that is then destroyed: allocating on that stream is refused
+// (InvalidArgument, statistics unchanged) rather than served from the cache, and the block goes
+// back to serve live streams.
+TEST(ThreadCache, AStreamDestroyedWhileItsBlocksAreCachedIsRefused) {
+  for (SegmentMode mode : {SegmentMode::expandable, SegmentMode::classic}) {
+    auto dev = small_device();
+    AllocatorOptions o;
+    o.segments = mode;
+    CachingAllocator a(*dev, o);
+    const Stream s = dev->create_stream();
+    void* p = a.allocate(MiB, s);
+    void* full = a.allocate(MiB, s);
+    a.deallocate(p);
+    void* again = a.allocate(MiB, s);  // from the cache: the fast path serves s while it lives
+    EXPECT_EQ(again, p);
+    a.deallocate(again);
+    ASSERT_EQ(a.stats().thread_cache_bytes, static_cast<std::int64_t>(MiB));
+    dev->destroy_stream(s);
+    const std::string before = to_json(a.stats());
+    EXPECT_THROW(a.allocate(MiB, s), InvalidArgument);
+    EXPECT_EQ(to_json(a.stats()), before);
+    EXPECT_THROW(a.allocate(MiB, s), InvalidArgument);  // and again, now the cache was checked
+    EXPECT_EQ(to_json(a.stats()), before);
+    const AllocatorStats st = a.stats();
+    void* q = a.allocate(MiB);  // the default stream takes the block back
+    EXPECT_EQ(q, p);
+    EXPECT_EQ(a.stats().reserved_bytes.all.current, st.reserved_bytes.all.current);
+    EXPECT_EQ(a.stats().thread_cache_bytes, 0);
+    a.deallocate(q);
+    a.deallocate(full);
+    // Freed into the cache for the default stream: the fast path serves it again.
+    const std::int64_t hits = a.stats().num_thread_cache_hits;
+    a.deallocate(a.allocate(MiB));
+    void* r = a.allocate(MiB);
+    EXPECT_GT(a.stats().num_thread_cache_hits, hits);
+    a.deallocate(r);
+  }
+}
+
+// Another thread destroys the stream a thread keeps blocks for: that thread's next allocation on
+// it is refused, and its cached blocks serve the default stream (for any thread).
+TEST(ThreadCache, AStreamDestroyedByAnotherThreadIsRefused) {
   auto dev = small_device();
   CachingAllocator a(*dev);
-  const Stream s1 = dev->create_stream(), s2 = dev->create_stream();
-  void* p = a.allocate(256 * KiB, s1);
-  a.deallocate(p);
-  const std::int64_t waits = a.stats().num_stream_waits;
-  void* q = a.allocate(256 * KiB, s2);
-  if (q == p) EXPECT_EQ(a.stats().num_stream_waits, waits + 1) << "reused on s2 without waiting for s1";
-  EXPECT_EQ(a.stats().num_thread_cache_hits, 0);
+  const Stream s = dev->create_stream();
+  std::mutex m;
+  std::condition_variable cv;
+  int stage = 0;
+  void* p = nullptr;
+  bool refused = false;
+  std::thread t([&] {
+    void* full = a.allocate(MiB, s);
+    p = a.allocate(MiB, s);
+    a.deallocate(p);
+    a.deallocate(a.allocate(MiB, s));  // served from this thread's cache
+    {
+      std::unique_lock lock(m);
+      stage = 1;
+      cv.notify_all();
+      cv.wait(lock, [&] { return stage == 2; });
+    }
+    try {
+      a.allocate(MiB, s);
+    } catch (const InvalidArgument&) {
+      refused = true;
+    }
+    a.deallocate(full);
+  });
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return stage == 1; });
+  }
+  dev->destroy_stream(s);
+  {
+    std::lock_guard lock(m);
+    stage = 2;
+  }
+  cv.notify_all();
+  t.join();
+  EXPECT_TRUE(refused) << "the fast path served a stream another thread destroyed";
+  const std::int64_t reserved = a.stats().reserved_bytes.all.current;
+  void* q = a.allocate(MiB);  // the exited thread's blocks went back to the pools
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, reserved);
   a.deallocate(q);
-  dev->synchronize();
-  dev->destroy_stream(s1);
-  dev->destroy_stream(s2);
+  EXPECT_EQ(a.stats().allocated_bytes.all.current, 0);
+}
+
+// Blocks freed on a stream after another thread destroyed it still go through the thread's cache;
+// the cache is checked again before the fast path serves that stream.
+TEST(ThreadCache, ABlockFreedOnADestroyedStreamIsNotServedForIt) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  const Stream s = dev->create_stream();
+  a.deallocate(a.allocate(64 * KiB));  // the cache checks its streams at this epoch...
+  void* p = a.allocate(64 * KiB, s);
+  dev->destroy_stream(s);
+  a.deallocate(a.allocate(64 * KiB));  // ...and at the new one
+  a.deallocate(p);                     // p is kept for s, a stream the cache has not checked
+  const std::string before = to_json(a.stats());
+  EXPECT_THROW(a.allocate(64 * KiB, s), InvalidArgument);
+  EXPECT_EQ(to_json(a.stats()), before);
 }
 
 TEST(ThreadCache, SnapshotsShowCachedBlocksAsFree) {

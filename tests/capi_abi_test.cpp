@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
 namespace {
@@ -174,6 +175,34 @@ TEST_F(CApiTest, FreeOnTheWrongDeviceNamesTheOwner) {
   stowage_free(q, 8192, 0, nullptr);
   EXPECT_EQ(error(), "");
   EXPECT_EQ(stats(1)["allocation.all.current"], 0);
+}
+
+// A stream made and destroyed through stowage's device while blocks were freed on it: malloc on
+// it is refused, changing nothing, and what was freed on it serves the default stream without
+// growing (its work finished when it was destroyed).
+TEST_F(CApiTest, ADestroyedStreamIsRefusedAndItsMemoryServesOthers) {
+  stowage::Device& dev = stowage::device(0);
+  ASSERT_EQ(stowage_empty_cache(0), 0) << error();
+  void* s = stowage::native(dev.create_stream());
+  void* p = stowage_malloc(kMiB, 0, s);
+  void* full = stowage_malloc(kMiB, 0, s);  // the first 2 MiB segment (or mapping) is full
+  ASSERT_NE(p, nullptr) << error();
+  ASSERT_NE(full, nullptr) << error();
+  stowage_free(p, kMiB, 0, s);
+  void* again = stowage_malloc(kMiB, 0, s);  // s still lives: its block comes back
+  EXPECT_EQ(again, p) << error();
+  stowage_free(again, kMiB, 0, s);
+  dev.destroy_stream(stowage::stream_from_native(s));
+  const nlohmann::json before = state_of(0);
+  EXPECT_EQ(stowage_malloc(kMiB, 0, s), nullptr);
+  EXPECT_NE(error().find("stream"), std::string::npos) << error();
+  EXPECT_EQ(state_of(0), before);
+  void* q = stowage_malloc(kMiB, 0, nullptr);
+  EXPECT_EQ(q, p) << error();
+  EXPECT_EQ(stats(0)["reserved_bytes.all.current"], before["reserved_bytes.all.current"]);
+  stowage_free(q, kMiB, 0, nullptr);
+  stowage_free(full, kMiB, 0, nullptr);
+  EXPECT_EQ(error(), "");
 }
 
 TEST_F(CApiTest, AllocationBeyondTheCapFailsCleanly) {

@@ -37,6 +37,18 @@ TEST(FaultPlan, RejectsMalformed) {
   EXPECT_THROW(parse_fault_plan("disk=3"), ParseError);
 }
 
+// The adaptor's streams are its device's: destroying one through either counts in both epochs.
+TEST(FaultInjectingDevice, SharesTheStreamEpochOfItsDevice) {
+  auto dev = make({});
+  const Stream s = dev->create_stream();
+  dev->destroy_stream(s);
+  EXPECT_EQ(dev->stream_epoch(), 1u);
+  EXPECT_EQ(dev->inner().stream_epoch(), 1u);
+  const Stream t = dev->inner().create_stream();
+  dev->inner().destroy_stream(t);
+  EXPECT_EQ(dev->stream_epoch(), 2u);
+}
+
 TEST(FaultInjectingDevice, EveryThirdAllocationFailsAndNothingLeaks) {
   auto dev = make({.allocation_every = 3});
   std::vector<void*> got;

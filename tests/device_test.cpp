@@ -449,6 +449,28 @@ TEST_P(DeviceTest, HostFunctionExceptionSurfacesAtSynchronize) {
   d.destroy_stream(s);
 }
 
+// destroy_stream returns once the stream's work has finished (what used its memory is done, so
+// the memory can go anywhere at once) and counts in stream_epoch(); a refused destroy does not.
+TEST_P(DeviceTest, DestroyingAStreamWaitsForItsWorkAndCounts) {
+  Device& d = *dev_;
+  const std::uint64_t epoch = d.stream_epoch();
+  const Stream s = d.create_stream();
+  EXPECT_EQ(d.stream_epoch(), epoch);
+  std::atomic<int> done{0};
+  for (int i = 0; i < 3; ++i) {
+    d.launch_host(s, [&done] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      done.fetch_add(1);
+    });
+  }
+  d.destroy_stream(s);
+  EXPECT_EQ(done.load(), 3) << "destroy_stream returned before the stream's work finished";
+  EXPECT_EQ(d.stream_epoch(), epoch + 1);
+  expect_rejected([&] { d.destroy_stream(s); }, "destroy a stream twice");
+  expect_rejected([&] { d.destroy_stream(kDefaultStream); }, "destroy the default stream");
+  EXPECT_EQ(d.stream_epoch(), epoch + 1);
+}
+
 TEST_P(DeviceTest, BadInputIsRejectedAndTheDeviceKeepsWorking) {
   Device& d = *dev_;
   int x = 0;

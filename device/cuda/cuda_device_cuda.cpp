@@ -183,17 +183,31 @@ Stream CudaDevice::create_stream(int priority) {
 }
 
 void CudaDevice::destroy_stream(Stream stream) {
-  std::lock_guard lock(mu_);
   auto s = static_cast<cudaStream_t>(native(stream));
-  if (streams_.count(s) == 0)
-    throw InvalidArgument(
+  const auto not_live = [&] {
+    return InvalidArgument(
         fmt::format("destroy_stream: {} is not a live stream created by device {}", native(stream), ordinal_));
+  };
+  {
+    std::lock_guard lock(mu_);
+    if (streams_.count(s) == 0) throw not_live();
+  }
+  // The stream stays live until its work has finished (outside mu_: that may take a while):
+  // whoever finds it destroyed may reuse what it used without ordering after it.
   Current current(ordinal_);
-  check_cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
-  streams_.erase(s);
-  destroyed_streams_.insert(s);
-  std::lock_guard errors_lock(errors_mu_);
-  host_errors_.erase(s);
+  check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  {
+    std::lock_guard lock(mu_);
+    if (streams_.count(s) == 0) throw not_live();  // destroyed meanwhile
+    check_cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
+    streams_.erase(s);
+    destroyed_streams_.insert(s);
+  }
+  {
+    std::lock_guard errors_lock(errors_mu_);
+    host_errors_.erase(s);
+  }
+  count_destroyed_stream();
 }
 
 void CudaDevice::check_stream(Stream stream) {

@@ -138,15 +138,18 @@ class EmulatedDevice final : public Device {
 
   void destroy_stream(Stream s) override {
     if (s == kDefaultStream) throw InvalidArgument(where() + ": the default stream cannot be destroyed");
-    std::shared_ptr<StreamWorker> w;
+    std::shared_ptr<StreamWorker> w = worker(s);
+    // The stream stays listed (alive) until its work has run: whoever finds it gone may reuse
+    // what it used without ordering after it.
+    w->drain();
     {
       std::unique_lock lock(streams_mutex_);
       auto it = streams_.find(static_cast<std::uintptr_t>(s));
-      if (it == streams_.end()) throw unknown("stream", static_cast<std::uintptr_t>(s));
-      w = std::move(it->second);
+      if (it == streams_.end()) throw unknown("stream", static_cast<std::uintptr_t>(s));  // destroyed meanwhile
       streams_.erase(it);
     }
-    w.reset();  // runs what was queued, then joins (as cudaStreamDestroy lets work finish)
+    w.reset();  // the last owner runs what was queued since, then joins
+    count_destroyed_stream();
   }
 
   std::pair<int, int> priority_range() const override { return {0, -5}; }

@@ -48,6 +48,12 @@ void StreamWorker::synchronize() {
   }
 }
 
+void StreamWorker::drain() {
+  std::unique_lock lock(mutex_);
+  const std::uint64_t target = submitted_;
+  done_cv_.wait(lock, [&] { return completed_ >= target; });
+}
+
 Clock::time_point StreamWorker::ready() { return current.active ? current.ready : Clock::now(); }
 
 void StreamWorker::finish_at(Clock::time_point end) {

@@ -32,6 +32,9 @@ class StreamWorker {
   // Blocks until every task submitted before the call has run; rethrows the first exception a
   // task threw since the last synchronize.
   void synchronize();
+  // Blocks until every task submitted before the call has run; an exception is kept for
+  // synchronize().
+  void drain();
   int priority() const { return priority_; }
 
   // Inside a task: when it became ready on the logical clock (the wall clock elsewhere).

@@ -1,6 +1,7 @@
 #pragma once
 // The device layer: one interface, implemented by each backend (device/emulated/, device/cuda/;
 // stowage/backends.hpp lists them). Everything above it (allocator, techniques) speaks only this.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -109,12 +110,19 @@ class Device {
   // Streams. Priorities count as CUDA counts them: lower numbers run first;
   // priority_range() gives {least, greatest} (e.g. {0, -5}); out-of-range values are clamped.
   virtual Stream create_stream(int priority = 0) = 0;
+  // Returns once the work queued on `stream` has finished (the stream stays valid until then),
+  // so memory used on it can be reused anywhere without waiting on it; then counts one more in
+  // stream_epoch(). (CUDA's cudaStreamDestroy alone returns at once and lets the work finish.)
   virtual void destroy_stream(Stream stream) = 0;
   // InvalidArgument when `stream` is not one work can be queued on: never created here, or
   // destroyed. The default stream is always valid. (CUDA: also the legacy and per-thread default
   // streams, and streams a framework created, which the driver is asked about.)
   virtual void check_stream(Stream stream) = 0;
   virtual std::pair<int, int> priority_range() const = 0;
+  // How many streams have been destroyed through this device: a cheap way to learn that a
+  // stream seen earlier may be gone (the allocator's threads' caches). Streams a framework
+  // destroys itself, not through destroy_stream, are not counted.
+  std::uint64_t stream_epoch() const noexcept { return epoch_->load(std::memory_order_relaxed); }
   virtual void synchronize(Stream stream) = 0;
   virtual void synchronize() = 0;  // the whole device
 
@@ -144,6 +152,14 @@ class Device {
 
  protected:
   Device() = default;
+  // A backend's destroy_stream calls this after the stream is gone (and its work finished).
+  void count_destroyed_stream() noexcept { own_epoch_.fetch_add(1, std::memory_order_release); }
+  // An adaptor over another device reports that device's count (its streams are the inner's).
+  void share_stream_epoch(const Device& inner) noexcept { epoch_ = inner.epoch_; }
+
+ private:
+  std::atomic<std::uint64_t> own_epoch_{0};
+  const std::atomic<std::uint64_t>* epoch_ = &own_epoch_;
 };
 
 }  // namespace stowage
