@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "stowage/allocator.hpp"
 #include "stowage/device.hpp"
@@ -493,4 +494,131 @@ TEST(InspectPyTorch, RefusesWhatAMemorySnapshotDoesNotHold) {
                             {"h", nlohmann::json::array()},
                             {"i", nlohmann::json::object()}};
   EXPECT_EQ(read_pickle(write_pickle(v), "round trip"), v);
+}
+
+namespace {
+
+// Four steps of 1 ms each from t = 1000 ns (the first traced event), every step tagged "step i"
+// on its first allocation, with nested tags in between ("step i/attn" names the same step,
+// "layer0.mlp" none), tags that name no step ("stepping", a PyTorch frame label "step_9 (…)"),
+// and the trace ending at 1000 + 4 ms: step i starts at x = left + w · i / 4 in the chart.
+Snapshot stepped_snapshot() {
+  Snapshot s;
+  s.device_name = "emulated";
+  s.capacity = 1024 * MiB;
+  const std::size_t seg = 2 * MiB;
+  s.stats.reserved_bytes.all = s.stats.reserved_bytes.large_pool =
+      Stat{std::int64_t(seg), std::int64_t(seg), std::int64_t(seg), 0};
+  s.stats.allocated_bytes.all.peak = 3 * 4096;
+  SegmentInfo info;
+  info.address = 0x7f0000000000;
+  info.total_size = seg;
+  info.blocks.push_back({info.address, seg, 0, BlockState::inactive, Stream{}, ""});
+  s.segments.push_back(info);
+  const std::int64_t t0 = 1000, ms = 1000000;
+  s.trace.push_back({TraceAction::segment_map, info.address, seg, Stream{}, t0, ""});
+  const char* others[] = {"layer0.mlp", "stepping", "step_9 (train.py:10)"};
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t t = t0 + i * ms;
+    const std::string step = fmt::format("step {}", i);
+    s.trace.push_back({TraceAction::alloc, info.address, 4096, Stream{}, t, step});
+    s.trace.push_back({TraceAction::alloc, info.address + 4096, 4096, Stream{}, t + 1000, others[i % 3]});
+    s.trace.push_back({TraceAction::alloc, info.address + 8192, 4096, Stream{}, t + 2000, step + "/attn"});
+    for (int k = 0; k < 3; ++k)
+      s.trace.push_back({TraceAction::free_completed, info.address + 4096 * std::uintptr_t(k), 4096, Stream{},
+                         t + 3000 + k, k == 1 ? others[(i + 1) % 3] : step.c_str()});
+  }
+  s.trace.push_back({TraceAction::alloc, info.address, 4096, Stream{}, t0 + 4 * ms, ""});
+  s.trace.push_back({TraceAction::free_completed, info.address, 4096, Stream{}, t0 + 4 * ms, ""});
+  s.stats.allocated_bytes.all.allocated = s.stats.allocated_bytes.all.freed = 13 * 4096;
+  return s;
+}
+
+// The x1 of every step-mark line in an SVG (their stroke is the mark colour).
+std::vector<double> mark_lines(const std::string& svg) {
+  std::vector<double> xs;
+  for (std::size_t at = svg.find("<line "); at != std::string::npos; at = svg.find("<line ", at + 1)) {
+    const std::string element = svg.substr(at, svg.find("/>", at) - at);
+    if (element.find("stroke=\"#b07aa1\"") == std::string::npos) continue;
+    const auto x1 = element.find("x1=\"") + 4;
+    xs.push_back(std::stod(element.substr(x1, element.find('"', x1) - x1)));
+  }
+  return xs;
+}
+
+}  // namespace
+
+TEST(InspectSteps, TagsNameSteps) {
+  EXPECT_EQ(step_of_tag("step 3"), 3);
+  EXPECT_EQ(step_of_tag("step3"), 3);
+  EXPECT_EQ(step_of_tag("Step_12/attn"), 12);
+  EXPECT_EQ(step_of_tag("STEP:7.fwd"), 7);
+  EXPECT_EQ(step_of_tag("step#0"), 0);
+  EXPECT_EQ(step_of_tag("step 3:fwd"), 3);
+  for (const char* none : {"", "step", "step ", "stepping", "step x", "step 3 (train.py:10)", "step_3b", "steps 3",
+                           "layer3.step 4", "step 1234567890123456789"})
+    EXPECT_EQ(step_of_tag(none), -1) << none;
+}
+
+// Step marks: one per step, where its first tagged event is; nested tags and tags that name no
+// step add none. In the analysis, the JSON, the table and the SVG (a line at the step's x).
+TEST(InspectSteps, MarksOnTheTimeline) {
+  const Snapshot s = stepped_snapshot();
+  const SnapshotAnalysis a = analyze(s);
+  ASSERT_EQ(a.steps.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(a.steps[i].step, std::int64_t(i));
+    EXPECT_EQ(a.steps[i].time_ns, 1000 + std::int64_t(i) * 1000000);
+  }
+  const std::string path = temp_file("stepped.json", to_json(s));
+  auto r = run_cli("inspect --json " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j["steps"].size(), 4u);
+  EXPECT_EQ(j["steps"][2]["step"], 2);
+  EXPECT_EQ(j["steps"][2]["time_ns"], 2001000);
+  auto table = run_cli("inspect " + path);
+  EXPECT_NE(table.output.find("steps: 4 marked, step 0 to step 3"), std::string::npos) << table.output;
+
+  const std::string svg_path = temp_file("stepped.svg", "");
+  ASSERT_EQ(run_cli("inspect " + path + " --svg " + svg_path).exit_code, 0);
+  const std::string svg = slurp(svg_path);
+  // The chart spans x 90..730 for 0..4 ms: steps at 90, 250, 410, 570.
+  const std::vector<double> xs = mark_lines(svg);
+  ASSERT_EQ(xs.size(), 4u) << svg;
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_NEAR(xs[i], 90.0 + 160.0 * double(i), 0.05) << i;
+  for (int i = 0; i < 4; ++i) EXPECT_NE(svg.find(fmt::format(">step {}<", i)), std::string::npos) << i;
+  EXPECT_EQ(svg.find(">step 9<"), std::string::npos);
+  if (std::system("command -v xmllint >/dev/null 2>&1") == 0)
+    EXPECT_EQ(std::system(("xmllint --noout " + svg_path).c_str()), 0);
+
+  // Exported for memory_viz and read back, the tags (as stowage tag frames) still name the steps.
+  const std::string viz = temp_file("stepped_viz.json", to_pytorch(s).dump());
+  EXPECT_EQ(analyze(load_snapshot(viz)).steps.size(), 4u);
+}
+
+// Many steps: every mark is found in one pass, the SVG draws at most one line per pixel column
+// and the JSON lists at most about 2000.
+TEST(InspectSteps, ManyStepsStayCheap) {
+  Snapshot s = stepped_snapshot();
+  s.trace.resize(1);  // the segment_map
+  const std::size_t seg = 2 * MiB;
+  const std::int64_t n = 100000;
+  for (std::int64_t i = 0; i < n; ++i) {
+    s.trace.push_back(
+        {TraceAction::alloc, s.segments[0].address, 4096, Stream{}, 2000 + 2 * i, fmt::format("step {}", i)});
+    s.trace.push_back({TraceAction::free_completed, s.segments[0].address, 4096, Stream{}, 2001 + 2 * i, ""});
+  }
+  s.stats.allocated_bytes.all.peak = 4096;
+  s.stats.allocated_bytes.all.allocated = s.stats.allocated_bytes.all.freed = 4096 * n;
+  ASSERT_EQ(s.stats.reserved_bytes.all.current, std::int64_t(seg));
+  const SnapshotAnalysis a = analyze(s);
+  EXPECT_EQ(a.steps.size(), std::size_t(n));
+  const std::vector<double> xs = mark_lines(timeline_svg(a, "many"));
+  EXPECT_GT(xs.size(), 600u);
+  EXPECT_LE(xs.size(), 641u);
+  for (std::size_t i = 1; i < xs.size(); ++i) EXPECT_GE(xs[i] - xs[i - 1], 0.89);  // a pixel, printed to 0.1
+  const auto j = to_json(a);
+  EXPECT_LE(j["steps"].size(), 2000u);
+  EXPECT_GT(j["steps"].size(), 1900u);
 }

@@ -218,7 +218,8 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   if (tech.swap_attention && stored_units > 0) {
     const double resident = std::min<double>(stored_units, double(tech.prefetch_window));
     const double per_unit = attention / stored_units;
-    out.host_bytes += to_bytes(per_unit * (stored_units - resident), "swapped activations");
+    out.swapped_bytes = to_bytes(per_unit * (stored_units - resident), "swapped activations");
+    out.host_bytes += out.swapped_bytes;
     attention = per_unit * resident;
   }
   // Embedding input (8 B per token) and its dropout mask, for every micro-batch in flight

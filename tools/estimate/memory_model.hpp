@@ -28,7 +28,8 @@ struct StageMemory {
   std::int64_t peak_allocated = 0;      // everything above
   std::int64_t allocator_overhead = 0;  // reserved − allocated
   std::int64_t peak_reserved = 0;
-  std::int64_t host_bytes = 0;  // moved to host memory per device (offloaded states, swapped activations)
+  std::int64_t host_bytes = 0;     // moved to host memory per device (offloaded states, swapped activations)
+  std::int64_t swapped_bytes = 0;  // of host_bytes: the swapped activations (moved every micro-batch)
   std::int64_t activation_total() const;
   std::int64_t model_states() const { return weights + gradients + optimizer_states; }
 };

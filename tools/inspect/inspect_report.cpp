@@ -70,7 +70,17 @@ std::string x_label_text(double x) {
   return a != 0 && (a >= 1e6 || a < 1e-3) ? fmt::format("{:.3g}", x) : fmt::format("{:.4g}", x);
 }
 
-std::string chart(const std::string& title, const std::string& x_label, const std::vector<Series>& series) {
+// A vertical mark on the x axis (a training step's start) and its label.
+struct Mark {
+  double x;
+  std::string label;
+};
+
+// Step marks' colour; also how tests find them in the SVG.
+constexpr const char* kMarkColor = "#b07aa1";
+
+std::string chart(const std::string& title, const std::string& x_label, const std::vector<Series>& series,
+                  const std::vector<Mark>& marks = {}) {
   const double left = 90, top = 50, w = 640, h = 300;
   tools::SvgWriter svg(left + w + 160, top + h + 60);
   svg.text(left, 25, title, 15);
@@ -96,6 +106,20 @@ std::string chart(const std::string& title, const std::string& x_label, const st
     svg.text(x, top + h + 18, x_label_text(x_min / 4 * (4 - i) + x_max / 4 * i), 10, "middle");
   }
   svg.text(left + w / 2, top + h + 35, x_label, 11, "middle");
+  // Marks under the curves: a line each while they are at least a pixel apart (so at most one per
+  // pixel column however many steps), a label while labels are 40 px apart.
+  double last_line = -1e9, last_label = -1e9;
+  for (const auto& m : marks) {
+    if (!std::isfinite(m.x)) continue;
+    const double x = left + fraction(m.x, x_min, x_max) * w;
+    if (x - last_line < 1.0) continue;
+    svg.line(x, top, x, top + h, kMarkColor);
+    last_line = x;
+    if (x - last_label >= 40.0) {
+      svg.text(x, top - 4, m.label, 9, "middle");
+      last_label = x;
+    }
+  }
   std::size_t row = 0;
   for (const auto& s : series) {
     std::string pts;
@@ -127,6 +151,11 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
                         {"allocated", p.allocated},
                         {"reserved", p.reserved},
                         {"fragmentation", p.fragmentation()}});
+  // Step marks, at most about 2000 (evenly chosen when a trace has more).
+  nlohmann::json steps = nlohmann::json::array();
+  const std::size_t stride = a.steps.size() / 2000 + 1;
+  for (std::size_t i = 0; i < a.steps.size(); i += stride)
+    steps.push_back({{"step", a.steps[i].step}, {"time_ns", a.steps[i].time_ns}});
   return {{"schema", "stowage.inspect/1"},
           {"kind", "snapshot"},
           {"device_name", a.device_name},
@@ -145,6 +174,7 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
           {"trace_peak_allocated", a.trace_peak_allocated},
           {"fragmentation_at_peak", a.fragmentation_at_peak},
           {"largest_gap", a.largest_gap},
+          {"steps", steps},
           {"timeline", timeline}};
 }
 
@@ -159,6 +189,9 @@ std::string to_table(const SnapshotAnalysis& a) {
         "  trace: {} events, allocated peak {} with {:.1f}% of reserved free; largest reserved-but-free gap {}\n",
         a.timeline.size(), format_bytes(a.trace_peak_allocated), 100.0 * a.fragmentation_at_peak,
         format_bytes(a.largest_gap));
+    if (!a.steps.empty())
+      out += fmt::format("  steps: {} marked, step {} to step {}\n", a.steps.size(), a.steps.front().step,
+                         a.steps.back().step);
   }
   out += "largest blocks:\n";
   for (const auto& b : a.largest_blocks)
@@ -254,7 +287,10 @@ std::string timeline_svg(const SnapshotAnalysis& a, const std::string& title) {
     alloc.points = {{0, double(a.allocated)}, {1, double(a.allocated)}};
     res.points = {{0, double(a.reserved)}, {1, double(a.reserved)}};
   }
-  return chart(title, "time since the first traced event (ms)", {alloc, res});
+  std::vector<Mark> marks;
+  marks.reserve(a.steps.size());
+  for (const auto& m : a.steps) marks.push_back({(double(m.time_ns) - t0) / 1e6, fmt::format("step {}", m.step)});
+  return chart(title, "time since the first traced event (ms)", {alloc, res}, marks);
 }
 
 std::string timeline_svg(const EventLogAnalysis& a, const std::string& title) {

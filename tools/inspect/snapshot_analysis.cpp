@@ -28,6 +28,24 @@ std::int64_t as_bytes(std::size_t v) { return static_cast<std::int64_t>(std::min
 
 }  // namespace
 
+std::int64_t step_of_tag(std::string_view tag) {
+  auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; };
+  if (tag.size() < 5) return -1;
+  for (std::size_t i = 0; i < 4; ++i)
+    if (lower(tag[i]) != "step"[i]) return -1;
+  std::size_t i = 4;
+  if (std::string_view(" _-:=#").find(tag[i]) != std::string_view::npos) ++i;
+  const std::size_t digits = i;
+  std::int64_t n = 0;
+  for (; i < tag.size() && tag[i] >= '0' && tag[i] <= '9'; ++i) {
+    if (i - digits >= 18) return -1;  // beyond any step count, and int64
+    n = n * 10 + (tag[i] - '0');
+  }
+  if (i == digits) return -1;
+  if (i < tag.size() && tag[i] != '/' && tag[i] != '.' && tag[i] != ':') return -1;
+  return n;
+}
+
 SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
   SnapshotAnalysis a;
   a.device_name = s.device_name;
@@ -61,8 +79,13 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
   std::int64_t alloc = 0, reserved = 0;
   std::int64_t best = INT64_MIN;
   std::size_t peak_index = 0;
+  std::int64_t step = -1;
   a.timeline.reserve(s.trace.size());
   for (const auto& t : s.trace) {
+    if (const std::int64_t n = step_of_tag(t.tag); n >= 0 && n != step) {
+      a.steps.push_back({t.time_ns, n});
+      step = n;
+    }
     const std::int64_t size = as_bytes(t.size);
     switch (t.action) {
       case TraceAction::alloc: alloc += size; break;

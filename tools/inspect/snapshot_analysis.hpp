@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "stowage/allocator.hpp"
@@ -30,6 +31,13 @@ struct TagBytes {
   std::int64_t bytes = 0;
 };
 
+// Where a training step begins on the timeline: the first traced event whose tag names a step
+// other than the one before (docs/snapshot.md, "Step marks").
+struct StepMark {
+  std::int64_t time_ns = 0;
+  std::int64_t step = 0;
+};
+
 struct SnapshotAnalysis {
   std::string device_name;
   std::int64_t capacity = 0;
@@ -45,7 +53,13 @@ struct SnapshotAnalysis {
   std::int64_t trace_peak_allocated = 0;     // the highest point of the timeline
   double fragmentation_at_peak = 0;          // 1 − allocated / reserved there
   std::int64_t largest_gap = 0;              // most reserved − allocated bytes along the trace
+  std::vector<StepMark> steps;               // step marks along the trace, oldest first
 };
+
+// The step a tag names, or -1: "step" in any case, then optionally one of ' ', '_', '-', ':', '=',
+// '#', then decimal digits, then the end of the tag or '/', '.' or ':' and anything
+// ("step 3", "step_12/attn", "Step:7.fwd"). "step 3 (train.py:10)", a PyTorch frame, names none.
+std::int64_t step_of_tag(std::string_view tag);
 
 // `top` bounds largest_blocks and the tag lists.
 SnapshotAnalysis analyze(const Snapshot& snapshot, std::size_t top = 10);

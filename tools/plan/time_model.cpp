@@ -79,9 +79,14 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   double stage_recompute = recomputed_layers * layer_fwd;
   if (c.recompute.granularity == Recompute::selective && !tr.flash_attention)
     stage_recompute += layers * T * f.attention / t / rate;
+  // It covers the layers full recompute leaves stored (the others rerun their activation in the
+  // forward counted above), or the first num_layers without full recompute, as the memory model.
   if (c.techniques.act_fn_recompute || c.recompute.granularity == Recompute::activation_function) {
     const double F = double(m.ffn_hidden_size) / t, k = m.moe() ? double(m.experts_per_token) : 1.0;
-    stage_recompute += layers * T * k * 2.0 * F * (m.gated_mlp ? 3.0 : 2.0) / (cl.hbm_gbps * 1e9);
+    double act_layers = std::max(0.0, layers - recomputed_layers);
+    if (recomputed_layers == 0 && c.recompute.num_layers > 0)
+      act_layers = std::min(double(c.recompute.num_layers), layers);
+    stage_recompute += act_layers * T * k * 2.0 * F * (m.gated_mlp ? 3.0 : 2.0) / (cl.hbm_gbps * 1e9);
   }
 
   // TP: with SP each layer all-gathers its two inputs and reduce-scatters its two outputs in
@@ -116,9 +121,11 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
 
   // Swap-attention: each micro-batch's swapped activations go to the host after its forward
   // and come back before its backward, on the GPU's host link, overlapped with that compute.
+  // Only the swapped activations: offloaded optimizer states are host bytes too, but move once
+  // per step (the optimizer term).
   double stage_swap = 0;
-  if (c.techniques.swap_attention && memory.host_bytes > 0) {
-    const double per_mb = double(memory.host_bytes) / std::max(1.0, memory.microbatches_in_flight);
+  if (c.techniques.swap_attention && memory.swapped_bytes > 0) {
+    const double per_mb = double(memory.swapped_bytes) / std::max(1.0, memory.microbatches_in_flight);
     const double link = seconds(per_mb, cl.host_link_gbps);
     stage_swap = std::max(0.0, link - stage_fwd) + std::max(0.0, link - stage_bwd);
   }
