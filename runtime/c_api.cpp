@@ -29,6 +29,8 @@
 namespace stowage {
 namespace {
 
+// The message is written only on failure: a call that succeeds touches the code alone (a plain
+// int, no thread-local constructor to run), and stowage_last_error() reads "" while it is OK.
 thread_local std::string last_error;
 thread_local int last_error_code = STOWAGE_OK;
 thread_local std::vector<std::unique_ptr<ScopedTag>> tags;  // stowage_push_tag's, innermost last
@@ -57,11 +59,17 @@ struct Allocators {
                                            : nullptr;
   }
 
+  // Inlined on every call; making one is out of line.
   DeviceAllocator& get(int ordinal) {
+    if (DeviceAllocator* a = created(ordinal)) [[likely]]
+      return *a;
+    return make(ordinal);
+  }
+
+  [[gnu::noinline]] DeviceAllocator& make(int ordinal) {
     if (ordinal < 0 || ordinal >= count)
       throw InvalidArgument(
           fmt::format("device {}: there are {} device(s) (ordinals 0 to {})", ordinal, count, count - 1));
-    if (DeviceAllocator* a = created(ordinal)) return *a;
     std::lock_guard lock(mutex);
     auto& slot = slots[static_cast<std::size_t>(ordinal)];
     if (DeviceAllocator* a = slot.load(std::memory_order_relaxed)) return *a;
@@ -89,10 +97,7 @@ Allocators& allocators() {
 
 namespace capi {
 
-void clear_error() noexcept {
-  last_error.clear();
-  last_error_code = STOWAGE_OK;
-}
+void clear_error() noexcept { last_error_code = STOWAGE_OK; }
 
 int code_of(const std::exception& e) {
   if (dynamic_cast<const OutOfMemory*>(&e) != nullptr) return STOWAGE_ERROR_OUT_OF_MEMORY;
@@ -137,8 +142,13 @@ ssize_t copy_out(const std::string& text, char* buf, std::size_t len) {
   return static_cast<ssize_t>(text.size());
 }
 
+[[noreturn, gnu::noinline, gnu::cold]] void negative_size(ssize_t size, const char* what) {
+  throw InvalidArgument(fmt::format("{}: negative size {}", what, static_cast<long long>(size)));
+}
+
 std::size_t checked_size(ssize_t size, const char* what) {
-  if (size < 0) throw InvalidArgument(fmt::format("{}: negative size {}", what, static_cast<long long>(size)));
+  if (size < 0) [[unlikely]]
+    negative_size(size, what);
   return static_cast<std::size_t>(size);
 }
 
@@ -161,14 +171,16 @@ void stowage_free(void* ptr, ssize_t size, int device, void* stream) {
     if (ptr == nullptr) return 0;
     const std::size_t bytes = checked_size(size, "stowage_free");
     Allocators& all = allocators();
-    DeviceAllocator& a = all.get(device);
-    if (!a.allocator->owns(ptr)) {
+    try {
+      all.get(device).top->deallocate(ptr, bytes);  // InvalidArgument for foreign pointers, double frees, wrong sizes
+    } catch (const InvalidArgument&) {
+      // Only now, off the hot path: a block of another device gets a message that says so.
       for (int other = 0; other < all.count; ++other)
         if (DeviceAllocator* o = all.created(other); other != device && o != nullptr && o->allocator->owns(ptr))
           throw InvalidArgument(
               fmt::format("stowage_free: {} belongs to device {}, not device {}", ptr, other, device));
+      throw;
     }
-    a.top->deallocate(ptr, bytes);  // InvalidArgument for foreign pointers, double frees, wrong sizes
     return 0;
   });
 }
@@ -300,7 +312,7 @@ int stowage_using_cuda(void) {
   return guarded(-1, [] { return using_cuda() ? 1 : 0; });
 }
 
-const char* stowage_last_error(void) { return last_error.c_str(); }
+const char* stowage_last_error(void) { return last_error_code == STOWAGE_OK ? "" : last_error.c_str(); }
 
 int stowage_last_error_code(void) { return last_error_code; }
 

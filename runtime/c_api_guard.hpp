@@ -7,10 +7,12 @@
 
 namespace stowage::capi {
 
-void clear_error() noexcept;
-int code_of(const std::exception& e);
+// Hidden: not part of the library's interface, so the compiler may inline them into the entry
+// points (an exported function could be interposed and is always called through the PLT).
+[[gnu::visibility("hidden")]] void clear_error() noexcept;
+[[gnu::visibility("hidden")]] int code_of(const std::exception& e);
 // Sets the thread's last error; the first failure of the process also goes to stderr.
-void fail(const char* message, int code) noexcept;
+[[gnu::visibility("hidden")]] void fail(const char* message, int code) noexcept;
 
 // Runs f, turning any exception into `on_error` plus the thread's last error.
 template <class R, class F>
