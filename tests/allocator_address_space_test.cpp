@@ -105,5 +105,22 @@ TEST(AddressSpace, ARefusalTooSmallForTheRequestSaysItIsAddressSpace) {
   EXPECT_EQ(status, 0);
 }
 
+// A device near the largest capacity the emulated backend takes (2^47 bytes) reserves what its
+// address space allows and allocates: a 100 TiB device used to accept its capacity and then
+// refuse every allocation.
+TEST(AddressSpace, AHundredTebibyteDeviceAllocates) {
+  if (sanitized()) GTEST_SKIP() << "sanitizers map terabytes of shadow memory";
+  for (std::size_t tib : {100, 127}) {
+    EmulatedOptions o;
+    o.capacity = tib << 40;
+    auto dev = make_emulated_device(0, o);
+    CachingAllocator a(*dev);
+    void* blocks[3] = {a.allocate(GiB), a.allocate(GiB), a.allocate(MiB)};
+    for (void* b : blocks) ASSERT_NE(b, nullptr) << tib << " TiB";
+    EXPECT_EQ(a.stats().allocated_bytes.all.current, std::int64_t(2 * GiB + MiB)) << tib << " TiB";
+    for (void* b : blocks) a.deallocate(b);
+  }
+}
+
 }  // namespace
 }  // namespace stowage
