@@ -41,3 +41,47 @@ def test_the_shim_source_and_header_ship_with_the_package():
         text = f.read()
     for fn in ("stowage_record_stream", "stowage_set_memory_fraction", "stowage_last_error_code"):
         assert fn in text
+
+
+FALLBACK = r"""
+import types, warnings, torch, stowage.torch as st
+from stowage import memory
+# A PyTorch 2 with CUDA, as far as enable() can tell, whose compiler fails: the plain fallback.
+torch.__version__ = "2.4.0"
+torch.cuda.is_available = lambda: True
+memory.using_cuda = lambda: True
+def no_compiler(verbose=False):
+    raise OSError("no C++ compiler\nsecond line")
+st.build_shim = no_compiler
+made, installed = [], []
+class Plain:
+    def __init__(self, path, alloc, free):
+        made.append((path, alloc, free))
+torch.cuda.memory = types.SimpleNamespace(CUDAPluggableAllocator=Plain, change_current_allocator=installed.append)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    first = st.enable()
+    second = st.enable()
+print(first, second, st.enabled(), len(made), len(installed), made[0][1:] == ("stowage_malloc", "stowage_free"))
+print(len(caught), caught[0].category.__name__)
+print(caught[0].message)
+try:
+    st._enabled = None
+    st.enable(shim="required")
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_without_a_compiler_it_falls_back_to_the_plain_allocator_and_warns_once(python):
+    r = python(FALLBACK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "plain plain plain 1 1 True"  # one allocator made and installed; enable() is idempotent
+    assert lines[1] == "1 RuntimeWarning"
+    message = lines[2]
+    assert "shim did not build (OSError: no C++ compiler)" in message
+    for unsafe in ("record_stream() is not seen", "empty_cache()", "set_per_process_memory_fraction()",
+                   "not torch.cuda.OutOfMemoryError"):
+        assert unsafe in message, unsafe
+    assert lines[3].startswith("StowageError stowage.torch.enable(): the shim did not build: no C++ compiler")
