@@ -166,3 +166,28 @@ def test_clear_errors_and_nothing_changed():
         opt.master(torch.zeros(3))
     with pytest.raises(InvalidArgumentError, match="param groups"):
         opt.load_state_dict({"state": {}, "param_groups": []})
+
+
+def test_a_group_added_later_is_updated_and_a_bad_one_changes_nothing():
+    data = batches(3)
+    ours, base = make_model(), make_model()
+    opt = SharedStorageAdamW(ours[0].parameters(), lr=1e-2)
+    opt.add_param_group({"params": ours[2].parameters(), "lr": 1e-3})
+    assert ours[2].weight.dtype == torch.bfloat16 and len(opt.param_groups) == 2
+    r0 = MasterWeightsOptimizer(base[0].parameters(), lr=1e-2)
+    r1 = MasterWeightsOptimizer(base[2].parameters(), lr=1e-3)
+    train(ours, opt, data)
+    for x, y in data:
+        r0.zero_grad(), r1.zero_grad()
+        torch.nn.functional.cross_entropy(base(x.to(torch.bfloat16)).float(), y).backward()
+        r0.step(), r1.step()
+    for p, master in zip(ours.parameters(), r0.masters + r1.masters):
+        assert torch.equal(bits(opt.master(p)), bits(master))
+    # A second group with a bad parameter: refused before the good one moved.
+    good = torch.nn.Parameter(torch.ones(8))
+    with pytest.raises(InvalidArgumentError, match="fp32 model"):
+        SharedStorageAdamW([{"params": [good]}, {"params": [torch.nn.Parameter(torch.ones(8).double())]}])
+    assert good.dtype == torch.float32
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group({"params": [ours[0].weight]})
+    assert len(opt.param_groups) == 2

@@ -50,6 +50,10 @@ class _Bucket:
                                                                       else 0)
 
 
+def _param_list(params):
+    return [params] if isinstance(params, torch.Tensor) else list(params)
+
+
 def _check_param(p):
     if not isinstance(p, torch.Tensor) or not p.is_leaf:
         raise InvalidArgumentError("shared-storage optimizers take leaf parameters (model.parameters())")
@@ -75,23 +79,36 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self.skip_nonfinite = skip_nonfinite
         self.loss_scale = loss_scale
         self.last_step_skipped = False
-        super().__init__(params, defaults)
-        self._buckets = []
-        seen = set()
-        for group in self.param_groups:
-            for p in group["params"]:
+        self._buckets, self._flat = [], []
+        # Every parameter is checked before any moves, so a refusal changes nothing.
+        groups = list(params)
+        if groups and isinstance(groups[0], dict):
+            groups = [{**g, "params": _param_list(g["params"])} for g in groups]
+        else:
+            groups = _param_list(groups)
+        for g in groups if groups and isinstance(groups[0], dict) else [{"params": groups}]:
+            for p in g["params"]:
                 _check_param(p)
-                if id(p) in seen:
-                    raise InvalidArgumentError("a parameter appears twice in the optimizer's groups")
-                seen.add(id(p))
-            bucket = _Bucket(group["params"], rounding)
-            for i, p in enumerate(group["params"]):
-                master = p.detach().contiguous()
-                precision.split(master.data_ptr(), bucket.planes(i, p.numel()))
-                p.data = bucket.view(i, p.shape)  # the model now computes with the bf16 plane itself
-                p.grad = None
-            self._buckets.append(bucket)
-        self._flat = [(g, b, i, p) for g, b in zip(self.param_groups, self._buckets) for i, p in enumerate(g["params"])]
+        super().__init__(groups, defaults)
+
+    def add_param_group(self, param_group):
+        """torch.optim's, and the group's parameters move into planes of their own."""
+        group = {**param_group, "params": _param_list(param_group["params"])}
+        owned = {id(q) for *_, q in self._flat}
+        if any(id(p) in owned for p in group["params"]):
+            raise InvalidArgumentError("some parameters appear in more than one parameter group")
+        for p in group["params"]:
+            _check_param(p)
+        super().add_param_group(group)  # refuses a parameter already in a group, before anything moved
+        group = self.param_groups[-1]
+        bucket = _Bucket(group["params"], self.rounding)
+        for i, p in enumerate(group["params"]):
+            master = p.detach().contiguous()
+            precision.split(master.data_ptr(), bucket.planes(i, p.numel()))
+            p.data = bucket.view(i, p.shape)  # the model now computes with the bf16 plane itself
+            p.grad = None
+            self._flat.append((group, bucket, i, p))
+        self._buckets.append(bucket)
 
     # --- the fp32 master ---
     def master(self, param):
