@@ -191,3 +191,65 @@ def test_a_group_added_later_is_updated_and_a_bad_one_changes_nothing():
     with pytest.raises(ValueError, match="more than one parameter group"):
         opt.add_param_group({"params": [ours[0].weight]})
     assert len(opt.param_groups) == 2
+
+
+def test_a_state_that_does_not_fit_is_refused_and_changes_nothing():
+    model = make_model()
+    opt = SharedStorageAdamW(model.parameters(), lr=1e-2)
+    train(model, opt, batches(2))
+    good = copy.deepcopy(opt.state_dict())
+    before = [bits(opt.master(p)).clone() for p in model.parameters()]
+
+    def refused(mutate, needle, error=InvalidArgumentError):
+        sd = copy.deepcopy(good)
+        mutate(sd)
+        with pytest.raises(error, match=needle):
+            opt.load_state_dict(sd)
+        assert opt.param_groups[0]["lr"] == 1e-2 and float(opt.state[model[0].weight]["step"]) == 2.0
+        assert all(torch.equal(bits(opt.master(p)), b) for p, b in zip(model.parameters(), before))
+
+    refused(lambda sd: sd["state"][0].update(exp_avg=torch.zeros(2)), "exp_avg is not a tensor of shape")  # was a crash
+    refused(lambda sd: (sd["param_groups"][0].update(lr=0.5), sd["stowage_master"].__setitem__(1, torch.zeros(3))),
+            "stowage_master tensor is not of shape")
+    refused(lambda sd: sd["state"][0].update(step="3"), "is not a count")
+    refused(lambda sd: sd["state"][0].update(momentum_buffer=torch.zeros(40, 24)), "'momentum_buffer' is not state")
+    refused(lambda sd: sd["param_groups"][0].update(amsgrad=True), "amsgrad", UnsupportedError)
+    with pytest.raises(InvalidArgumentError, match="not a set"):
+        SharedStorageAdamW({torch.nn.Parameter(torch.ones(2))})
+    a = torch.nn.Parameter(torch.ones(8))
+    with pytest.raises(InvalidArgumentError, match="more than one parameter group"):
+        SharedStorageAdamW([{"params": [a]}, {"params": [torch.nn.Parameter(torch.ones(8)), a]}])
+    assert a.dtype == torch.float32
+
+
+def test_a_non_contiguous_saved_moment_loads_by_its_values():
+    model = make_model()
+    opt = SharedStorageAdamW(model.parameters(), lr=1e-2)
+    train(model, opt, batches(2))
+    sd = copy.deepcopy(opt.state_dict())
+    m = sd["state"][0]["exp_avg"]
+    sd["state"][0]["exp_avg"] = m.t().contiguous().t()  # same values, transposed strides
+    model2 = make_model()
+    opt2 = SharedStorageAdamW(model2.parameters(), lr=1e-2)
+    opt2.load_state_dict(sd)
+    assert train(model, opt, batches(2, seed=5)) == train(model2, opt2, batches(2, seed=5))
+
+
+def test_resuming_torch_sgd_keeps_its_momentum():
+    data = batches(4)
+    ours, base = make_model(), make_model()
+    sgd = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
+    for x, y in data[:2]:  # two plain fp32 steps: the buffers are under way
+        sgd.zero_grad()
+        torch.nn.functional.cross_entropy(ours(x).float(), y).backward()
+        sgd.step()
+    buf = sgd.state[ours[0].weight]["momentum_buffer"].clone()
+    opt = SharedStorageSGD(ours.parameters(), lr=0.05, momentum=0.9)
+    opt.load_state_dict(sgd.state_dict())
+    g = torch.ones_like(ours[0].weight)
+    for p in ours.parameters():
+        p.grad = torch.zeros_like(p)
+    ours[0].weight.grad = g.to(torch.bfloat16)
+    opt.step()
+    assert torch.equal(opt.state[ours[0].weight]["momentum_buffer"], buf * 0.9 + g)  # not restarted at g
+    del base

@@ -354,3 +354,38 @@ def test_non_tensor_arguments_pass_through():
     act.register_recompute(y)
     got = torch.autograd.grad(y.square().sum(), (h, w))
     assert all(torch.equal(g, r) for g, r in zip(got, ref))
+
+
+def test_activations_with_parameters_or_forward_hooks_are_refused_and_handles_undo_in_order():
+    from stowage.torch.swap import swap_activations
+
+    class Block(torch.nn.Module):
+        def __init__(self, act):
+            super().__init__()
+            self.fc, self.act = torch.nn.Linear(4, 4), act
+
+        def forward(self, x):
+            return self.fc(self.act(x))
+
+    prelu = Block(torch.nn.PReLU())
+    with recompute_activations(prelu, names=("act",)):
+        with pytest.raises(InvalidArgumentError, match="has parameters that train but no input"):
+            prelu(torch.randn(2, 4))  # plain PyTorch would train act.weight here; a released output cannot
+    block = Block(torch.nn.GELU())
+    hook = block.act.register_forward_hook(lambda m, i, o: None)
+    with pytest.raises(InvalidArgumentError, match="forward hooks"):
+        recompute_activations(block)
+    assert "forward" not in block.act.__dict__
+    hook.remove()
+    handle = recompute_activations(block)
+    hook = block.act.register_forward_hook(lambda m, i, o: None)  # added after wrapping: refused at forward
+    with pytest.raises(InvalidArgumentError, match="forward hooks"):
+        block(torch.randn(2, 4, requires_grad=True))
+    hook.remove()
+    # Two wrappers on one module: undone only in reverse order, and a refusal undoes nothing.
+    outer = swap_activations(block, names=("",))
+    with pytest.raises(InvalidArgumentError, match="reverse order"):
+        handle.remove()
+    outer.remove()
+    handle.remove()
+    assert "forward" not in block.__dict__ and "forward" not in block.act.__dict__

@@ -38,14 +38,14 @@ def test_losses_and_gradients_are_bit_identical_and_prefetch_runs_ahead(prefetch
     losses, grads = train(model, data, vocab)
     assert losses == base_losses
     assert all(torch.equal(a, b) for a, b in zip(grads, base_grads))
-    s = handle.stats  # the last step's
+    s = handle.stats  # all three steps
     assert handle.modules == [f"blocks.{i}.attn" for i in range(LAYERS)]
-    assert s.swapped > 0 and s.swapped % LAYERS == 0
-    per_call = s.swapped // LAYERS
+    assert s.swapped > 0 and s.swapped % (3 * LAYERS) == 0
+    per_call = s.swapped // (3 * LAYERS)
     assert s.bytes_to_host == s.bytes_to_device > 0
     # Backward reaches the last attention first: its tensors come back on demand; with a prefetch
     # distance, every earlier call's were already on their way.
-    assert s.on_demand == (per_call if prefetch else s.swapped)
+    assert s.on_demand == (3 * per_call if prefetch else s.swapped)
     assert s.prefetched == s.swapped - s.on_demand
     handle.remove()
     assert "forward" not in model.blocks[0].attn.__dict__
@@ -76,6 +76,23 @@ def test_the_swapped_tensors_live_in_stowages_memory_until_backward_lets_them_go
     assert handle.stats.bytes_to_device == moved
     handle.remove()
     assert saved_bytes(model, x)[0] == saved_before
+
+
+def test_two_forwards_before_one_backward_keep_their_prefetches_apart():
+    model, data, vocab = model_and_data(2)
+    (a, ya), (b, yb) = data
+    base = model_and_data(2)[0]
+    loss = sum(torch.nn.functional.cross_entropy(base(x).float().view(-1, vocab), y.view(-1)) for x, y in data)
+    loss.backward()
+    handle = swap_activations(model, prefetch=1)
+    loss = sum(torch.nn.functional.cross_entropy(model(x).float().view(-1, vocab), y.view(-1)) for x, y in data)
+    loss.backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), base.parameters()))
+    s = handle.stats
+    per_call = s.swapped // (2 * LAYERS)
+    assert s.bytes_to_device == s.bytes_to_host  # each tensor came back once
+    assert s.on_demand == 2 * per_call  # each forward's last attention call; the rest prefetched
+    assert s.prefetched == s.swapped - s.on_demand
 
 
 def test_bad_arguments_are_refused():

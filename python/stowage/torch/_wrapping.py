@@ -1,5 +1,6 @@
 """What the techniques that wrap an unmodified model's modules share: replacing a module's
 forward so it can be put back, and the handle that puts everything back."""
+from ..errors import InvalidArgumentError
 
 
 class WrapHandle:
@@ -11,7 +12,8 @@ class WrapHandle:
 
     def remove(self):
         while self._undo:
-            self._undo.pop()()
+            self._undo[-1]()  # may refuse (another wrapper on top): then nothing more is undone
+            self._undo.pop()
 
     def __enter__(self):
         return self
@@ -27,6 +29,9 @@ def set_forward(module, forward, undo):
     old = module.__dict__.get("forward")
 
     def restore():
+        if module.__dict__.get("forward") is not forward:
+            raise InvalidArgumentError("remove(): another wrapper was put on this module's forward after this "
+                                       "one; remove the handles in the reverse order of their creation")
         if had:
             module.forward = old
         else:

@@ -3,7 +3,7 @@ MindSpeed's adaptor does; the training loop stays as it is (docs/pytorch.md, "On
 import torch
 
 from ..errors import InvalidArgumentError, UnsupportedError
-from .optim import SharedStorageAdamW, SharedStorageSGD
+from .optim import SharedStorageAdamW, SharedStorageSGD, checked_entry
 from .recompute import DEFAULT_ACTIVATIONS, recompute_activations
 from .swap import swap_activations
 
@@ -32,11 +32,13 @@ def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite):
             raise UnsupportedError("shared storage: amsgrad and maximize are not supported")
         keep = ("params", "lr", "betas", "eps", "weight_decay")
         decoupled = type(optimizer) is torch.optim.AdamW
+        _check_resumable(optimizer, SharedStorageAdamW)
         made = SharedStorageAdamW([{**{k: g[k] for k in keep}, "decoupled": decoupled} for g in groups], **common)
     elif type(optimizer) is torch.optim.SGD:
         if any(g.get("maximize") for g in groups):
             raise UnsupportedError("shared storage: maximize is not supported")
         keep = ("params", "lr", "momentum", "dampening", "weight_decay", "nesterov")
+        _check_resumable(optimizer, SharedStorageSGD)
         made = SharedStorageSGD([{k: g[k] for k in keep} for g in groups], **common)
     else:
         raise UnsupportedError(f"shared storage: {type(optimizer).__name__} has no fused form; give torch.optim."
@@ -44,6 +46,12 @@ def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite):
     if optimizer.state:  # a resumed optimizer: its moments and step carry over, the master is the fp32 weights
         made.load_state_dict(optimizer.state_dict())
     return made
+
+
+def _check_resumable(optimizer, kind):
+    """A resumed optimizer's state must fit before any parameter moves (a refusal changes nothing)."""
+    for p, entry in optimizer.state.items():
+        checked_entry(entry, p, kind._state_keys, kind.__name__)
 
 
 def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max_grad_norm=None,

@@ -51,7 +51,13 @@ class _Bucket:
 
 
 def _param_list(params):
+    if isinstance(params, (set, frozenset)):
+        raise InvalidArgumentError("a parameter group's params must be ordered (a list), not a set")
     return [params] if isinstance(params, torch.Tensor) else list(params)
+
+
+def _grad_bits(g):
+    return 16 if g.dtype == torch.bfloat16 else 32
 
 
 def _check_param(p):
@@ -79,23 +85,29 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self.skip_nonfinite = skip_nonfinite
         self.loss_scale = loss_scale
         self.last_step_skipped = False
-        self._buckets, self._flat = [], []
+        self._buckets, self._flat, self._where = [], [], {}
         # Every parameter is checked before any moves, so a refusal changes nothing.
+        if isinstance(params, (set, frozenset)):
+            raise InvalidArgumentError("parameters must be an ordered collection (a list, model.parameters()), "
+                                       "not a set: the order names them in state_dict()")
         groups = list(params)
         if groups and isinstance(groups[0], dict):
             groups = [{**g, "params": _param_list(g["params"])} for g in groups]
         else:
-            groups = _param_list(groups)
-        for g in groups if groups and isinstance(groups[0], dict) else [{"params": groups}]:
+            groups = [{"params": _param_list(groups)}]
+        seen = set()
+        for g in groups:
             for p in g["params"]:
                 _check_param(p)
+                if id(p) in seen:
+                    raise InvalidArgumentError("some parameters appear in more than one parameter group")
+                seen.add(id(p))
         super().__init__(groups, defaults)
 
     def add_param_group(self, param_group):
         """torch.optim's, and the group's parameters move into planes of their own."""
         group = {**param_group, "params": _param_list(param_group["params"])}
-        owned = {id(q) for *_, q in self._flat}
-        if any(id(p) in owned for p in group["params"]):
+        if any(id(p) in self._where for p in group["params"]):
             raise InvalidArgumentError("some parameters appear in more than one parameter group")
         for p in group["params"]:
             _check_param(p)
@@ -107,45 +119,45 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             precision.split(master.data_ptr(), bucket.planes(i, p.numel()))
             p.data = bucket.view(i, p.shape)  # the model now computes with the bf16 plane itself
             p.grad = None
+            self._where[id(p)] = (bucket, i, p)
             self._flat.append((group, bucket, i, p))
         self._buckets.append(bucket)
 
     # --- the fp32 master ---
+    def _find(self, param, what):
+        found = self._where.get(id(param))
+        if found is None or found[2] is not param:
+            raise InvalidArgumentError(f"{what}: that tensor is not one of this optimizer's parameters")
+        return found[0], found[1]
+
     def master(self, param):
         """The fp32 master value of `param` (a new tensor, bit-exact)."""
-        for _, bucket, i, p in self._flat:
-            if p is param:
-                out = torch.empty(p.shape, dtype=torch.float32)
-                precision.merge(bucket.planes(i, p.numel()), out.data_ptr())
-                return out
-        raise InvalidArgumentError("master(): that tensor is not one of this optimizer's parameters")
+        bucket, i = self._find(param, "master()")
+        out = torch.empty(param.shape, dtype=torch.float32)
+        precision.merge(bucket.planes(i, param.numel()), out.data_ptr())
+        return out
 
     def load_master(self, param, value):
         """Sets `param`'s fp32 master to `value` exactly (and its bf16 view to value's rounding)."""
-        for _, bucket, i, p in self._flat:
-            if p is param:
-                if tuple(value.shape) != tuple(p.shape):
-                    raise InvalidArgumentError(f"load_master(): shape {tuple(value.shape)} is not {tuple(p.shape)}")
-                src = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
-                precision.split(src.data_ptr(), bucket.planes(i, p.numel()))
-                return
-        raise InvalidArgumentError("load_master(): that tensor is not one of this optimizer's parameters")
+        bucket, i = self._find(param, "load_master()")
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(param.shape):
+            raise InvalidArgumentError(f"load_master(): need a tensor of shape {tuple(param.shape)}")
+        src = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        precision.split(src.data_ptr(), bucket.planes(i, param.numel()))
 
     def master_state_dict(self, model):
         """model.state_dict() with every parameter of this optimizer replaced by its fp32 master:
         what an fp32 model (and plain torch.optim) loads to continue with the same numbers."""
-        by_id = {id(p): p for _, _, _, p in self._flat}
         out = model.state_dict()
         for name, p in model.named_parameters():
-            if id(p) in by_id:
+            if id(p) in self._where:
                 out[name] = self.master(p)
         return out
 
     def load_master_state_dict(self, model, state_dict):
         """The inverse: takes fp32 weights (e.g. a plain fp32 checkpoint) as the master."""
-        by_id = {id(p): p for _, _, _, p in self._flat}
         for name, p in model.named_parameters():
-            if id(p) in by_id:
+            if id(p) in self._where:
                 if name not in state_dict:
                     raise InvalidArgumentError(f"load_master_state_dict(): no '{name}' in the state dict")
                 self.load_master(p, state_dict[name])
@@ -183,7 +195,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         grads = self._grads()
         # One decision for the whole model, as a loss scaler makes it: any Inf/NaN skips every group.
         self.last_step_skipped = self.skip_nonfinite and any(
-            precision.any_nonfinite(g.data_ptr(), 16 if g.dtype == torch.bfloat16 else 32, g.numel())
+            precision.any_nonfinite(g.data_ptr(), _grad_bits(g), g.numel())
             for *_, g in grads)
         if self.last_step_skipped:
             return loss
@@ -204,31 +216,73 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict):
-        """Restores a state_dict() of this optimizer or of torch.optim's: m, v, momentum and step
-        as saved (fp32), and the master from 'stowage_master' when present (otherwise the master
-        stays: load it with load_master_state_dict())."""
-        groups = state_dict.get("param_groups")
-        if groups is None or len(groups) != len(self.param_groups) or any(
+        """Restores a state_dict() of this optimizer or of torch.optim's (the same algorithm): m, v,
+        momentum and step as saved (fp32, in the parameters' shapes), and the master from
+        'stowage_master' when present (otherwise the master stays: load it with
+        load_master_state_dict()). Everything is checked first: a refused state changes nothing."""
+        groups, states = self._checked_state(state_dict)
+        masters = state_dict.get("stowage_master")
+        for saved, group in zip(groups, self.param_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self.state.clear()
+        for (_, _, _, p), entry in zip(self._flat, states):
+            if entry is not None:
+                self.state[p] = entry
+        if masters is not None:
+            for (_, _, _, p), value in zip(self._flat, masters):
+                self.load_master(p, value)
+
+    def _checked_state(self, state_dict):
+        """The saved groups and, per parameter in order, its new state (None: none saved)."""
+        try:
+            groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        except (TypeError, KeyError):
+            raise InvalidArgumentError("load_state_dict(): not an optimizer state dict (no 'param_groups', "
+                                       "'state')") from None
+        if len(groups) != len(self.param_groups) or any(
                 len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
             raise InvalidArgumentError("load_state_dict(): its param groups do not match this optimizer's")
+        for g in groups:
+            if g.get("amsgrad") or g.get("maximize"):
+                raise UnsupportedError("load_state_dict(): amsgrad and maximize have no fused form")
         masters = state_dict.get("stowage_master")
-        if masters is not None and len(masters) != len(self._flat):
-            raise InvalidArgumentError("load_state_dict(): stowage_master has the wrong number of tensors")
-        for saved, group in zip(groups, self.param_groups):
-            for key, value in saved.items():
-                if key != "params":
-                    group[key] = value
-        self.state.clear()
-        index = 0
-        for saved, group in zip(groups, self.param_groups):
-            for saved_id, p in zip(saved["params"], group["params"]):
-                entry = state_dict["state"].get(saved_id)
-                if entry is not None:
-                    self.state[p] = {k: (v.detach().to(device="cpu", dtype=torch.float32).clone()
-                                         if isinstance(v, torch.Tensor) else v) for k, v in entry.items()}
-                if masters is not None:
-                    self.load_master(p, masters[index])
-                index += 1
+        if masters is not None:
+            if len(masters) != len(self._flat):
+                raise InvalidArgumentError("load_state_dict(): stowage_master has the wrong number of tensors")
+            for (_, _, _, p), m in zip(self._flat, masters):
+                if not isinstance(m, torch.Tensor) or tuple(m.shape) != tuple(p.shape):
+                    raise InvalidArgumentError(f"load_state_dict(): a stowage_master tensor is not of shape "
+                                               f"{tuple(p.shape)}")
+        ids = [i for g in groups for i in g["params"]]
+        states = []
+        for saved_id, (_, _, _, p) in zip(ids, self._flat):
+            entry = saved_state.get(saved_id)
+            states.append(None if entry is None else self._checked_entry(entry, p))
+        return groups, states
+
+    def _checked_entry(self, entry, p):
+        return self._completed(checked_entry(entry, p, self._state_keys, type(self).__name__))
+
+
+def checked_entry(entry, p, state_keys, owner):
+    """One parameter's saved optimizer state as this module keeps it (fp32, contiguous, p's
+    shape; step a tensor), or InvalidArgumentError naming what does not fit."""
+    out = {}
+    for key, value in entry.items():
+        if key == "step":
+            one = isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+            step = float(value) if one else -1.0
+            if not (step >= 0 and step == int(step)):
+                raise InvalidArgumentError(f"load_state_dict(): step {value!r} is not a count")
+            out[key] = torch.tensor(step)
+        elif key in state_keys:
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(p.shape):
+                raise InvalidArgumentError(f"load_state_dict(): {key} is not a tensor of shape {tuple(p.shape)}")
+            out[key] = value.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
+        else:
+            raise InvalidArgumentError(f"load_state_dict(): '{key}' is not state of {owner} "
+                                       f"({', '.join(state_keys)}, step)")
+    return out
 
 
 class SharedStorageAdamW(_SharedStorageOptimizer):
@@ -248,6 +302,15 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=decoupled)
         super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale)
 
+    _state_keys = ("exp_avg", "exp_avg_sq")
+
+    def _completed(self, state):
+        missing = [k for k in self._state_keys if k not in state]
+        if missing:
+            raise InvalidArgumentError(f"load_state_dict(): the state has no {', '.join(missing)}")
+        state.setdefault("step", torch.tensor(0.0))
+        return state
+
     def _update(self, group, planes, p, g, clip):
         state = self.state[p]
         if not state:  # as torch.optim.AdamW: the state appears at the first step
@@ -256,7 +319,7 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
             state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
         m, v = state["exp_avg"], state["exp_avg_sq"]
         beta1, beta2 = group["betas"]
-        _, step = precision.adam_step(planes, g.data_ptr(), 16 if g.dtype == torch.bfloat16 else 32, m.data_ptr(),
+        _, step = precision.adam_step(planes, g.data_ptr(), _grad_bits(g), m.data_ptr(),
                                       v.data_ptr(), self._step_count(state), group["lr"], beta1, beta2,
                                       group["eps"], group["weight_decay"], group.get("decoupled", True),
                                       self.loss_scale, clip, skip_nonfinite=False)
@@ -275,6 +338,15 @@ class SharedStorageSGD(_SharedStorageOptimizer):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
         super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale)
 
+    _state_keys = ("momentum_buffer",)
+
+    def _completed(self, state):
+        # torch.optim.SGD keeps no step: a saved momentum buffer means at least one step was taken,
+        # so the next one must not start the buffer afresh.
+        if "step" not in state:
+            state["step"] = torch.tensor(1.0 if "momentum_buffer" in state else 0.0)
+        return state
+
     def _update(self, group, planes, p, g, clip):
         state = self.state[p]
         if "step" not in state:
@@ -284,7 +356,7 @@ class SharedStorageSGD(_SharedStorageOptimizer):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32)
             buf = state["momentum_buffer"].data_ptr()
-        _, step = precision.sgd_step(planes, g.data_ptr(), 16 if g.dtype == torch.bfloat16 else 32, buf,
+        _, step = precision.sgd_step(planes, g.data_ptr(), _grad_bits(g), buf,
                                      self._step_count(state), group["lr"], group["momentum"], group["dampening"],
                                      group["weight_decay"], group["nesterov"], self.loss_scale, clip,
                                      skip_nonfinite=False)

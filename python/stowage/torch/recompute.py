@@ -283,7 +283,9 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     """Releases the output of every activation module (an instance of one of activation_types, or
     named in names, e.g. "layers.0.mlp.act") when its parent module's forward returns, and
     recomputes it when the gradient reaches the parent's output. The model's code is unchanged;
-    any module class works as an activation (SwiGLU written as a module, dropout inside).
+    any module class works as an activation (SwiGLU written as a module, dropout inside). Refused:
+    a module with forward hooks, and one with trainable parameters called on an input that needs
+    no gradient.
 
     Rules: the activation's value must leave the parent only through the parent's outputs (a
     tensor stashed elsewhere would read released bytes), and backward must enter through them.
@@ -301,6 +303,7 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
                                        "a parent module whose forward consumes it)")
         if getattr(module, "inplace", False):
             raise InvalidArgumentError(f"recompute_activations: {name} is in-place; its output is its input's storage")
+        _refuse_hooks(module, name)
         parent = modules[name.rpartition(".")[0]]
         if id(parent) not in stacks:
             stacks[id(parent)] = _wrap_parent(parent, stats, undo)
@@ -312,6 +315,13 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     return RecomputeHandle(stats, chosen, undo)
 
 
+def _refuse_hooks(module, name):
+    # A forward hook sees the output and may keep it; reading it after release would read freed memory.
+    if module._forward_hooks or getattr(torch.nn.modules.module, "_global_forward_hooks", None):
+        raise InvalidArgumentError(f"recompute_activations: {name} has forward hooks (or global ones are set), "
+                                   "which may keep its output after it is released; remove them first")
+
+
 def _wrap_activation(module, name, stack, stats, undo):
     original = module.forward
 
@@ -319,6 +329,14 @@ def _wrap_activation(module, name, stack, stats, undo):
         # Nothing to save under no_grad; outside its parent's forward nobody would release it.
         if not torch.is_grad_enabled() or not stack:
             return original(*args, **kwargs)
+        _refuse_hooks(module, name)
+        if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args) and any(
+                p.requires_grad for p in module.parameters()):
+            # Its parameters' gradients flow only through a backward node, which an input that
+            # needs no gradient does not make.
+            raise InvalidArgumentError(f"recompute_activations: {name} has parameters that train but no input that "
+                                       "needs a gradient; recompute it only where its input comes from a layer "
+                                       "that trains")
         if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
             raise InvalidArgumentError(f"recompute_activations: {name} got a tensor keyword argument; pass tensors "
                                        "positionally (they are what is saved and recomputed from)")

@@ -32,7 +32,7 @@ def _is_attention(module):
 
 
 class SwapStats:
-    """bytes_to_host / bytes_to_device: moved since reset(); swapped: tensors sent to host;
+    """bytes_to_host / bytes_to_device: moved since creation or reset(); swapped: tensors sent to host;
     prefetched: unpacks whose copy back had been issued ahead (by the prefetch of a later module);
     on_demand: unpacks that had to start their copy then."""
 
@@ -125,11 +125,12 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         raise InvalidArgumentError("swap_activations: no module was chosen (no *Attention class; name them)")
     params = {id(p) for p in model.parameters()}
     stats, copier, undo = SwapStats(), _Copier(), []
-    # This forward's swapped module calls, in order, each a list of weak references to its _Packed:
-    # autograd owns them, so a saved tensor's copies go when its backward node lets it go.
-    calls = []
+    # Each forward of the model gets its own list of its swapped module calls, in order, each a list
+    # of weak references to its _Packed (autograd owns them, so a saved tensor's copies go when its
+    # backward node lets it go). Two forwards before one backward keep apart.
+    forward_calls = [[]]
 
-    def prefetch_before(call):
+    def prefetch_before(calls, call):
         for earlier in calls[max(0, call - prefetch):call]:
             for ref in earlier:
                 p = ref()
@@ -137,7 +138,7 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
                     p.back, p.back_ready = copier.to_device(p)
                     stats.bytes_to_device += p.host.numel() * p.host.element_size()
 
-    def make_hooks(call):
+    def make_hooks(calls, call):
         def pack(t):
             if id(t) in params or t.numel() * t.element_size() < min_bytes:
                 return t
@@ -158,7 +159,7 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
             else:
                 stats.prefetched += 1
             if prefetch:
-                prefetch_before(p.call)
+                prefetch_before(calls, p.call)
             return copier.use(p)
         return pack, unpack
 
@@ -169,14 +170,14 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         def forward(*args, __original=original, **kwargs):
             if not torch.is_grad_enabled():
                 return __original(*args, **kwargs)
+            calls = forward_calls[0]
             calls.append([])
-            with torch.autograd.graph.saved_tensors_hooks(*make_hooks(len(calls) - 1)):
+            with torch.autograd.graph.saved_tensors_hooks(*make_hooks(calls, len(calls) - 1)):
                 return __original(*args, **kwargs)
 
         set_forward(module, forward, undo)
-    def new_forward(m, args):  # the statistics are the last step's
-        calls.clear()
-        stats.reset()
+    def new_forward(m, args):
+        forward_calls[0] = []
     reset = model.register_forward_pre_hook(new_forward)
     undo.append(reset.remove)
     return SwapHandle(stats, chosen, undo)
