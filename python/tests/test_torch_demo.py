@@ -112,3 +112,24 @@ def test_apply_with_every_technique_keeps_the_losses():
         return losses
 
     assert train(True) == train(False)
+
+
+def test_the_predictions_are_stowage_estimates_own(results, tmp_path):
+    # `stowage estimate` on the demo's model: its activation-function recompute term is the
+    # recompute prediction the demo holds the measurement to.
+    import os
+    import subprocess
+    import stowage
+    tool = os.path.join(os.path.dirname(os.path.realpath(stowage.library_path())), "stowage")
+    if not os.path.exists(tool):
+        pytest.skip("no stowage command beside the library (an installed package)")
+    _, vocab = gpt.batches(gpt.corpus(), S, B, 1)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 64, "intermediate_size": FFN, "num_attention_heads": 4,
+                                  "num_hidden_layers": LAYERS, "vocab_size": vocab, "max_position_embeddings": S,
+                                  "hidden_act": "gelu"}))
+    out = subprocess.run([tool, "estimate", "--model-json", str(config), "--seq", str(S), "--micro-batch", str(B),
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    predicted = json.loads(out)["baseline"]["activations"]["mlp_activation_output"]
+    assert predicted == results["recompute"]["predicted_saving_bytes"]
+    assert results["baseline"]["saved_activation_bytes"] - results["recompute"]["saved_activation_bytes"] >= predicted
