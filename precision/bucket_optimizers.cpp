@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 
 #include "precision/device_kernels.hpp"
+#include "precision/validate.hpp"
+#include "stowage/device_optimizers.hpp"
 #include "stowage/error.hpp"
 #include "stowage/memory_resource.hpp"
 
@@ -47,37 +49,27 @@ void check_tensor(const ParameterBucket& w, const TensorView& t, const char* fn,
   }
 }
 
-void check_scaling(const GradScaling& s, const char* fn) {
-  if (!(std::isfinite(s.loss_scale) && s.loss_scale > 0.0f) || !(std::isfinite(s.clip_coef) && s.clip_coef >= 0.0f)) {
-    throw InvalidArgument(fmt::format("{}: loss_scale must be finite and > 0, clip_coef finite and >= 0 (got {}, {})",
-                                      fn, s.loss_scale, s.clip_coef));
-  }
-}
-
 // A state tensor indexed like the bucket: shard-local state is shifted back by begin.
 float* indexed(const TensorView& t, const ParameterBucket& w, ElementRange r) {
   float* p = t.data_as<float>();
   return static_cast<std::size_t>(t.numel()) == w.numel() ? p : p - r.begin;
 }
 
-// Runs the finite check on the stream into a flag in device memory and waits for it.
+// The finite check over the range on the bucket's stream, into a flag allocated from the bucket's
+// resource.
 bool nonfinite_on_device(ParameterBucket& w, const void* grad, bool bf16, ElementRange r) {
-  Device& dev = w.device();
   MemoryResource& alloc = *w.storage().resource();
   void* flag = alloc.allocate(sizeof(int), w.stream());
-  int host = 0;
+  const DeviceGrad g{static_cast<const char*>(grad) + r.begin * (bf16 ? 2 : 4), bf16 ? DType::bf16 : DType::f32};
   try {
-    dev.fill_async(flag, 0, sizeof(int), w.stream());
-    detail::device_kernels(dev).any_nonfinite(dev, w.stream(), grad, bf16, r.begin, r.end, static_cast<int*>(flag));
-    dev.copy_async(&host, flag, sizeof(int), CopyKind::device_to_host, w.stream());
-    dev.synchronize(w.stream());
+    const bool found = any_nonfinite(w.device(), w.stream(), g, r.end - r.begin, static_cast<int*>(flag));
+    alloc.deallocate(flag, sizeof(int));
+    return found;
   } catch (...) {
-    dev.synchronize(w.stream());
+    w.device().synchronize(w.stream());
     alloc.deallocate(flag, sizeof(int));
     throw;
   }
-  alloc.deallocate(flag, sizeof(int));
-  return host != 0;
 }
 
 }  // namespace
@@ -91,7 +83,7 @@ StepResult adam_step(ParameterBucket& w, const TensorView& grad, const TensorVie
   check_tensor(w, m, fn, "m", false, r);
   check_tensor(w, v, fn, "v", false, r);
   if (m.data() == v.data()) throw InvalidArgument(fmt::format("{}: m and v are the same memory", fn));
-  check_scaling(scaling, fn);
+  detail::check_scaling(scaling, fn);
   const detail::AdamArgs args{w.planes(),       grad.data(),      grad.dtype() == DType::bf16,
                               indexed(m, w, r), indexed(v, w, r), adam_scalars(options, state.step + 1, scaling)};
   StepResult result;
@@ -113,7 +105,7 @@ StepResult sgd_step(ParameterBucket& w, const TensorView& grad, const TensorView
   const ElementRange r = resolve(w, range, fn);
   check_tensor(w, grad, fn, "grad", true, r);
   if (options.momentum != 0.0f) check_tensor(w, momentum, fn, "momentum", false, r);
-  check_scaling(scaling, fn);
+  detail::check_scaling(scaling, fn);
   const detail::SgdArgs args{w.planes(), grad.data(), grad.dtype() == DType::bf16,
                              options.momentum != 0.0f ? indexed(momentum, w, r) : nullptr,
                              sgd_scalars(options, state.step + 1, scaling)};

@@ -26,15 +26,6 @@ void check_grad(const HostGrad& g, std::size_t n, const char* what) {
   if (n > 0) detail::check_pointer(g.data, bf16 ? 2 : 4, "gradient");
 }
 
-void check_scaling(const GradScaling& s, const char* what) {
-  if (!(std::isfinite(s.loss_scale) && s.loss_scale > 0.0f)) {
-    throw InvalidArgument(fmt::format("{}: loss_scale must be finite and > 0 (got {})", what, s.loss_scale));
-  }
-  if (!(std::isfinite(s.clip_coef) && s.clip_coef >= 0.0f)) {
-    throw InvalidArgument(fmt::format("{}: clip_coef must be finite and >= 0 (got {})", what, s.clip_coef));
-  }
-}
-
 }  // namespace
 
 AdamScalars adam_scalars(const AdamOptions& o, std::int64_t step, const GradScaling& scaling) {
@@ -112,7 +103,7 @@ void sgd_step_range(const SplitPlanes& w, HostGrad grad, float* buf, std::size_t
 
 StepResult adam_step(const SplitPlanes& w, HostGrad grad, float* m, float* v, const AdamOptions& options,
                      const GradScaling& scaling, OptimizerState& state) {
-  check_scaling(scaling, "adam_step");
+  detail::check_scaling(scaling, "adam_step");
   const AdamScalars s = adam_scalars(options, state.step + 1, scaling);
   detail::check_planes(w, 0, w.numel, "adam_step");
   check_grad(grad, w.numel, "adam_step");
@@ -130,7 +121,7 @@ StepResult adam_step(const SplitPlanes& w, HostGrad grad, float* m, float* v, co
 
 StepResult sgd_step(const SplitPlanes& w, HostGrad grad, float* buf, const SgdOptions& options,
                     const GradScaling& scaling, OptimizerState& state) {
-  check_scaling(scaling, "sgd_step");
+  detail::check_scaling(scaling, "sgd_step");
   const SgdScalars s = sgd_scalars(options, state.step + 1, scaling);
   detail::check_planes(w, 0, w.numel, "sgd_step");
   check_grad(grad, w.numel, "sgd_step");

@@ -1,12 +1,14 @@
 #pragma once
 // Argument checks shared by the precision entry points; each throws InvalidArgument before
 // anything is written.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include <fmt/format.h>
 
 #include "stowage/error.hpp"
+#include "stowage/optimizers.hpp"
 #include "stowage/precision.hpp"
 
 namespace stowage::detail {
@@ -33,6 +35,15 @@ inline void check_planes(const SplitPlanes& w, std::size_t begin, std::size_t en
   check_pointer(w.bf16, 2, "bf16 plane");
   check_pointer(w.residual, 2, "residual plane");
   if (w.rounding == Rounding::nearest_even) check_pointer(w.ties, 1, "tie bitmap (nearest_even)");
+}
+
+inline void check_scaling(const GradScaling& s, const char* what) {
+  if (!(std::isfinite(s.loss_scale) && s.loss_scale > 0.0f)) {
+    throw InvalidArgument(fmt::format("{}: loss_scale must be finite and > 0 (got {})", what, s.loss_scale));
+  }
+  if (!(std::isfinite(s.clip_coef) && s.clip_coef >= 0.0f)) {
+    throw InvalidArgument(fmt::format("{}: clip_coef must be finite and >= 0 (got {})", what, s.clip_coef));
+  }
 }
 
 }  // namespace stowage::detail

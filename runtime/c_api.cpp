@@ -3,6 +3,7 @@
 #include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
+#include "runtime/c_api_devices.hpp"
 #include "runtime/c_api_guard.hpp"
 
 #include <atomic>
@@ -122,6 +123,8 @@ void fail(const char* message, int code) noexcept {
                  named ? "" : "stowage: ", message);
   }
 }
+
+MemoryResource& allocator_of(int device) { return *allocators().get(device).top; }
 
 }  // namespace capi
 

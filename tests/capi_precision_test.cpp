@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "stowage/optimizers.hpp"
@@ -160,6 +161,73 @@ TEST(CapiPrecision, RefusesBadArgumentsAndWritesNothing) {
   EXPECT_EQ(stowage_adam_step(&p.c, grad.data(), 32, m.data(), v.data(), &o, nullptr, &step), 1);
   EXPECT_STREQ(stowage_last_error(), "");
   EXPECT_EQ(step, 1);
+}
+
+// The steps queued on a device's stream (here an emulated device, whose memory the host reads) give
+// exactly what the host steps give; the finite check runs on the stream.
+TEST(CapiPrecision, StepsQueuedOnADeviceStreamAreTheHostSteps) {
+  const std::size_t n = 1000;
+  const std::vector<float> w = random_floats(n, 7);
+  std::vector<float> grad = random_floats(n, 8), m(n), v(n);
+  Planes host(n, STOWAGE_ROUND_NEAREST_EVEN);
+  ASSERT_EQ(stowage_split(w.data(), &host.c), 0);
+  // The same planes, gradient and moments in device memory.
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  auto device_copy = [&blocks](const void* src, std::size_t bytes) {
+    void* p = stowage_malloc(static_cast<ssize_t>(bytes), 0, nullptr);
+    EXPECT_NE(p, nullptr) << stowage_last_error();
+    std::memcpy(p, src, bytes);
+    blocks.emplace_back(p, bytes);
+    return p;
+  };
+  auto* hi = static_cast<std::uint16_t*>(device_copy(host.bf16.data(), n * 2));
+  auto* lo = static_cast<std::uint16_t*>(device_copy(host.residual.data(), n * 2));
+  auto* ties = static_cast<std::uint8_t*>(device_copy(host.ties.data(), host.ties.size()));
+  auto* dgrad = static_cast<float*>(device_copy(grad.data(), n * 4));
+  auto* dm = static_cast<float*>(device_copy(m.data(), n * 4));
+  auto* dv = static_cast<float*>(device_copy(v.data(), n * 4));
+  const stowage_split_planes dev{hi, lo, ties, n, STOWAGE_ROUND_NEAREST_EVEN};
+  const stowage_adam_options o{1e-2f, 0.9f, 0.99f, 1e-8f, 0.1f, 1};
+  std::int64_t host_step = 0, dev_step = 0;
+  for (int k = 0; k < 3; ++k) {
+    const stowage_grad_scaling sc{2.0f, 0.5f, k % 2};  // the finite check on the stream, and without it
+    ASSERT_EQ(stowage_adam_step(&host.c, grad.data(), 32, m.data(), v.data(), &o, &sc, &host_step), 1);
+    ASSERT_EQ(stowage_adam_step_async(0, nullptr, &dev, dgrad, 32, dm, dv, &o, &sc, &dev_step), 1)
+        << stowage_last_error();
+  }
+  ASSERT_EQ(stowage_synchronize(0, nullptr), 0) << stowage_last_error();
+  EXPECT_EQ(dev_step, 3);
+  EXPECT_EQ(std::memcmp(hi, host.bf16.data(), n * 2), 0);
+  EXPECT_EQ(std::memcmp(lo, host.residual.data(), n * 2), 0);
+  EXPECT_EQ(std::memcmp(ties, host.ties.data(), host.ties.size()), 0);
+  EXPECT_EQ(std::memcmp(dm, m.data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(dv, v.data(), n * 4), 0);
+  // A NaN gradient on the device: skipped, nothing written, the count unchanged.
+  dgrad[500] = std::numeric_limits<float>::quiet_NaN();
+  const stowage_grad_scaling check{1.0f, 1.0f, 1};
+  EXPECT_EQ(stowage_adam_step_async(0, nullptr, &dev, dgrad, 32, dm, dv, &o, &check, &dev_step), 0);
+  EXPECT_EQ(dev_step, 3);
+  EXPECT_EQ(std::memcmp(lo, host.residual.data(), n * 2), 0);
+  // SGD queued the same way.
+  const stowage_sgd_options so{0.1f, 0.0f, 0.0f, 0.0f, 0};
+  dgrad[500] = 1.0f;
+  grad[500] = 1.0f;
+  std::int64_t s1 = 0, s2 = 0;
+  ASSERT_EQ(stowage_sgd_step(&host.c, grad.data(), 32, nullptr, &so, nullptr, &s1), 1);
+  ASSERT_EQ(stowage_sgd_step_async(0, nullptr, &dev, dgrad, 32, nullptr, &so, nullptr, &s2), 1);
+  ASSERT_EQ(stowage_synchronize(0, nullptr), 0);
+  EXPECT_EQ(std::memcmp(lo, host.residual.data(), n * 2), 0);
+  // Bad input: refused, nothing queued.
+  EXPECT_TRUE(
+      refused(stowage_adam_step_async(99, nullptr, &dev, dgrad, 32, dm, dv, &o, nullptr, &dev_step), "device 99"));
+  EXPECT_TRUE(
+      refused(stowage_adam_step_async(0, nullptr, &dev, dgrad, 8, dm, dv, &o, nullptr, &dev_step), "grad_bits 8"));
+  EXPECT_TRUE(refused(stowage_synchronize(0, reinterpret_cast<void*>(0xdead)), "stream"));
+  EXPECT_EQ(dev_step, 3);
+  for (auto [p, bytes] : blocks) {
+    stowage_free(p, static_cast<ssize_t>(bytes), 0, nullptr);
+    EXPECT_EQ(stowage_last_error_code(), STOWAGE_OK) << stowage_last_error();
+  }
 }
 
 }  // namespace

@@ -59,6 +59,12 @@ def _declare(lib):
                                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
         "stowage_sgd_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+        "stowage_adam_step_async": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_void_p, ctypes.c_void_p,
+                                                                                   ctypes.c_int] +
+                                    [ctypes.c_void_p] * 5),
+        "stowage_sgd_step_async": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                  ctypes.c_int] + [ctypes.c_void_p] * 4),
+        "stowage_synchronize": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
         "stowage_last_error": (ctypes.c_char_p, []),
         "stowage_last_error_code": (ctypes.c_int, []),
     }

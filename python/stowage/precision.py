@@ -2,8 +2,10 @@
 kept as a bf16 plane (what compute reads), a residual plane and, for round-to-nearest-even, a
 tie bitmap; split, merge, the finite check and the fused AdamW / SGD steps on those planes.
 
-Pointers are host addresses as ints (a CPU tensor's data_ptr(), a numpy array's
-ctypes.data); no torch is needed here. stowage.torch.optim builds optimizers on this.
+Pointers are addresses as ints (a tensor's data_ptr(), a numpy array's ctypes.data): host memory
+for the plain calls; with `device` (a stowage device ordinal) and `stream` (a cudaStream_t as an
+int, 0 for the default stream), memory of that device, the step queued on that stream. No torch
+is needed here. stowage.torch.optim builds optimizers on this.
 """
 import ctypes
 
@@ -75,25 +77,39 @@ def _scaling(loss_scale, clip_coef, skip_nonfinite):
     return _GradScaling(loss_scale, clip_coef, 1 if skip_nonfinite else 0)
 
 
+def _placed(name, device, stream):
+    """The entry point and its leading arguments: host memory, or queued on a device's stream."""
+    if device is None:
+        return name, ()
+    return name + "_async", (device, stream or None)
+
+
 def adam_step(weights, grad, grad_bits, m, v, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-              decoupled=True, loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True):
+              decoupled=True, loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True, device=None, stream=0):
     """One fused Adam(W) step on the Planes `weights`; m and v are fp32 addresses. `step` is the
     number of steps applied so far. Returns (applied, new step)."""
     count = ctypes.c_int64(step)
     options = _AdamOptions(lr, beta1, beta2, eps, weight_decay, 1 if decoupled else 0)
-    applied = _lib.call_int("stowage_adam_step", ctypes.byref(weights), grad or None, _grad_bits(grad_bits),
+    name, lead = _placed("stowage_adam_step", device, stream)
+    applied = _lib.call_int(name, *lead, ctypes.byref(weights), grad or None, _grad_bits(grad_bits),
                             m or None, v or None, ctypes.byref(options),
                             ctypes.byref(_scaling(loss_scale, clip_coef, skip_nonfinite)), ctypes.byref(count))
     return applied == 1, count.value
 
 
 def sgd_step(weights, grad, grad_bits, momentum_buffer, step, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
-             nesterov=False, loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True):
+             nesterov=False, loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True, device=None, stream=0):
     """One fused SGD step (PyTorch's formulation); momentum_buffer: an fp32 address, or 0 without
     momentum. Returns (applied, new step)."""
     count = ctypes.c_int64(step)
     options = _SgdOptions(lr, momentum, dampening, weight_decay, 1 if nesterov else 0)
-    applied = _lib.call_int("stowage_sgd_step", ctypes.byref(weights), grad or None, _grad_bits(grad_bits),
+    name, lead = _placed("stowage_sgd_step", device, stream)
+    applied = _lib.call_int(name, *lead, ctypes.byref(weights), grad or None, _grad_bits(grad_bits),
                             momentum_buffer or None, ctypes.byref(options),
                             ctypes.byref(_scaling(loss_scale, clip_coef, skip_nonfinite)), ctypes.byref(count))
     return applied == 1, count.value
+
+
+def synchronize(device, stream=0):
+    """Waits for the work queued on `stream` of stowage device `device`."""
+    _lib.call_int("stowage_synchronize", device, stream or None)

@@ -158,9 +158,8 @@ def test_clear_errors_and_nothing_changed():
     with pytest.raises(InvalidArgumentError, match="loss_scale"):
         SharedStorageSGD(model.parameters(), loss_scale=math.inf)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # refused before anything moved
-    if torch.cuda.is_available():
-        with pytest.raises(UnsupportedError, match="host"):
-            SharedStorageAdamW([torch.nn.Parameter(torch.zeros(3, device="cuda"))])
+    with pytest.raises(UnsupportedError, match="CPU and CUDA tensors"):
+        SharedStorageAdamW([torch.nn.Parameter(torch.zeros(3, device="meta"))])
     opt = SharedStorageAdamW(model.parameters())
     with pytest.raises(InvalidArgumentError, match="not one of this optimizer's"):
         opt.master(torch.zeros(3))
@@ -253,3 +252,25 @@ def test_resuming_torch_sgd_keeps_its_momentum():
     opt.step()
     assert torch.equal(opt.state[ours[0].weight]["momentum_buffer"], buf * 0.9 + g)  # not restarted at g
     del base
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_on_cuda_the_kernels_run_on_the_device_with_the_same_numbers(kind):
+    import stowage
+    if not stowage.using_cuda():
+        pytest.skip("libstowage is not using CUDA here")
+    data = [(x.cuda(), y.cuda()) for x, y in batches(8)]
+    ours, base = make_model().cuda(), make_model().cuda()
+    hyper = dict(lr=3e-3, weight_decay=0.05, max_grad_norm=0.5) if kind == "adamw" else dict(
+        lr=0.05, momentum=0.9, weight_decay=0.01, max_grad_norm=0.5)
+    opt = (SharedStorageAdamW if kind == "adamw" else SharedStorageSGD)(ours.parameters(), **hyper)
+    ref = MasterWeightsOptimizer(base.parameters(), kind=kind, **hyper)
+    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in ours.parameters())
+    assert train(ours, opt, data, poison={3}) == train(base, ref, data, poison={3})
+    for p, q, master in zip(ours.parameters(), base.parameters(), ref.masters):
+        assert torch.equal(bits(opt.master(p)), bits(master))
+        assert torch.equal(bits(p), bits(q))

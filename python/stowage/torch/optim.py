@@ -7,39 +7,73 @@ of the weights: 4 bytes per parameter instead of 6 (fp32 master + bf16 copy). st
 stowage's fused kernels through the C ABI: each element is merged to fp32 in registers, updated
 and split again, in the operation order of docs/precision.md.
 
-Host memory (CPU tensors) only in this version: device tensors are refused with a clear error.
+CPU tensors step on the host; CUDA tensors step on the tensor's device, queued on PyTorch's current
+stream (stowage_adam_step_async), when libstowage uses CUDA.
 """
 import math
 
 import torch
 
-from .. import precision
+from .. import _lib, memory, precision
 from ..errors import InvalidArgumentError, UnsupportedError
 
 _ALIGN = 64  # elements: every parameter starts a tie byte and a 128-byte line of the bf16 plane
 
 
 class _Bucket:
-    """The planes of one param group and where each parameter sits in them."""
+    """The planes of one param group, on the group's device, and where each parameter sits."""
 
     def __init__(self, params, rounding):
         self.rounding = rounding
+        self.device = params[0].device if params else torch.device("cpu")
+        if any(p.device != self.device for p in params):
+            raise InvalidArgumentError("shared-storage optimizers: a param group's parameters must be on one device")
         self.offsets = []
         n = 0
         for p in params:
             self.offsets.append(n)
             n += -(-p.numel() // _ALIGN) * _ALIGN
         self.numel = n
-        self.bf16 = torch.zeros(n, dtype=torch.bfloat16)
-        self.residual = torch.zeros(n, dtype=torch.int16)
-        self.ties = torch.zeros(max(precision.tie_bitmap_bytes(n, rounding), 1), dtype=torch.uint8)
+        self.bf16 = torch.zeros(n, dtype=torch.bfloat16, device=self.device)
+        self.residual = torch.zeros(n, dtype=torch.int16, device=self.device)
+        self.ties = torch.zeros(max(precision.tie_bitmap_bytes(n, rounding), 1), dtype=torch.uint8, device=self.device)
 
     def planes(self, index, numel):
-        """The C struct for parameter `index` (numel elements)."""
+        """The C struct for parameter `index` (numel elements), in the bucket's memory."""
         off = self.offsets[index]
-        ties = self.ties.data_ptr() + off // 8 if self.rounding == "nearest_even" else 0
-        return precision.planes(self.bf16.data_ptr() + 2 * off, self.residual.data_ptr() + 2 * off, ties, numel,
-                                self.rounding)
+        return self._planes(self.bf16[off:], self.residual[off:], self.ties[off // 8:], numel)
+
+    def _planes(self, bf16, residual, ties, numel):
+        tie_ptr = ties.data_ptr() if self.rounding == "nearest_even" else 0
+        return precision.planes(bf16.data_ptr(), residual.data_ptr(), tie_ptr, numel, self.rounding)
+
+    def _slices(self, index, numel):
+        off = self.offsets[index]
+        return (self.bf16[off:off + numel], self.residual[off:off + numel],
+                self.ties[off // 8:off // 8 + precision.tie_bitmap_bytes(numel, self.rounding)])
+
+    def split(self, index, value):
+        """value (an fp32 tensor anywhere) becomes parameter `index`'s master, bit for bit. Device
+        planes are split on the host and copied: split and merge run on host memory only."""
+        src = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        if self.device.type == "cpu":
+            precision.split(src.data_ptr(), self.planes(index, src.numel()))
+            return
+        host = [torch.empty_like(t, device="cpu") for t in self._slices(index, src.numel())]
+        precision.split(src.data_ptr(), self._planes(*host, src.numel()))
+        for dst, h in zip(self._slices(index, src.numel()), host):
+            dst.copy_(h)
+
+    def merge(self, index, shape):
+        """Parameter `index`'s master as a new fp32 tensor on the bucket's device."""
+        numel = math.prod(shape)
+        out = torch.empty(shape, dtype=torch.float32)
+        if self.device.type == "cpu":
+            precision.merge(self.planes(index, numel), out.data_ptr())
+            return out
+        host = [t.cpu() for t in self._slices(index, numel)]
+        precision.merge(self._planes(*host, numel), out.data_ptr())
+        return out.to(self.device)
 
     def view(self, index, shape):
         off = self.offsets[index]
@@ -63,9 +97,13 @@ def _grad_bits(g):
 def _check_param(p):
     if not isinstance(p, torch.Tensor) or not p.is_leaf:
         raise InvalidArgumentError("shared-storage optimizers take leaf parameters (model.parameters())")
-    if p.device.type != "cpu":
-        raise UnsupportedError(f"shared-storage optimizers: parameter on {p.device}; this version updates host "
-                               "memory (CPU tensors) only")
+    if p.device.type == "cuda":
+        if not memory.using_cuda():
+            raise UnsupportedError(f"shared-storage optimizers: parameter on {p.device}, but {_lib.path()} is not "
+                                   "using CUDA (built without it, or STOWAGE_DEVICE=emulated)")
+    elif p.device.type != "cpu":
+        raise UnsupportedError(f"shared-storage optimizers: parameter on {p.device}; CPU and CUDA tensors are "
+                               "supported")
     if p.dtype != torch.float32:
         raise InvalidArgumentError(f"shared-storage optimizers: parameter of {p.dtype}; give the fp32 model (its "
                                    "values become the master weights exactly)")
@@ -115,8 +153,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         bucket = _Bucket(group["params"], self.rounding)
         for i, p in enumerate(group["params"]):
-            master = p.detach().contiguous()
-            precision.split(master.data_ptr(), bucket.planes(i, p.numel()))
+            bucket.split(i, p)
             p.data = bucket.view(i, p.shape)  # the model now computes with the bf16 plane itself
             p.grad = None
             self._where[id(p)] = (bucket, i, p)
@@ -133,17 +170,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
     def master(self, param):
         """The fp32 master value of `param` (a new tensor, bit-exact)."""
         bucket, i = self._find(param, "master()")
-        out = torch.empty(param.shape, dtype=torch.float32)
-        precision.merge(bucket.planes(i, param.numel()), out.data_ptr())
-        return out
+        return bucket.merge(i, tuple(param.shape))
 
     def load_master(self, param, value):
         """Sets `param`'s fp32 master to `value` exactly (and its bf16 view to value's rounding)."""
         bucket, i = self._find(param, "load_master()")
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(param.shape):
             raise InvalidArgumentError(f"load_master(): need a tensor of shape {tuple(param.shape)}")
-        src = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
-        precision.split(src.data_ptr(), bucket.planes(i, param.numel()))
+        bucket.split(i, value)
 
     def master_state_dict(self, model):
         """model.state_dict() with every parameter of this optimizer replaced by its fp32 master:
@@ -173,9 +207,9 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             g = p.grad
             if g is None:
                 continue
-            if g.is_sparse or g.device.type != "cpu" or g.dtype not in (torch.bfloat16, torch.float32):
-                raise InvalidArgumentError(f"gradient of {g.dtype} on {g.device}: a dense CPU bf16 or fp32 "
-                                           "gradient is needed")
+            if g.is_sparse or g.device != p.device or g.dtype not in (torch.bfloat16, torch.float32):
+                raise InvalidArgumentError(f"gradient of {g.dtype} on {g.device}: a dense bf16 or fp32 gradient on "
+                                           f"{p.device} is needed")
             out.append((group, bucket, i, p, g.contiguous()))
         return out
 
@@ -194,15 +228,30 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
                 loss = closure()
         grads = self._grads()
         # One decision for the whole model, as a loss scaler makes it: any Inf/NaN skips every group.
-        self.last_step_skipped = self.skip_nonfinite and any(
-            precision.any_nonfinite(g.data_ptr(), _grad_bits(g), g.numel())
-            for *_, g in grads)
+        self.last_step_skipped = self.skip_nonfinite and self._any_nonfinite([g for *_, g in grads])
         if self.last_step_skipped:
             return loss
         clip = self._clip_coef(grads)
         for group, bucket, i, p, g in grads:
             self._update(group, bucket.planes(i, p.numel()), p, g, clip)
         return loss
+
+    @staticmethod
+    def _any_nonfinite(grads):
+        host = [g for g in grads if g.device.type == "cpu"]
+        if any(precision.any_nonfinite(g.data_ptr(), _grad_bits(g), g.numel()) for g in host):
+            return True
+        # Device gradients: one reduction each on their streams, one wait for all.
+        flags = [torch.isfinite(g).all() for g in grads if g.device.type != "cpu"]
+        return bool(flags) and not bool(torch.stack(flags).all())
+
+    @staticmethod
+    def _placement(p):
+        """Where the kernel runs: the host (None), or a CUDA device's current stream."""
+        if p.device.type == "cpu":
+            return {}
+        return {"device": p.device.index if p.device.index is not None else torch.cuda.current_device(),
+                "stream": torch.cuda.current_stream(p.device).cuda_stream}
 
     def _step_count(self, state):
         return int(state["step"].item()) if "step" in state else 0
@@ -278,7 +327,7 @@ def checked_entry(entry, p, state_keys, owner):
         elif key in state_keys:
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(p.shape):
                 raise InvalidArgumentError(f"load_state_dict(): {key} is not a tensor of shape {tuple(p.shape)}")
-            out[key] = value.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
+            out[key] = value.detach().to(device=p.device, dtype=torch.float32).contiguous().clone()
         else:
             raise InvalidArgumentError(f"load_state_dict(): '{key}' is not state of {owner} "
                                        f"({', '.join(state_keys)}, step)")
@@ -315,14 +364,14 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
         state = self.state[p]
         if not state:  # as torch.optim.AdamW: the state appears at the first step
             state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
-            state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         m, v = state["exp_avg"], state["exp_avg_sq"]
         beta1, beta2 = group["betas"]
         _, step = precision.adam_step(planes, g.data_ptr(), _grad_bits(g), m.data_ptr(),
                                       v.data_ptr(), self._step_count(state), group["lr"], beta1, beta2,
                                       group["eps"], group["weight_decay"], group.get("decoupled", True),
-                                      self.loss_scale, clip, skip_nonfinite=False)
+                                      self.loss_scale, clip, skip_nonfinite=False, **self._placement(p))
         state["step"].fill_(float(step))
 
 
@@ -354,11 +403,11 @@ class SharedStorageSGD(_SharedStorageOptimizer):
         buf = 0
         if group["momentum"] != 0:
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32)
+                state["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             buf = state["momentum_buffer"].data_ptr()
         _, step = precision.sgd_step(planes, g.data_ptr(), _grad_bits(g), buf,
                                      self._step_count(state), group["lr"], group["momentum"], group["dampening"],
                                      group["weight_decay"], group["nesterov"], self.loss_scale, clip,
-                                     skip_nonfinite=False)
+                                     skip_nonfinite=False, **self._placement(p))
         state["step"].fill_(float(step))
 

@@ -142,6 +142,21 @@ int stowage_sgd_step(const struct stowage_split_planes* weights, const void* gra
                      float* momentum_buffer, const struct stowage_sgd_options* options,
                      const struct stowage_grad_scaling* scaling, int64_t* step);
 
+/* The same steps on planes in the memory of `device` (a C ABI ordinal: a CUDA tensor's data on a
+ * CUDA device, an emulated device's blocks), queued on `stream` of that device with its backend's
+ * kernels. With skip_nonfinite the finite check runs on the stream first and the call waits for
+ * it; otherwise it returns once the update is queued (the stream orders it before later work).
+ * Same return values as above. */
+int stowage_adam_step_async(int device, void* stream, const struct stowage_split_planes* weights, const void* grad,
+                            int grad_bits, float* m, float* v, const struct stowage_adam_options* options,
+                            const struct stowage_grad_scaling* scaling, int64_t* step);
+int stowage_sgd_step_async(int device, void* stream, const struct stowage_split_planes* weights, const void* grad,
+                           int grad_bits, float* momentum_buffer, const struct stowage_sgd_options* options,
+                           const struct stowage_grad_scaling* scaling, int64_t* step);
+
+/* Waits until the work queued on `stream` of `device` has finished. 0, or -1 on error. */
+int stowage_synchronize(int device, void* stream);
+
 /* The calling thread's last error message, "" when the last call succeeded. Valid until the
  * thread's next stowage call. */
 const char* stowage_last_error(void);

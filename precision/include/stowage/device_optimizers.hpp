@@ -1,0 +1,34 @@
+#pragma once
+// Fused optimizer steps on split storage that lives in a device's memory, given as raw pointers
+// (a framework's tensors), queued on a stream of that device with the kernels of its backend:
+// host kernels on an emulated device's stream, CUDA kernels on a CUDA stream. The numbers are
+// those of optimizers.hpp (docs/precision.md).
+#include <cstddef>
+
+#include "stowage/device.hpp"
+#include "stowage/dtype.hpp"
+#include "stowage/optimizers.hpp"
+#include "stowage/precision.hpp"
+
+namespace stowage {
+
+// A gradient in device memory, indexed like the weights (f32 or bf16).
+struct DeviceGrad {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+};
+
+// True when any of the n gradients is Inf or NaN: the check runs on `stream` into `flag` (one int
+// of the device's memory) and the call waits for it.
+bool any_nonfinite(Device& device, Stream stream, DeviceGrad grad, std::size_t n, int* flag);
+
+// One step, queued on `stream`. With scaling.skip_nonfinite the finite check runs first (into
+// `flag`, waited for) and a non-finite gradient skips the step; otherwise `flag` may be null and
+// the call returns once the update is queued. InvalidArgument (nothing queued) for null or
+// misaligned pointers and unsupported dtypes; momentum_buffer may be null without momentum.
+StepResult adam_step(Device& device, Stream stream, const SplitPlanes& weights, DeviceGrad grad, float* m, float* v,
+                     const AdamOptions& options, const GradScaling& scaling, OptimizerState& state, int* flag);
+StepResult sgd_step(Device& device, Stream stream, const SplitPlanes& weights, DeviceGrad grad, float* momentum_buffer,
+                    const SgdOptions& options, const GradScaling& scaling, OptimizerState& state, int* flag);
+
+}  // namespace stowage
