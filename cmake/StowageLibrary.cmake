@@ -28,11 +28,11 @@ function(stowage_layer_view out layer)
   set(${out} ${view} PARENT_SCOPE)
 endfunction()
 
-# Thread-locals of a shared library are reached through __tls_get_addr (about 130 instructions
-# of a 1,070-instruction cached C ABI pair); TLS descriptors make that a short call where the
-# compiler offers them (GCC on x86-64), and keep the library safe to dlopen.
-include(CheckCXXCompilerFlag)
-check_cxx_compiler_flag(-mtls-dialect=gnu2 STOWAGE_TLS_DESCRIPTORS)
+# Thread-locals are reached through __tls_get_addr, not TLS descriptors (-mtls-dialect=gnu2):
+# GCC keeps vector registers live across a descriptor call, and glibc before 2.40 clobbers them
+# on the call's slow path (a dlopen'ed library's first thread-local access in a thread), which
+# crashed the C ABI under Python on Debian 12 (glibc 2.36). The descriptors saved about 100 of
+# 1,070 instructions of a cached C ABI pair.
 
 set(stowage_all_objects)
 set(STOWAGE_PUBLIC_INCLUDE_DIRS)
@@ -56,9 +56,6 @@ foreach(layer IN LISTS STOWAGE_LAYERS)
     target_link_libraries(${t} PUBLIC stowage_${used})
   endforeach()
   target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
-  if(STOWAGE_TLS_DESCRIPTORS)
-    target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-mtls-dialect=gnu2>)
-  endif()
   target_link_libraries(${t} PUBLIC ${stowage_public_deps} PRIVATE ${stowage_private_deps})
   target_compile_features(${t} PUBLIC cxx_std_20)
   if(STOWAGE_HAVE_CUDA)

@@ -36,9 +36,8 @@ done < <(git ls-files | grep -Ev '\.(png|svg|gz|xz|tgz|bin)$')
 
 echo "clang-tidy (library layers)"
 build=${STYLE_BUILD:-build-style}
-# GCC-only flags would be unknown arguments to clang-tidy's parser (STOWAGE_TLS_DESCRIPTORS off).
 cmake -S . -B "$build" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DSTOWAGE_CUDA=OFF -DSTOWAGE_TESTS=OFF \
-  -DSTOWAGE_BENCH=OFF -DSTOWAGE_TLS_DESCRIPTORS=OFF > /dev/null || { echo "clang-tidy: configure failed"; exit 1; }
+  -DSTOWAGE_BENCH=OFF > /dev/null || { echo "clang-tidy: configure failed"; exit 1; }
 layers=$(git ls-files 'common/*.cpp' 'device/*.cpp' 'allocator/*.cpp' 'simd/*.cpp' 'precision/*.cpp' \
   'recompute/*.cpp' 'offload/*.cpp' 'runtime/*.cpp' 'tools/*.cpp' | grep -v '_cuda\.cpp$')
 if ! echo "$layers" | xargs -n 4 -P "${JOBS:-2}" clang-tidy -p "$build" --quiet > /tmp/stowage-tidy.log 2>&1; then

@@ -1,5 +1,6 @@
 """The ctypes layer: allocation, statistics under PyTorch's names, tags, snapshots, caps."""
 import ctypes
+import os
 import json
 
 import pytest
@@ -94,3 +95,18 @@ def test_memory_fraction_caps_reserved_bytes():
     finally:
         stowage.set_memory_cap(0)
         stowage.empty_cache()
+
+
+def test_the_first_call_of_a_fresh_interpreter_in_another_folder(tmp_path):
+    # Built with TLS descriptors, the C ABI's first thread-local access in a thread went through
+    # glibc's slow path, which (before glibc 2.40) clobbered a vector register holding the entry
+    # point's arguments: this crashed every time from another working folder.
+    import subprocess
+    import sys
+    from conftest import PACKAGE_ROOT
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT, STOWAGE_LIBRARY=os.path.abspath(stowage.library_path()))
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", "import stowage; print(len(stowage.memory_stats(0)))"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (r.returncode, r.stderr)
+        assert int(r.stdout) > 0
