@@ -66,7 +66,10 @@ bool nonfinite_on_device(ParameterBucket& w, const void* grad, bool bf16, Elemen
     alloc.deallocate(flag, sizeof(int));
     return found;
   } catch (...) {
-    w.device().synchronize(w.stream());
+    try {  // the stream may still write the flag; a failure here must not hide the first one
+      w.device().synchronize(w.stream());
+    } catch (...) {
+    }
     alloc.deallocate(flag, sizeof(int));
     throw;
   }

@@ -8,6 +8,19 @@
 
 namespace stowage::cuda_precision {
 
+// Makes CUDA device `ordinal` the calling thread's current device while it lives (a kernel runs on
+// the current device, whatever stream it is given), then puts the previous one back.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int ordinal);
+  ~CurrentDevice();  // NOLINT(performance-trivially-destructible): with CUDA it puts the device back
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 void fill_u16(std::uint16_t* dst, std::uint16_t value, std::size_t n, void* stream);
 void split(const float* src, const SplitPlanes& dst, std::size_t begin, std::size_t end, void* stream);
 void merge(const SplitPlanes& src, float* dst, std::size_t begin, std::size_t end, void* stream);

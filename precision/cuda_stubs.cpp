@@ -11,6 +11,8 @@ namespace {
   throw Unsupported(fmt::format("cuda_precision::{}: stowage was built without CUDA", fn));
 }
 }  // namespace
+CurrentDevice::CurrentDevice(int) {}  // the kernels below say there is no CUDA
+CurrentDevice::~CurrentDevice() = default;
 void fill_u16(std::uint16_t*, std::uint16_t, std::size_t, void*) { no_cuda("fill_u16"); }
 void split(const float*, const SplitPlanes&, std::size_t, std::size_t, void*) { no_cuda("split"); }
 void merge(const SplitPlanes&, float*, std::size_t, std::size_t, void*) { no_cuda("merge"); }

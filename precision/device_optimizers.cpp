@@ -38,17 +38,23 @@ bool any_nonfinite(Device& device, Stream stream, DeviceGrad grad, std::size_t n
   return host != 0;
 }
 
-StepResult adam_step(Device& device, Stream stream, const SplitPlanes& w, DeviceGrad grad, float* m, float* v,
-                     const AdamOptions& options, const GradScaling& scaling, OptimizerState& state, int* flag) {
+void check_adam_step(const SplitPlanes& w, DeviceGrad grad, const float* m, const float* v,
+                     const GradScaling& scaling) {
   const char* fn = "adam_step(device)";
   detail::check_scaling(scaling, fn);
   detail::check_planes(w, 0, w.numel, fn);
-  const bool bf16 = grad_bf16(grad, w.numel, fn);
+  grad_bf16(grad, w.numel, fn);
   if (w.numel > 0) {
     detail::check_pointer(m, 4, "adam: m (exp_avg)");
     detail::check_pointer(v, 4, "adam: v (exp_avg_sq)");
   }
-  const detail::AdamArgs args{w, grad.data, bf16, m, v, adam_scalars(options, state.step + 1, scaling)};
+}
+
+StepResult adam_step(Device& device, Stream stream, const SplitPlanes& w, DeviceGrad grad, float* m, float* v,
+                     const AdamOptions& options, const GradScaling& scaling, OptimizerState& state, int* flag) {
+  check_adam_step(w, grad, m, v, scaling);
+  const detail::AdamArgs args{w, grad.data, grad.dtype == DType::bf16,
+                              m, v,         adam_scalars(options, state.step + 1, scaling)};
   StepResult r;
   if (skip(device, stream, grad, w.numel, scaling, flag)) {
     r.found_nonfinite = true;
@@ -61,14 +67,20 @@ StepResult adam_step(Device& device, Stream stream, const SplitPlanes& w, Device
   return r;
 }
 
-StepResult sgd_step(Device& device, Stream stream, const SplitPlanes& w, DeviceGrad grad, float* buf,
-                    const SgdOptions& options, const GradScaling& scaling, OptimizerState& state, int* flag) {
+void check_sgd_step(const SplitPlanes& w, DeviceGrad grad, const float* buf, const SgdOptions& options,
+                    const GradScaling& scaling) {
   const char* fn = "sgd_step(device)";
   detail::check_scaling(scaling, fn);
   detail::check_planes(w, 0, w.numel, fn);
-  const bool bf16 = grad_bf16(grad, w.numel, fn);
+  grad_bf16(grad, w.numel, fn);
   if (w.numel > 0 && options.momentum != 0.0f) detail::check_pointer(buf, 4, "sgd: momentum buffer");
-  const detail::SgdArgs args{w, grad.data, bf16, buf, sgd_scalars(options, state.step + 1, scaling)};
+}
+
+StepResult sgd_step(Device& device, Stream stream, const SplitPlanes& w, DeviceGrad grad, float* buf,
+                    const SgdOptions& options, const GradScaling& scaling, OptimizerState& state, int* flag) {
+  check_sgd_step(w, grad, buf, options, scaling);
+  const detail::SgdArgs args{w, grad.data, grad.dtype == DType::bf16, buf,
+                             sgd_scalars(options, state.step + 1, scaling)};
   StepResult r;
   if (skip(device, stream, grad, w.numel, scaling, flag)) {
     r.found_nonfinite = true;

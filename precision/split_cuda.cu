@@ -25,6 +25,16 @@ __global__ void merge_kernel(SplitPlanes w, float* dst, std::size_t begin, std::
 
 }  // namespace
 
+CurrentDevice::CurrentDevice(int ordinal) {
+  if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+  if (previous_ != ordinal) detail::check_cuda(cudaSetDevice(ordinal), "cudaSetDevice (the precision kernels)");
+}
+
+CurrentDevice::~CurrentDevice() {
+  int now = -1;
+  if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+}
+
 void fill_u16(std::uint16_t* dst, std::uint16_t value, std::size_t n, void* stream) {
   if (n == 0) return;
   const std::size_t blocks = (n + kThreads - 1) / kThreads;

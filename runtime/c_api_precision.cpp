@@ -3,6 +3,7 @@
 // planes (stowage.torch's optimizers).
 #include <fmt/format.h>
 
+#include "common/log.hpp"
 #include "runtime/c_api_devices.hpp"
 #include "runtime/c_api_guard.hpp"
 #include "stowage/device_optimizers.hpp"
@@ -63,7 +64,12 @@ class Flag {
     ptr_ = static_cast<int*>(from_->allocate(sizeof(int), stream));
   }
   ~Flag() {
-    if (ptr_ != nullptr) from_->deallocate(ptr_, sizeof(int));
+    if (ptr_ == nullptr) return;
+    try {
+      from_->deallocate(ptr_, sizeof(int));
+    } catch (const std::exception& e) {  // a destructor may not throw; a failed step's error is the one to report
+      log().warn("the finite check's flag was not given back: {}", e.what());
+    }
   }
   Flag(const Flag&) = delete;
   Flag& operator=(const Flag&) = delete;
@@ -151,6 +157,8 @@ int stowage_adam_step_async(int device, void* stream, const stowage_split_planes
     OptimizerState state = state_of(step, what);
     Device& d = stowage::device(device);  // InvalidArgument for an ordinal that names no device
     const Stream s = stream_from_native(stream);
+    d.check_stream(s);                // a stream never created or destroyed is refused before anything is queued
+    check_adam_step(p, g, m, v, sc);  // before the flag: a refused call allocates nothing
     const Flag flag(device, s, sc.skip_nonfinite && p.numel > 0);
     const StepResult r = adam_step(d, s, p, g, m, v, o, sc, state, flag.get());
     *step = state.step;
@@ -170,6 +178,8 @@ int stowage_sgd_step_async(int device, void* stream, const stowage_split_planes*
     OptimizerState state = state_of(step, what);
     Device& d = stowage::device(device);  // InvalidArgument for an ordinal that names no device
     const Stream s = stream_from_native(stream);
+    d.check_stream(s);  // a stream never created or destroyed is refused before anything is queued
+    check_sgd_step(p, g, momentum_buffer, o, sc);  // before the flag: a refused call allocates nothing
     const Flag flag(device, s, sc.skip_nonfinite && p.numel > 0);
     const StepResult r = sgd_step(d, s, p, g, momentum_buffer, o, sc, state, flag.get());
     *step = state.step;

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "stowage/optimizers.hpp"
 #include "stowage/precision.hpp"
 #include "stowage/stowage.h"
@@ -37,6 +39,13 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// Blocks the C ABI's allocator of device 0 has handed out so far.
+std::int64_t allocations_made() {
+  std::string buf(static_cast<std::size_t>(stowage_get_stats(0, nullptr, 0)) + 1, '\0');
+  stowage_get_stats(0, buf.data(), buf.size());
+  return nlohmann::json::parse(buf.c_str()).at("allocation.all.allocated").get<std::int64_t>();
 }
 
 bool refused(int rc, const char* needle) {
@@ -223,6 +232,15 @@ TEST(CapiPrecision, StepsQueuedOnADeviceStreamAreTheHostSteps) {
   EXPECT_TRUE(
       refused(stowage_adam_step_async(0, nullptr, &dev, dgrad, 8, dm, dv, &o, nullptr, &dev_step), "grad_bits 8"));
   EXPECT_TRUE(refused(stowage_synchronize(0, reinterpret_cast<void*>(0xdead)), "stream"));
+  const stowage_grad_scaling unchecked{1.0f, 1.0f, 0};
+  EXPECT_TRUE(refused(
+      stowage_adam_step_async(0, reinterpret_cast<void*>(0xdead), &dev, dgrad, 32, dm, dv, &o, &unchecked, &dev_step),
+      "stream"));  // refused before a kernel is queued on it, with the finite check off too
+  // A refused call allocates nothing (the finite check's flag comes after the argument checks).
+  const std::int64_t allocations = allocations_made();
+  EXPECT_TRUE(
+      refused(stowage_adam_step_async(0, nullptr, &dev, dgrad, 32, nullptr, dv, &o, &check, &dev_step), "exp_avg"));
+  EXPECT_EQ(allocations_made(), allocations);
   EXPECT_EQ(dev_step, 3);
   for (auto [p, bytes] : blocks) {
     stowage_free(p, static_cast<ssize_t>(bytes), 0, nullptr);

@@ -22,6 +22,13 @@ struct DeviceGrad {
 // of the device's memory) and the call waits for it.
 bool any_nonfinite(Device& device, Stream stream, DeviceGrad grad, std::size_t n, int* flag);
 
+// The argument checks a step makes before it queues anything (InvalidArgument), for callers that
+// run them before allocating what the step needs.
+void check_adam_step(const SplitPlanes& weights, DeviceGrad grad, const float* m, const float* v,
+                     const GradScaling& scaling);
+void check_sgd_step(const SplitPlanes& weights, DeviceGrad grad, const float* momentum_buffer,
+                    const SgdOptions& options, const GradScaling& scaling);
+
 // One step, queued on `stream`. With scaling.skip_nonfinite the finite check runs first (into
 // `flag`, waited for) and a non-finite gradient skips the step; otherwise `flag` may be null and
 // the call returns once the update is queued. InvalidArgument (nothing queued) for null or
