@@ -18,7 +18,7 @@ class CurrentDevice {
   CurrentDevice& operator=(const CurrentDevice&) = delete;
 
  private:
-  int previous_ = -1;
+  [[maybe_unused]] int previous_ = -1;  // used by the CUDA build's destructor only
 };
 
 void fill_u16(std::uint16_t* dst, std::uint16_t value, std::size_t n, void* stream);
