@@ -16,6 +16,7 @@
 
 #include "stowage/optimizers.hpp"
 #include "stowage/precision.hpp"
+#include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
 namespace {
@@ -180,14 +181,28 @@ TEST(CapiPrecision, StepsQueuedOnADeviceStreamAreTheHostSteps) {
   std::vector<float> grad = random_floats(n, 8), m(n), v(n);
   Planes host(n, STOWAGE_ROUND_NEAREST_EVEN);
   ASSERT_EQ(stowage_split(w.data(), &host.c), 0);
-  // The same planes, gradient and moments in device memory.
+  // The same planes, gradient and moments in device memory (a GPU's when the C ABI uses CUDA:
+  // copied by the device, never touched from the host).
   std::vector<std::pair<void*, std::size_t>> blocks;
-  auto device_copy = [&blocks](const void* src, std::size_t bytes) {
+  stowage::Device& d = stowage::device(0);
+  auto upload = [&d](void* dst, const void* src, std::size_t bytes) {
+    d.copy_async(dst, src, bytes, stowage::CopyKind::host_to_device, stowage::kDefaultStream);
+    d.synchronize(stowage::kDefaultStream);
+  };
+  auto device_copy = [&blocks, &upload](const void* src, std::size_t bytes) {
     void* p = stowage_malloc(static_cast<ssize_t>(bytes), 0, nullptr);
     EXPECT_NE(p, nullptr) << stowage_last_error();
-    std::memcpy(p, src, bytes);
+    upload(p, src, bytes);
     blocks.emplace_back(p, bytes);
     return p;
+  };
+  // memcmp of device bytes against host bytes (0 when equal).
+  auto compare = [&d](const void* dev_ptr, const void* host_ptr, std::size_t bytes) {
+    std::vector<std::uint8_t> back(bytes);
+    d.synchronize(stowage::kDefaultStream);
+    d.copy_async(back.data(), dev_ptr, bytes, stowage::CopyKind::device_to_host, stowage::kDefaultStream);
+    d.synchronize(stowage::kDefaultStream);
+    return std::memcmp(back.data(), host_ptr, bytes);
   };
   auto* hi = static_cast<std::uint16_t*>(device_copy(host.bf16.data(), n * 2));
   auto* lo = static_cast<std::uint16_t*>(device_copy(host.residual.data(), n * 2));
@@ -206,26 +221,27 @@ TEST(CapiPrecision, StepsQueuedOnADeviceStreamAreTheHostSteps) {
   }
   ASSERT_EQ(stowage_synchronize(0, nullptr), 0) << stowage_last_error();
   EXPECT_EQ(dev_step, 3);
-  EXPECT_EQ(std::memcmp(hi, host.bf16.data(), n * 2), 0);
-  EXPECT_EQ(std::memcmp(lo, host.residual.data(), n * 2), 0);
-  EXPECT_EQ(std::memcmp(ties, host.ties.data(), host.ties.size()), 0);
-  EXPECT_EQ(std::memcmp(dm, m.data(), n * 4), 0);
-  EXPECT_EQ(std::memcmp(dv, v.data(), n * 4), 0);
+  EXPECT_EQ(compare(hi, host.bf16.data(), n * 2), 0);
+  EXPECT_EQ(compare(lo, host.residual.data(), n * 2), 0);
+  EXPECT_EQ(compare(ties, host.ties.data(), host.ties.size()), 0);
+  EXPECT_EQ(compare(dm, m.data(), n * 4), 0);
+  EXPECT_EQ(compare(dv, v.data(), n * 4), 0);
   // A NaN gradient on the device: skipped, nothing written, the count unchanged.
-  dgrad[500] = std::numeric_limits<float>::quiet_NaN();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), one = 1.0f;
+  upload(dgrad + 500, &nan, sizeof nan);
   const stowage_grad_scaling check{1.0f, 1.0f, 1};
   EXPECT_EQ(stowage_adam_step_async(0, nullptr, &dev, dgrad, 32, dm, dv, &o, &check, &dev_step), 0);
   EXPECT_EQ(dev_step, 3);
-  EXPECT_EQ(std::memcmp(lo, host.residual.data(), n * 2), 0);
+  EXPECT_EQ(compare(lo, host.residual.data(), n * 2), 0);
   // SGD queued the same way.
   const stowage_sgd_options so{0.1f, 0.0f, 0.0f, 0.0f, 0};
-  dgrad[500] = 1.0f;
+  upload(dgrad + 500, &one, sizeof one);
   grad[500] = 1.0f;
   std::int64_t s1 = 0, s2 = 0;
   ASSERT_EQ(stowage_sgd_step(&host.c, grad.data(), 32, nullptr, &so, nullptr, &s1), 1);
   ASSERT_EQ(stowage_sgd_step_async(0, nullptr, &dev, dgrad, 32, nullptr, &so, nullptr, &s2), 1);
   ASSERT_EQ(stowage_synchronize(0, nullptr), 0);
-  EXPECT_EQ(std::memcmp(lo, host.residual.data(), n * 2), 0);
+  EXPECT_EQ(compare(lo, host.residual.data(), n * 2), 0);
   // Bad input: refused, nothing queued.
   EXPECT_TRUE(
       refused(stowage_adam_step_async(99, nullptr, &dev, dgrad, 32, dm, dv, &o, nullptr, &dev_step), "device 99"));
