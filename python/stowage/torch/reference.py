@@ -3,9 +3,12 @@ and a separate bf16 copy the model computes with (6 bytes per parameter), update
 written as one PyTorch operation per line of docs/precision.md's operation order.
 
 Each operation is one IEEE fp32 operation rounded on its own, so after every step the master is
-bit-identical to what stowage's fused kernels keep in split storage. (torch.optim.AdamW itself
-computes m + (1 - beta1) * g and v + (1 - beta2) * g * g as fused or reordered operations on some
-builds, so it can differ from both in the last bit.)
+bit-identical to what stowage's fused kernels keep in split storage. Each is computed in float64 and
+rounded to float32 once: for +, -, *, / and sqrt of fp32 operands that is the correctly rounded fp32
+result (53 >= 2 * 24 + 2 bits), whatever vector code a PyTorch build runs for fp32 (some builds'
+CPU kernels are not correctly rounded in the last bit). (torch.optim.AdamW itself computes
+m + (1 - beta1) * g and v + (1 - beta2) * g * g as fused or reordered operations on some builds, so it
+can differ from both in the last bit.)
 """
 import math
 
@@ -19,10 +22,32 @@ def _f32(x):
     return float(torch.tensor(x, dtype=torch.float32))
 
 
+def _fp32(x):
+    """x (a float64 tensor holding one exact operation's result) rounded once to fp32."""
+    return x.to(torch.float32)
+
+
 def _scale(x, s):
-    # x * s as one fp32 multiplication (s is an fp32 value; a full tensor keeps PyTorch from
-    # turning a division or scalar operation into something else).
-    return x.mul_(torch.full_like(x, s))
+    """x * s (s an fp32 value) as one correctly rounded fp32 multiplication, in place."""
+    return x.copy_(_fp32(x.double() * s))
+
+
+def _add(x, y):
+    """x + y, one correctly rounded fp32 addition, in place."""
+    return x.copy_(_fp32(x.double() + y.double()))
+
+
+def _sub(x, y):
+    return x.copy_(_fp32(x.double() - y.double()))
+
+
+def _div(x, y):
+    """x / y as a new fp32 tensor (y a tensor or an fp32 value)."""
+    return _fp32(x.double() / (y.double() if isinstance(y, torch.Tensor) else y))
+
+
+def _sqrt(x):
+    return _fp32(x.double().sqrt())
 
 
 class MasterWeightsOptimizer:
@@ -81,20 +106,20 @@ class MasterWeightsOptimizer:
         t = self.steps
         if wd != 0:
             _scale(p, _f32(1.0 - lr * wd))
-        _scale(m, b1).add_(_scale(g.clone(), _f32(1.0 - b1)))
-        _scale(v, b2).add_(_scale(g * g, _f32(1.0 - b2)))
-        denom = v.sqrt().div_(torch.full_like(v, _f32(math.sqrt(1.0 - b2 ** t))))
-        denom.add_(torch.full_like(v, _f32(self.eps)))
-        p.sub_(_scale(m / denom, _f32(lr / (1.0 - b1 ** t))))
+        _add(_scale(m, b1), _scale(g.clone(), _f32(1.0 - b1)))
+        _add(_scale(v, b2), _scale(_fp32(g.double() * g.double()), _f32(1.0 - b2)))
+        denom = _div(_sqrt(v), _f32(math.sqrt(1.0 - b2 ** t)))
+        _add(denom, torch.full_like(denom, _f32(self.eps)))
+        _sub(p, _scale(_div(m, denom), _f32(lr / (1.0 - b1 ** t))))
 
     def _sgd(self, i, g):
         p, buf = self.masters[i], self.m[i]
         if self.wd != 0:
-            g = g.add_(_scale(p.clone(), _f32(self.wd)))
+            g = _add(g, _scale(p.clone(), _f32(self.wd)))
         if self.momentum != 0:
             if self.steps == 1:
                 buf.copy_(g)
             else:
-                _scale(buf, _f32(self.momentum)).add_(g)
+                _add(_scale(buf, _f32(self.momentum)), g)
             g = buf
-        p.sub_(_scale(g.clone(), _f32(self.lr)))
+        _sub(p, _scale(g.clone(), _f32(self.lr)))

@@ -21,6 +21,7 @@ import weakref
 import torch
 
 from .. import dlpack as stowage_memory
+from .. import memory
 from ..errors import InvalidArgumentError
 from ._wrapping import WrapHandle, set_forward
 
@@ -69,6 +70,10 @@ class _Copier:
         return self.streams[device]
 
     def to_host(self, t):
+        if t.device.type != "cuda" and memory.using_cuda():
+            # stowage's memory is a GPU's here, which CPU tensors cannot use: a plain CPU copy keeps
+            # the numbers and the bookkeeping (PyTorch's CPU bytes then do not drop).
+            return t.detach().clone(), None
         if t.device.type != "cuda":
             # bool as uint8 bytes: older PyTorch reads no DLPack bool.
             as_bytes = t.dtype == torch.bool
