@@ -8,7 +8,8 @@ stowage's fused kernels through the C ABI: each element is merged to fp32 in reg
 and split again, in the operation order of docs/precision.md.
 
 CPU tensors step on the host; CUDA tensors step on the tensor's device, queued on PyTorch's current
-stream (stowage_adam_step_async), when libstowage uses CUDA.
+stream (stowage_adam_step_async), when libstowage uses CUDA. state_offload puts m and v (SGD's
+momentum buffer) in host memory, mapped or streamed, under a device budget (stowage.torch.offload).
 """
 import math
 
@@ -16,6 +17,7 @@ import torch
 
 from .. import _lib, memory, precision
 from ..errors import InvalidArgumentError, UnsupportedError
+from .offload import StateHomes
 
 _ALIGN = 64  # elements: every parameter starts a tie byte and a 128-byte line of the bf16 plane
 
@@ -112,8 +114,10 @@ def _check_param(p):
 class _SharedStorageOptimizer(torch.optim.Optimizer):
     """What AdamW and SGD share: the buckets, the master, the global finite check and clipping."""
 
-    def __init__(self, params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale):
+    def __init__(self, params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
+                 state_device_budget):
         precision.rounding_code(rounding)  # ValueError for a misspelt mode
+        homes = StateHomes(state_offload, state_device_budget, len(self._state_keys))
         if max_grad_norm is not None and not (max_grad_norm > 0):
             raise InvalidArgumentError(f"max_grad_norm must be > 0 or None (got {max_grad_norm})")
         if not (loss_scale > 0 and math.isfinite(loss_scale)):
@@ -123,7 +127,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self.skip_nonfinite = skip_nonfinite
         self.loss_scale = loss_scale
         self.last_step_skipped = False
-        self._buckets, self._flat, self._where = [], [], {}
+        self._buckets, self._flat, self._where, self._homes = [], [], {}, homes
         # Every parameter is checked before any moves, so a refusal changes nothing.
         if isinstance(params, (set, frozenset)):
             raise InvalidArgumentError("parameters must be an ordered collection (a list, model.parameters()), "
@@ -140,6 +144,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
                 if id(p) in seen:
                     raise InvalidArgumentError("some parameters appear in more than one parameter group")
                 seen.add(id(p))
+        homes.plan_groups([g["params"] for g in groups])
         super().__init__(groups, defaults)
 
     def add_param_group(self, param_group):
@@ -149,6 +154,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             raise InvalidArgumentError("some parameters appear in more than one parameter group")
         for p in group["params"]:
             _check_param(p)
+        placements, books = self._homes.plan(group["params"])
         super().add_param_group(group)  # refuses a parameter already in a group, before anything moved
         group = self.param_groups[-1]
         bucket = _Bucket(group["params"], self.rounding)
@@ -159,6 +165,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             self._where[id(p)] = (bucket, i, p)
             self._flat.append((group, bucket, i, p))
         self._buckets.append(bucket)
+        self._homes.commit(group["params"], placements, books)
 
     # --- the fp32 master ---
     def _find(self, param, what):
@@ -199,6 +206,23 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
     def storage_bytes(self):
         """Bytes of the planes (bf16 + residual + tie bitmap), padding included."""
         return sum(b.nbytes() for b in self._buckets)
+
+    # --- where the state lives (stowage.torch.offload) ---
+    def state_placement(self, param):
+        """"device", "mapped" or "streamed": where `param`'s m and v (momentum buffer) live."""
+        self._find(param, "state_placement()")
+        return self._homes.placement(param)
+
+    def _state_tensors(self):
+        return [(p, t) for p, s in self.state.items() for k, t in s.items() if k in self._state_keys]
+
+    def state_device_bytes(self):
+        """Bytes of optimizer state in device memory (on the CPU: PyTorch's), the streamed scratch included."""
+        return self._homes.device_bytes(self._state_tensors())
+
+    def state_host_bytes(self):
+        """Bytes of optimizer state offloaded to host memory (on the CPU: stowage's)."""
+        return self._homes.host_bytes(self._state_tensors())
 
     # --- the step ---
     def _grads(self):
@@ -259,7 +283,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         """torch.optim's format (state per parameter index, param_groups) plus 'stowage_master',
         the fp32 master of each parameter in the same order: plain torch.optim.AdamW loads it, and
-        so does this optimizer, bit for bit."""
+        so does this optimizer, bit for bit. Offloaded state is there as the host tensors it lives in."""
+        self._homes.synchronize()  # a queued step may still write offloaded state
         sd = super().state_dict()
         sd["stowage_master"] = [self.master(p) for _, _, _, p in self._flat]
         return sd
@@ -268,7 +293,9 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         """Restores a state_dict() of this optimizer or of torch.optim's (the same algorithm): m, v,
         momentum and step as saved (fp32, in the parameters' shapes), and the master from
         'stowage_master' when present (otherwise the master stays: load it with
-        load_master_state_dict()). Everything is checked first: a refused state changes nothing."""
+        load_master_state_dict()). Everything is checked first: a refused state changes nothing. The
+        state goes to each parameter's placement (state_placement())."""
+        self._homes.synchronize()  # queued steps may still use the state about to be replaced
         groups, states = self._checked_state(state_dict)
         masters = state_dict.get("stowage_master")
         for saved, group in zip(groups, self.param_groups):
@@ -310,12 +337,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         return groups, states
 
     def _checked_entry(self, entry, p):
-        return self._completed(checked_entry(entry, p, self._state_keys, type(self).__name__))
+        return self._completed(checked_entry(entry, p, self._state_keys, type(self).__name__,
+                                             lambda value: self._homes.new(p, value)))
 
 
-def checked_entry(entry, p, state_keys, owner):
+def checked_entry(entry, p, state_keys, owner, home=None):
     """One parameter's saved optimizer state as this module keeps it (fp32, contiguous, p's
-    shape; step a tensor), or InvalidArgumentError naming what does not fit."""
+    shape, in home(value) or on p's device; step a tensor), or InvalidArgumentError naming what
+    does not fit."""
     out = {}
     for key, value in entry.items():
         if key == "step":
@@ -327,7 +356,8 @@ def checked_entry(entry, p, state_keys, owner):
         elif key in state_keys:
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(p.shape):
                 raise InvalidArgumentError(f"load_state_dict(): {key} is not a tensor of shape {tuple(p.shape)}")
-            out[key] = value.detach().to(device=p.device, dtype=torch.float32).contiguous().clone()
+            out[key] = home(value) if home else value.detach().to(device=p.device, dtype=torch.float32).clone(
+                memory_format=torch.contiguous_format)
         else:
             raise InvalidArgumentError(f"load_state_dict(): '{key}' is not state of {owner} "
                                        f"({', '.join(state_keys)}, step)")
@@ -341,15 +371,19 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
     round-to-nearest-even of the master, as tensor.to(torch.bfloat16) gives; "half_up": MindSpeed's
     encoding, no tie bitmap), max_grad_norm (clips by the global 2-norm inside the fused step),
     skip_nonfinite (an Inf/NaN gradient anywhere skips the step; last_step_skipped says so) and
-    loss_scale (gradients are divided by it in fp32)."""
+    loss_scale (gradients are divided by it in fp32). state_offload ("none", "mapped", "streamed")
+    and state_device_budget (bytes of state each device keeps, or None): where m and v live
+    (stowage.torch.offload)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, decoupled=True,
-                 rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0):
+                 rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0,
+                 state_offload="none", state_device_budget=None):
         if not (lr >= 0 and eps >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1 and weight_decay >= 0):
             raise InvalidArgumentError(f"invalid AdamW hyper-parameters lr={lr} betas={betas} eps={eps} "
                                        f"weight_decay={weight_decay}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=decoupled)
-        super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale)
+        super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
+                         state_device_budget)
 
     _state_keys = ("exp_avg", "exp_avg_sq")
 
@@ -364,28 +398,30 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
         state = self.state[p]
         if not state:  # as torch.optim.AdamW: the state appears at the first step
             state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-        m, v = state["exp_avg"], state["exp_avg_sq"]
+            state["exp_avg"] = self._homes.new(p)
+            state["exp_avg_sq"] = self._homes.new(p)
         beta1, beta2 = group["betas"]
-        _, step = precision.adam_step(planes, g.data_ptr(), _grad_bits(g), m.data_ptr(),
-                                      v.data_ptr(), self._step_count(state), group["lr"], beta1, beta2,
-                                      group["eps"], group["weight_decay"], group.get("decoupled", True),
-                                      self.loss_scale, clip, skip_nonfinite=False, **self._placement(p))
+        with self._homes.working(p, [state["exp_avg"], state["exp_avg_sq"]]) as (m, v):
+            _, step = precision.adam_step(planes, g.data_ptr(), _grad_bits(g), m.data_ptr(),
+                                          v.data_ptr(), self._step_count(state), group["lr"], beta1, beta2,
+                                          group["eps"], group["weight_decay"], group.get("decoupled", True),
+                                          self.loss_scale, clip, skip_nonfinite=False, **self._placement(p))
         state["step"].fill_(float(step))
 
 
 class SharedStorageSGD(_SharedStorageOptimizer):
     """SGD (PyTorch's formulation: momentum, dampening, nesterov, weight decay) on shared storage;
-    the extra arguments are SharedStorageAdamW's."""
+    the extra arguments are SharedStorageAdamW's (state_offload moves the momentum buffer)."""
 
     def __init__(self, params, lr=1e-2, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-                 rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0):
+                 rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0,
+                 state_offload="none", state_device_budget=None):
         if not (lr >= 0 and momentum >= 0 and weight_decay >= 0) or (nesterov and (momentum <= 0 or dampening != 0)):
             raise InvalidArgumentError(f"invalid SGD hyper-parameters lr={lr} momentum={momentum} "
                                        f"dampening={dampening} weight_decay={weight_decay} nesterov={nesterov}")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
-        super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale)
+        super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
+                         state_device_budget)
 
     _state_keys = ("momentum_buffer",)
 
@@ -400,14 +436,15 @@ class SharedStorageSGD(_SharedStorageOptimizer):
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.tensor(0.0)
-        buf = 0
+        bufs = []
         if group["momentum"] != 0:
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            buf = state["momentum_buffer"].data_ptr()
-        _, step = precision.sgd_step(planes, g.data_ptr(), _grad_bits(g), buf,
-                                     self._step_count(state), group["lr"], group["momentum"], group["dampening"],
-                                     group["weight_decay"], group["nesterov"], self.loss_scale, clip,
-                                     skip_nonfinite=False, **self._placement(p))
+                state["momentum_buffer"] = self._homes.new(p)
+            bufs = [state["momentum_buffer"]]
+        with self._homes.working(p, bufs) as work:
+            _, step = precision.sgd_step(planes, g.data_ptr(), _grad_bits(g), work[0].data_ptr() if work else 0,
+                                         self._step_count(state), group["lr"], group["momentum"],
+                                         group["dampening"], group["weight_decay"], group["nesterov"],
+                                         self.loss_scale, clip, skip_nonfinite=False, **self._placement(p))
         state["step"].fill_(float(step))
 
