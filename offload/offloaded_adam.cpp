@@ -10,6 +10,7 @@
 
 #include "offload/state_home.hpp"
 #include "stowage/device_handles.hpp"
+#include "stowage/device_optimizers.hpp"
 #include "stowage/offload.hpp"
 
 namespace stowage {
@@ -178,13 +179,14 @@ struct OffloadedAdam::Impl {
     }
   }
 
-  // Gradient check on the host (before anything is written), when asked for.
+  // Gradient check before anything is written, when asked for: on the host where it reads the
+  // device's memory, else on the device (a kernel into a flag, waited for).
   bool nonfinite(const TensorView& grad, Stream compute, const GradScaling& scaling) {
     if (!scaling.skip_nonfinite) return false;
-    if (!dev.properties().host_accessible)
-      throw Unsupported(
-          "offloaded Adam checks gradients on the host; on this device pass skip_nonfinite = false "
-          "and check them before the step");
+    if (!dev.properties().host_accessible) {
+      const TensorView flag = TensorView::empty(allocator, DType::i32, {1}, compute);
+      return any_nonfinite(dev, compute, DeviceGrad{grad.data(), grad.dtype()}, numel, flag.data_as<int>());
+    }
     dev.synchronize(compute);
     return any_nonfinite(HostGrad{grad.data(), grad.dtype()}, 0, numel);
   }
@@ -288,10 +290,6 @@ StepResult OffloadedAdam::step(ParameterBucket& weights, const TensorView& grad,
 StepResult OffloadedAdam::step(const TensorView& fp32_weights, const TensorView& grad, const AdamOptions& options,
                                const GradScaling& scaling, OptimizerState& state) {
   Impl& s = *impl_;
-  if (!s.dev.properties().host_accessible)
-    throw Unsupported(
-        "offloaded Adam on plain fp32 weights runs where the device is host-accessible; "
-        "use split-storage weights (ParameterBucket) on this device");
   if (fp32_weights.dtype() != DType::f32 || !fp32_weights.is_contiguous() ||
       static_cast<std::size_t>(fp32_weights.numel()) != s.numel)
     throw InvalidArgument(fmt::format("offloaded Adam: weights must be contiguous f32 of {} elements", s.numel));
@@ -303,13 +301,11 @@ StepResult OffloadedAdam::step(const TensorView& fp32_weights, const TensorView&
   const auto* g = static_cast<const char*>(grad.data());
   const std::size_t isz = itemsize(grad.dtype());
   const DType gt = grad.dtype();
+  // The device's own kernels (host ones on a host-accessible device's stream, CUDA's on a GPU).
   s.run_step(compute, [&](std::size_t i, const TensorView& m, const TensorView& v) {
     const std::size_t begin = i * s.options.chunk_elements, len = s.chunks[i].len;
-    float* mp = m.data_as<float>();
-    float* vp = v.data_as<float>();
-    s.dev.launch_host(compute, [=] {
-      adam_step_range_fp32(w + begin, HostGrad{g + begin * isz, gt}, mp, vp, 0, len, sc);
-    });
+    adam_step_range_fp32(s.dev, compute, w + begin, DeviceGrad{g + begin * isz, gt}, m.data_as<float>(),
+                         v.data_as<float>(), 0, len, sc);
   });
   ++state.step;
   return {true, false, state.step};

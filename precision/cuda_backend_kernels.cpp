@@ -28,6 +28,10 @@ const DeviceKernels& cuda_device_kernels() {
         const cuda_precision::CurrentDevice on(d.ordinal());
         cuda_precision::adam(a, b, e, native(s));
       },
+      [](Device& d, Stream s, const AdamArgs& a, float* params, std::size_t b, std::size_t e) {
+        const cuda_precision::CurrentDevice on(d.ordinal());
+        cuda_precision::adam_fp32(a, params, b, e, native(s));
+      },
       [](Device& d, Stream s, const SgdArgs& a, std::size_t b, std::size_t e) {
         const cuda_precision::CurrentDevice on(d.ordinal());
         cuda_precision::sgd(a, b, e, native(s));

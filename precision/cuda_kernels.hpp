@@ -27,6 +27,8 @@ void merge(const SplitPlanes& src, float* dst, std::size_t begin, std::size_t en
 // Sets *flag (device memory, int) to 1 when a gradient in [begin, end) is Inf or NaN.
 void any_nonfinite(const void* grad, bool bf16, std::size_t begin, std::size_t end, int* flag, void* stream);
 void adam(const detail::AdamArgs& a, std::size_t begin, std::size_t end, void* stream);
+// Adam on a plain fp32 array (a.w unused): the same update, for fp32 masters (optimizer offload).
+void adam_fp32(const detail::AdamArgs& a, float* params, std::size_t begin, std::size_t end, void* stream);
 void sgd(const detail::SgdArgs& a, std::size_t begin, std::size_t end, void* stream);
 
 }  // namespace stowage::cuda_precision

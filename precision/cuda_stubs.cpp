@@ -18,6 +18,7 @@ void split(const float*, const SplitPlanes&, std::size_t, std::size_t, void*) { 
 void merge(const SplitPlanes&, float*, std::size_t, std::size_t, void*) { no_cuda("merge"); }
 void any_nonfinite(const void*, bool, std::size_t, std::size_t, int*, void*) { no_cuda("any_nonfinite"); }
 void adam(const detail::AdamArgs&, std::size_t, std::size_t, void*) { no_cuda("adam"); }
+void adam_fp32(const detail::AdamArgs&, float*, std::size_t, std::size_t, void*) { no_cuda("adam_fp32"); }
 void sgd(const detail::SgdArgs&, std::size_t, std::size_t, void*) { no_cuda("sgd"); }
 }  // namespace stowage::cuda_precision
 #endif

@@ -21,6 +21,9 @@ struct DeviceKernels {
   void (*any_nonfinite)(Device& device, Stream stream, const void* grad, bool bf16, std::size_t begin, std::size_t end,
                         int* flag);
   void (*adam)(Device& device, Stream stream, const AdamArgs& args, std::size_t begin, std::size_t end);
+  // Adam on a plain fp32 master array `params` (args.w unused), the same update as `adam`.
+  void (*adam_fp32)(Device& device, Stream stream, const AdamArgs& args, float* params, std::size_t begin,
+                    std::size_t end);
   void (*sgd)(Device& device, Stream stream, const SgdArgs& args, std::size_t begin, std::size_t end);
 };
 

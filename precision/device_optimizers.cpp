@@ -93,4 +93,15 @@ StepResult sgd_step(Device& device, Stream stream, const SplitPlanes& w, DeviceG
   return r;
 }
 
+void adam_step_range_fp32(Device& device, Stream stream, float* params, DeviceGrad grad, float* m, float* v,
+                          std::size_t begin, std::size_t end, const AdamScalars& scalars) {
+  if (end <= begin) return;
+  const bool bf16 = grad_bf16(grad, end, "adam_step_range_fp32(device)");
+  detail::check_pointer(params, 4, "adam: fp32 weights");
+  detail::check_pointer(m, 4, "adam: m (exp_avg)");
+  detail::check_pointer(v, 4, "adam: v (exp_avg_sq)");
+  const detail::AdamArgs args{{}, grad.data, bf16, m, v, scalars};
+  detail::device_kernels(device).adam_fp32(device, stream, args, params, begin, end);
+}
+
 }  // namespace stowage

@@ -25,6 +25,9 @@ const DeviceKernels& host_device_kernels() {
       [](Device& d, Stream s, const AdamArgs& a, std::size_t b, std::size_t e) {
         d.launch_host(s, [a, b, e] { kernels().adam(a, b, e); });
       },
+      [](Device& d, Stream s, const AdamArgs& a, float* params, std::size_t b, std::size_t e) {
+        d.launch_host(s, [a, params, b, e] { kernels().adam_fp32(a, params, b, e); });
+      },
       [](Device& d, Stream s, const SgdArgs& a, std::size_t b, std::size_t e) {
         d.launch_host(s, [a, b, e] { kernels().sgd(a, b, e); });
       },

@@ -149,6 +149,56 @@ TEST_P(DeviceOptimizers, InfGradientSkipsTheStepOnTheDevice) {
   EXPECT_EQ(fetch<std::uint16_t>(p.bf16, 2 * n), before);
 }
 
+// With the finite check off, NaN and Inf gradients of every payload class make non-finite weights,
+// and the bf16 plane must show them: a NaN as 0x7FC0, not as the -0 that CUDA's arithmetic NaN
+// (0x7FFFFFFF) would split into. Bit-identical to the host kernels, AdamW and SGD, both roundings.
+TEST_P(DeviceOptimizers, NanGradientsWithTheCheckOffLeaveNanInTheBf16Plane) {
+  const std::vector<std::uint32_t> bad = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFFBFFFFFu,
+                                          0x7FFFFFFFu, 0x7F800000u, 0xFF800000u};
+  for (Rounding r : {Rounding::half_up, Rounding::nearest_even}) {
+    for (int opt = 0; opt < 2; ++opt) {
+      SCOPED_TRACE(std::string(to_string(r)) + (opt ? " sgd" : " adamw"));
+      ParameterBucket bucket(*alloc_, kParams, {.rounding = r});
+      const std::size_t n = bucket.numel();
+      std::vector<float> init(n, 0.25f), g(n, 0.01f);
+      for (std::size_t i = 0; i < bucket.size(); ++i) bucket.write_fp32(i, init.data(), bucket.slot(i).numel);
+      std::vector<std::size_t> at;
+      for (std::size_t k = 0; k < bad.size(); ++k) {
+        at.push_back(bucket.slot(0).offset + 3 * k);
+        g[at.back()] = std::bit_cast<float>(bad[k]);
+      }
+      HostCopy host(n, r);  // the bucket's masters, padding (zeros) included
+      std::vector<float> master(n, 0.0f);
+      for (std::size_t i = 0; i < bucket.size(); ++i) {
+        const ParameterSlot& s = bucket.slot(i);
+        bucket.read_fp32(i, master.data() + s.offset, s.numel);
+      }
+      split(master.data(), host.view);
+      std::vector<float> m(n, 0.0f), v(n, 0.0f);
+      TensorView dg = upload(g, DType::f32), dm = upload(m, DType::f32), dv = upload(v, DType::f32);
+      const GradScaling off{.skip_nonfinite = false};
+      OptimizerState hs, ds;
+      StepResult hr, dr;
+      if (opt == 0) {
+        hr = adam_step(host.view, HostGrad{g.data(), DType::f32}, m.data(), v.data(), {}, off, hs);
+        dr = adam_step(bucket, dg, dm, dv, {}, off, ds);
+      } else {
+        hr = sgd_step(host.view, HostGrad{g.data(), DType::f32}, m.data(), {.lr = 0.1f, .momentum = 0.9f}, off, hs);
+        dr = sgd_step(bucket, dg, dm, {.lr = 0.1f, .momentum = 0.9f}, off, ds);
+      }
+      ASSERT_TRUE(hr.applied && dr.applied);
+      const SplitPlanes p = bucket.planes();
+      const auto bf16 = fetch<std::uint16_t>(p.bf16, n);
+      for (std::size_t i : at) {  // NaN as the canonical 0x7FC0; SGD turns an Inf gradient into an Inf weight
+        EXPECT_EQ(bf16[i] & 0x7F80u, 0x7F80u) << "element " << i << " reads as finite";
+        if ((bf16[i] & 0x7Fu) != 0) EXPECT_EQ(bf16[i], 0x7FC0u) << "element " << i;
+      }
+      EXPECT_EQ(bf16, host.hi);
+      EXPECT_EQ(fetch<std::uint16_t>(p.residual, n), host.lo);
+    }
+  }
+}
+
 // A parameter's bf16 weights leave as an ordinary DLPack bf16 tensor over the shared storage.
 TEST_P(DeviceOptimizers, Bf16ViewExportsThroughDlpack) {
   ParameterBucket bucket(*alloc_, kParams);

@@ -62,8 +62,8 @@ class OffloadedAdam {
   // pin throws the device's error; each chunk is then where it was, or fully moved, never lost.
   void replace(OffloadOptions options);
 
-  // One AdamW/Adam step on the weights' stream. Split-storage weights run on every backend;
-  // plain fp32 weights (a contiguous f32 tensor) run where the device is host-accessible.
+  // One AdamW/Adam step on the weights' stream, with the device's kernels: split-storage weights,
+  // or plain fp32 weights (a contiguous f32 tensor; the same update).
   // grad: contiguous f32 or bf16 of numel elements on the same device.
   StepResult step(ParameterBucket& weights, const TensorView& grad, const AdamOptions& options,
                   const GradScaling& scaling, OptimizerState& state);

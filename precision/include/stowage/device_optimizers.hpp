@@ -38,4 +38,10 @@ StepResult adam_step(Device& device, Stream stream, const SplitPlanes& weights, 
 StepResult sgd_step(Device& device, Stream stream, const SplitPlanes& weights, DeviceGrad grad, float* momentum_buffer,
                     const SgdOptions& options, const GradScaling& scaling, OptimizerState& state, int* flag);
 
+// Adam on elements [begin, end) of a plain fp32 master array in device memory (params, grad, m and
+// v indexed alike), queued on `stream`: optimizers.hpp's adam_step_range_fp32 where the device's
+// kernels run. No finite check, no state change.
+void adam_step_range_fp32(Device& device, Stream stream, float* params, DeviceGrad grad, float* m, float* v,
+                          std::size_t begin, std::size_t end, const AdamScalars& scalars);
+
 }  // namespace stowage
