@@ -7,11 +7,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import stowage  # noqa: E402
 from stowage import InvalidArgumentError, UnsupportedError  # noqa: E402
 from stowage.torch import demo, gpt  # noqa: E402
 from stowage.torch.adaptor import apply  # noqa: E402
 
-B, S, FFN, LAYERS = 4, 32, 256, 2
+B, S, FFN, LAYERS, HIDDEN, HEADS = 4, 32, 256, 2, 64, 4
+# Swap and offload move bytes to host memory, on the CPU stowage's (an emulated device's).
+emulated = pytest.mark.skipif(stowage.using_cuda(), reason="the CPU demo's host memory is stowage's emulated "
+                                                           "device; this libstowage uses CUDA")
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +45,82 @@ def test_recompute_releases_each_mlp_activation_output(results):
     saved = results["baseline"]["saved_activation_bytes"] - results["recompute"]["saved_activation_bytes"]
     assert saved == per + 2 * per
     assert saved >= results["recompute"]["predicted_saving_bytes"] == LAYERS * per
-    both = results["baseline"]["boundary_bytes"] - results["all"]["boundary_bytes"]
-    assert both == saved + (results["baseline"]["weight_bytes"] - results["shared"]["weight_bytes"])
+
+
+def attention_storages():
+    """Bytes of the distinct storages the attention modules save for backward in one forward of
+    the demo's (bf16) model, parameters' storages aside: what swapping them takes off the boundary."""
+    data, vocab = gpt.batches(gpt.corpus(), S, B, 1, seed=1)
+    torch.manual_seed(0)
+    model = gpt.GPT(vocab, S, hidden=HIDDEN, layers=LAYERS, ffn=FFN).to(torch.bfloat16)
+    meter = demo.SavedBytes(model.parameters())
+    for block in model.blocks:
+        original = block.attn.forward
+
+        def forward(*args, __original=original):
+            with meter.hooks():
+                return __original(*args)
+        block.attn.forward = forward
+    out = model(data[0][0])
+    return meter.bytes(), out
+
+
+@emulated
+def test_swap_takes_what_attention_saves_off_the_boundary(results):
+    # Per layer: the QKV input, the reshaped Q, K and V, the 1/sqrt(d) scalar, the causal mask, the
+    # softmax output and the projection's input, all swapped; the prediction keeps the prefetch
+    # window's layer (and counts the two norms' inputs, which this swap leaves).
+    inside, _ = attention_storages()
+    assert inside == LAYERS * (4 * B * S * HIDDEN * 2 + B * S * HIDDEN * 2 + 8 + S * S + B * HEADS * S * S * 2)
+    saved = results["baseline"]["saved_activation_bytes"] - results["swap"]["saved_activation_bytes"]
+    assert saved == inside
+    predicted = results["swap"]["predicted_saving_by_technique"]["swap_attention"]
+    assert predicted == results["swap"]["predicted_saving_bytes"] == (LAYERS - 1) * B * S * (14 * HIDDEN +
+                                                                                            2 * HEADS * S)
+    assert results["baseline"]["boundary_bytes"] - results["swap"]["boundary_bytes"] == saved >= predicted
+    assert results["swap"]["swapped_activation_bytes"] >= saved  # the host copies (each saved view whole)
+    assert results["swap"]["weight_bytes"] == results["baseline"]["weight_bytes"]
+
+
+@emulated
+def test_offload_takes_eight_bytes_of_adamw_state_per_parameter_off_the_boundary(results):
+    n = results["baseline"]["parameters"]
+    assert results["baseline"]["optimizer_state_bytes"] == results["shared"]["optimizer_state_bytes"] == 8 * n
+    off = results["offload"]
+    assert off["optimizer_state_bytes"] == 0 and off["offloaded_state_bytes"] == 8 * n
+    assert results["shared"]["boundary_bytes"] - off["boundary_bytes"] == 8 * n
+    assert off["predicted_saving_by_technique"] == {"shared_storage": 2 * n - n // 8, "optimizer_offload": 8 * n}
+    assert results["baseline"]["boundary_bytes"] - off["boundary_bytes"] == off["predicted_saving_bytes"]
+
+
+@emulated
+def test_offload_under_a_budget_keeps_the_parameters_that_fit_in_order(results):
+    budget = 300_000
+    r = demo.run("offload", steps=2, seq=S, batch=B, layers=LAYERS, ffn=FFN, offload_budget=budget)
+    assert r["losses"] == results["baseline"]["losses"][:2]
+    _, vocab = gpt.batches(gpt.corpus(), S, B, 1)
+    left = budget  # the documented policy: each parameter in order stays if its state fits in what is left
+    for p in gpt.GPT(vocab, S, hidden=HIDDEN, layers=LAYERS, ffn=FFN).parameters():
+        if 8 * p.numel() <= left:
+            left -= 8 * p.numel()
+    n = r["parameters"]
+    assert r["optimizer_state_bytes"] == budget - left and r["offloaded_state_bytes"] == 8 * n - (budget - left)
+    assert r["predicted_saving_by_technique"]["optimizer_offload"] == 8 * n - budget
+    assert results["shared"]["boundary_bytes"] - r["boundary_bytes"] == r["offloaded_state_bytes"] >= 8 * n - budget
+
+
+@emulated
+def test_all_the_techniques_add_up(results):
+    base, every = results["baseline"], results["all"]
+    alone = {c: base["boundary_bytes"] - results[c]["boundary_bytes"] for c in ("shared", "recompute", "swap")}
+    alone["offload"] = results["shared"]["boundary_bytes"] - results["offload"]["boundary_bytes"]
+    assert base["boundary_bytes"] - every["boundary_bytes"] == sum(alone.values())
+    assert every["predicted_saving_by_technique"] == {**results["shared"]["predicted_saving_by_technique"],
+                                                      **results["recompute"]["predicted_saving_by_technique"],
+                                                      **results["swap"]["predicted_saving_by_technique"],
+                                                      **results["offload"]["predicted_saving_by_technique"]}
+    assert sum(alone.values()) >= every["predicted_saving_bytes"] == sum(
+        every["predicted_saving_by_technique"].values())
 
 
 def test_the_demo_command_prints_json_with_its_schema(capsys):
@@ -52,8 +130,10 @@ def test_the_demo_command_prints_json_with_its_schema(capsys):
     assert [r["config"] for r in out["results"]] == ["baseline", "all"]
     assert out["results"][1]["same_losses_as_baseline"] is True
     assert out["results"][1]["measured_saving_bytes"] > 0
-    with pytest.raises(ValueError, match="not one of"):
-        demo.run("swap")
+    assert {"offloaded_state_bytes", "swapped_activation_bytes", "predicted_saving_by_technique"} <= set(
+        out["results"][1])
+    with pytest.raises(ValueError, match="'zero3' is not one of baseline, shared, recompute, swap, offload, all"):
+        demo.run("zero3")
 
 
 def test_apply_refuses_what_it_cannot_do_and_leaves_the_model_as_it_was():
@@ -129,7 +209,14 @@ def test_the_predictions_are_stowage_estimates_own(results, tmp_path):
                                   "num_hidden_layers": LAYERS, "vocab_size": vocab, "max_position_embeddings": S,
                                   "hidden_act": "gelu"}))
     out = subprocess.run([tool, "estimate", "--model-json", str(config), "--seq", str(S), "--micro-batch", str(B),
-                          "--json"], capture_output=True, text=True, check=True).stdout
-    predicted = json.loads(out)["baseline"]["activations"]["mlp_activation_output"]
+                          "--no-flash-attention", "--swap-attention", "--prefetch-window", "1", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    est = json.loads(out)
+    predicted = est["baseline"]["activations"]["mlp_activation_output"]
     assert predicted == results["recompute"]["predicted_saving_bytes"]
     assert results["baseline"]["saved_activation_bytes"] - results["recompute"]["saved_activation_bytes"] >= predicted
+    # Its swap-attention term (the demo's attention is unfused: no flash attention) is the swap
+    # prediction.
+    attention = [est[k]["activations"]["attention"] + est[k]["activations"]["core_attention"]
+                 for k in ("baseline", "per_device")]
+    assert attention[0] - attention[1] == results["swap"]["predicted_saving_bytes"]
