@@ -247,10 +247,15 @@ TEST(CapiPrecision, StepsQueuedOnADeviceStreamAreTheHostSteps) {
       refused(stowage_adam_step_async(99, nullptr, &dev, dgrad, 32, dm, dv, &o, nullptr, &dev_step), "device 99"));
   EXPECT_TRUE(
       refused(stowage_adam_step_async(0, nullptr, &dev, dgrad, 8, dm, dv, &o, nullptr, &dev_step), "grad_bits 8"));
-  EXPECT_TRUE(refused(stowage_synchronize(0, reinterpret_cast<void*>(0xdead)), "stream"));
+  // A stream that was destroyed (a made-up handle is not detectable on CUDA: the runtime
+  // dereferences what it is given, docs of Device::check_stream).
+  const stowage::Stream gone = d.create_stream();
+  d.destroy_stream(gone);
+  void* gone_native = stowage::native(gone);
+  EXPECT_TRUE(refused(stowage_synchronize(0, gone_native), "stream"));
   const stowage_grad_scaling unchecked{1.0f, 1.0f, 0};
   EXPECT_TRUE(refused(
-      stowage_adam_step_async(0, reinterpret_cast<void*>(0xdead), &dev, dgrad, 32, dm, dv, &o, &unchecked, &dev_step),
+      stowage_adam_step_async(0, gone_native, &dev, dgrad, 32, dm, dv, &o, &unchecked, &dev_step),
       "stream"));  // refused before a kernel is queued on it, with the finite check off too
   // A refused call allocates nothing (the finite check's flag comes after the argument checks).
   const std::int64_t allocations = allocations_made();
