@@ -20,6 +20,7 @@ import time
 SIZES = [512, 64 << 10, 1 << 20, 8 << 20]
 PAIRS = 20000
 REPEATS = 7
+ROUNDS = 3
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = {  # name: (how stowage is enabled, PYTORCH_CUDA_ALLOC_CONF)
     "torch": (None, ""), "torch_expandable": (None, "expandable_segments:True"),
@@ -77,14 +78,14 @@ def trace_peak(mode):
     return stowage.torch.max_memory_reserved()
 
 
-def child(mode):
+def child(mode, trace):
     enable(mode)
-    return {"pairs": pair_times(), "trace_peak": trace_peak(mode)}
+    return {"pairs": pair_times(), "trace_peak": trace_peak(mode) if trace else None}
 
 
 def main():
-    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
-        print("RESULT " + json.dumps(child(sys.argv[2])))
+    if len(sys.argv) >= 4 and sys.argv[1] == "--child":
+        print("RESULT " + json.dumps(child(sys.argv[2], sys.argv[3] == "trace")))
         return 0
     try:
         import torch
@@ -96,17 +97,27 @@ def main():
         return 0
     env = dict(os.environ, STOWAGE_LIBRARY=os.path.abspath(sys.argv[1]),
                PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    results = {}
-    for mode, (_, conf) in MODES.items():
-        run = subprocess.run([sys.executable, __file__, "--child", mode], capture_output=True, text=True,
-                             env=dict(env, PYTORCH_CUDA_ALLOC_CONF=conf))
-        lines = [l for l in run.stdout.splitlines() if l.startswith("RESULT ")]
-        if run.returncode != 0 or not lines:
-            print(f"{mode} run failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}")
-            return 1
-        r = json.loads(lines[-1][len("RESULT "):])
-        results[mode] = {"pairs": {int(k): v for k, v in r["pairs"].items()}, "trace_peak": r["trace_peak"]}
-    print(f"GPU: {torch.cuda.get_device_name(0)}; PyTorch {torch.__version__}; median of {REPEATS} x {PAIRS} pairs\n")
+    # The modes take turns, ROUNDS times, each run a fresh process: a pair's time is the median over
+    # the rounds of each run's median, so one slow process (placement, clocks) does not decide it.
+    runs = {mode: [] for mode in MODES}
+    trace = {}
+    for round_ in range(ROUNDS):
+        for mode, (_, conf) in MODES.items():
+            what = "trace" if round_ == 0 else "pairs"
+            run = subprocess.run([sys.executable, __file__, "--child", mode, what], capture_output=True, text=True,
+                                 env=dict(env, PYTORCH_CUDA_ALLOC_CONF=conf))
+            lines = [l for l in run.stdout.splitlines() if l.startswith("RESULT ")]
+            if run.returncode != 0 or not lines:
+                print(f"{mode} run failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}")
+                return 1
+            r = json.loads(lines[-1][len("RESULT "):])
+            runs[mode].append({int(k): v for k, v in r["pairs"].items()})
+            if r["trace_peak"] is not None:
+                trace[mode] = r["trace_peak"]
+    results = {mode: {"pairs": {size: sorted(run[size] for run in runs[mode])[ROUNDS // 2] for size in SIZES},
+                      "trace_peak": trace[mode]} for mode in MODES}
+    print(f"GPU: {torch.cuda.get_device_name(0)}; PyTorch {torch.__version__}; median over {ROUNDS} interleaved "
+          f"processes of the median of {REPEATS} x {PAIRS} pairs\n")
     print("| size | PyTorch ns/pair | stowage shim ns/pair | shim / PyTorch | stowage plain ns/pair | plain / PyTorch |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in SIZES:

@@ -9,7 +9,8 @@
 #                                  there: `stowage info`, ctest, tests/integration/torch_pluggable.py
 #                                  and the GPU benchmarks (GPU_CHECK_PHASES picks some); logs are
 #                                  packed into $OUT/gpu-check.tgz (or ./gpu-check-out), a summary is
-#                                  printed last
+#                                  printed last; then, here, `python3 bench/gpu_results.py --logs DIR`
+#                                  (DIR: the unpacked archive) writes RESULTS.md's GPU section
 #
 # The GPU machine has the CUDA driver, cmake and PyTorch but none of the Debian libraries, hence
 # the library folder. A CMake build holds absolute paths, so `run` unpacks it at the path it was
@@ -43,6 +44,9 @@ prepare() {
   mkdir -p "$CARRY"
   echo "$ROOT" > "$CARRY/gpu-check.source_dir"
   echo "$BUILD" > "$CARRY/gpu-check.build_dir"
+  # The commit the build is of, for the results (bench/gpu_results.py); "+changes" when the tree differs.
+  { git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > "$CARRY/gpu-check.commit"
+  git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo -n "+changes" >> "$CARRY/gpu-check.commit"
   # Paths stored without the leading '/': `run` unpacks with -C / to the same place.
   tar -C / -cJf "$ARCHIVE" --exclude=CMakeFiles --exclude=Testing --exclude='*.o' --exclude='*.a' \
     "${BUILD#/}"
@@ -58,10 +62,11 @@ prepare() {
 
 run() {
   # GPU_CHECK_PHASES picks what runs (default: all): tests (stowage info, ctest), torch
-  # (tests/integration/torch_pluggable.py), bench (the BM_Cuda* benchmarks, offload_tool --cuda,
-  # bench/torch_allocator_bench.py). Logs go to a work folder packed into $OUT/gpu-check.tgz
+  # (tests/integration/torch_pluggable.py, the Python package's tests), sanitize (compute-sanitizer's
+  # memcheck, racecheck and synccheck over the CUDA test instances), bench (the BM_Cuda*
+  # benchmarks, offload_tool --cuda, bench/torch_allocator_bench.py, bench/torch_techniques_bench.py). Logs go to a work folder packed into $OUT/gpu-check.tgz
   # (a device machine returns few files), and summary.txt beside it.
-  local phases=" ${GPU_CHECK_PHASES:-tests torch bench} "
+  local phases=" ${GPU_CHECK_PHASES:-tests torch sanitize bench} "
   local out=${OUT:-$ROOT/gpu-check-out}
   local logs=${TMPDIR:-/tmp}/gpu-check-logs  # outside $out: only the archive and summary come back
   rm -rf "$logs" && mkdir -p "$logs" "$out"
@@ -80,37 +85,87 @@ run() {
     -name 'libnccl.so.2' 2>/dev/null | head -1)
   [[ -n $nccl ]] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$nccl")
   export STOWAGE_LOG_LEVEL=${STOWAGE_LOG_LEVEL:-off}
-  local rc info_rc=- ctest_rc=- torch_rc=- bench_rc=-
+  local rc info_rc=- ctest_rc=- torch_rc=- bench_rc=- sanitize_rc=-
   # Packed after every phase, so a command stopped at its time limit still returns what ran.
   pack() { tar -C "$logs" -czf "$out/gpu-check.tgz" .; }
 
+  printf 'date=%s\ncommit=%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(cat "$CARRY/gpu-check.commit" 2>/dev/null)" \
+    > "$logs/run.meta"
   { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv;
     echo "nccl: ${nccl:-not found}"; nproc; } > "$logs/gpu.txt" 2>&1
 
-  if [[ $phases == *" tests "* ]]; then
+  # The tests and the PyTorch tests check correctness, not speed: they run side by side. Each
+  # writes its exit status to a file (a background job's variables do not come back).
+  phase_tests() {
     "$build/stowage" info > "$logs/info.txt" 2>&1
-    info_rc=$?
-    # install builds a consumer against the Debian packages, and layering runs /usr/bin/cmake: the
-    # GPU machine has neither (both are source checks that CI runs).
-    (cd "$build" && timeout "${CTEST_TIMEOUT:-420}" ctest --output-on-failure -j"${CTEST_JOBS:-8}" --timeout 240 \
-      -E "${CTEST_EXCLUDE:-^(install|layering)}" ${CTEST_ARGS:-}) > "$logs/ctest.log" 2>&1
-    ctest_rc=$?
-    pack
-  fi
-
-  if [[ $phases == *" torch "* ]]; then
-    PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/tests/integration/torch_pluggable.py" "$build/libstowage.so" \
+    echo $? > "$logs/info.rc"
+    # install builds a consumer against the Debian packages, which the GPU machine lacks; python_package
+    # runs the build machine's /usr/bin/python3 (the torch phase runs the same tests with this python3).
+    # layering and exported_symbols run cmake at the build machine's path: link the GPU machine's there.
+    [[ -x /usr/bin/cmake ]] || ln -s "$(command -v cmake)" /usr/bin/cmake 2>/dev/null
+    (cd "$build" && timeout "${CTEST_TIMEOUT:-300}" ctest --output-on-failure -j"${CTEST_JOBS:-8}" --timeout 240 \
+      -E "${CTEST_EXCLUDE:-^(install.*|python_package)$}" ${CTEST_ARGS:-}) > "$logs/ctest.log" 2>&1
+    echo $? > "$logs/ctest.rc"
+  }
+  phase_torch() {
+    PYTHONUNBUFFERED=1 timeout 200 python3 "$ROOT/tests/integration/torch_pluggable.py" "$build/libstowage.so" \
       > "$logs/torch.log" 2>&1
-    torch_rc=$?
+    local r=$?
     # The Python package's tests, GPU ones included (the shim compiles against this torch).
+    # test_torch_gpu.py fills the GPU on purpose (out of memory): it runs after the ctest phase.
     if python3 -c "import pytest" 2>/dev/null; then
-      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONPATH="$ROOT/python" timeout 900 \
-        python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/python/tests" > "$logs/pytest.log" 2>&1 || torch_rc=$?
+      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONPATH="$ROOT/python" timeout "${PYTEST_TIMEOUT:-330}" \
+        python3 -m pytest -q -rs -p no:cacheprovider --ignore="$ROOT/python/tests/test_torch_gpu.py" \
+        "$ROOT/python/tests" > "$logs/pytest.log" 2>&1 || r=$?
     else
       echo "pytest is not installed for $(command -v python3)" > "$logs/pytest.log"
     fi
-    pack
+    echo $r > "$logs/torch.rc"
+  }
+  # compute-sanitizer over the CUDA instances of the suites whose kernels stowage writes: memcheck
+  # on each, racecheck and synccheck on those with warp-level or shared-memory code.
+  phase_sanitize() {
+    local cs r=0 tool bin
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+    if [[ ! -x $cs ]]; then
+      echo "compute-sanitizer not found" > "$logs/sanitize.log"
+      echo 2 > "$logs/sanitize.rc"
+      return
+    fi
+    # The NCCL registration test is left out: NCCL's own start-up probes kernel images it was not
+    # built for, which memcheck reports as API errors in libnccl.
+    local filter='*cuda*:*Cuda*:*CUDA*:*StepsQueuedOnADeviceStream*:-*RegistersWithNccl*'
+    local kernels="precision_device_split_test precision_device_optimizers_test precision_bucket_test
+      recompute_activations_test offload_optimizer_test"
+    local others="capi_precision_test allocator_cuda_test offload_swap_schedule_test recompute_memory_test"
+    for tool in memcheck racecheck synccheck; do
+      for bin in $kernels $([[ $tool == memcheck ]] && echo "$others"); do
+        echo "== $tool $bin" >> "$logs/sanitize.$tool.log"
+        if timeout 150 "$cs" --tool "$tool" --error-exitcode 97 "$build/tests/$bin" --gtest_filter="$filter" \
+          >> "$logs/sanitize.$tool.log" 2>&1; then
+          echo "clean: $tool $bin" >> "$logs/sanitize.log"
+        else
+          echo "FAILED ($?): $tool $bin" >> "$logs/sanitize.log"
+          r=1
+        fi
+      done
+    done
+    echo $r > "$logs/sanitize.rc"
+  }
+  [[ $phases == *" tests "* ]] && phase_tests &
+  [[ $phases == *" torch "* ]] && phase_torch &
+  [[ $phases == *" sanitize "* ]] && phase_sanitize &
+  wait
+  [[ -f $logs/sanitize.rc ]] && sanitize_rc=$(cat "$logs/sanitize.rc")
+  [[ -f $logs/info.rc ]] && info_rc=$(cat "$logs/info.rc")
+  [[ -f $logs/ctest.rc ]] && ctest_rc=$(cat "$logs/ctest.rc")
+  [[ -f $logs/torch.rc ]] && torch_rc=$(cat "$logs/torch.rc")
+  if [[ $phases == *" torch "* ]] && python3 -c "import pytest" 2>/dev/null; then
+    STOWAGE_LIBRARY="$build/libstowage.so" PYTHONPATH="$ROOT/python" timeout 240 \
+      python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/python/tests/test_torch_gpu.py" > "$logs/pytest_gpu.log" 2>&1 ||
+      torch_rc=$?
   fi
+  pack
 
   if [[ $phases == *" bench "* ]]; then
     bench_rc=0
@@ -128,8 +183,22 @@ run() {
       # shellcheck disable=SC2086
       timeout 120 "$build/bench/offload_tool" --cuda 1 --steps 5 $sizes || bench_rc=$?
     done > "$logs/offload_tool.gpu.md" 2>&1
-    PYTHONUNBUFFERED=1 timeout 120 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
+    PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
       > "$logs/torch_allocator_bench.txt" 2>&1 || bench_rc=$?
+    pack
+    # The PyTorch techniques on the small GPT, with PyTorch's allocator and with stowage's.
+    local allocator
+    for allocator in pytorch stowage; do
+      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
+        --allocator $allocator --json "$logs/torch_techniques.$allocator.json" > "$logs/torch_techniques.$allocator.txt" 2>&1 ||
+        bench_rc=$?
+      pack
+    done
+    # Optimizer-state offload against shared storage on device, with gradient accumulation 4.
+    STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
+      --accumulate 4 --steps 12 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
+      --json "$logs/torch_techniques.offload.json" > "$logs/torch_techniques.offload.txt" 2>&1 || bench_rc=$?
+    pack
   fi
 
   {
@@ -145,12 +214,17 @@ run() {
         "$(grep -c '\*\*\*Skipped' <<<"$cuda_lines") skipped"
     fi
     [[ $torch_rc != - ]] && echo "torch: exit $torch_rc; $(tail -1 "$logs/torch.log")"
+    [[ -f $logs/pytest.log ]] && echo "pytest: $(tail -1 "$logs/pytest.log"); gpu: $(tail -1 "$logs/pytest_gpu.log" 2>/dev/null)"
+    grep -hE '^(FAILED|ERROR) ' "$logs/pytest.log" "$logs/pytest_gpu.log" 2>/dev/null | head -20
+    for f in "$logs"/torch_techniques.*.txt; do [[ -f $f ]] && { echo "== $(basename "$f")"; tail -9 "$f"; }; done
+    [[ $sanitize_rc != - ]] && echo "sanitize: exit $sanitize_rc; $(grep -c '^clean' "$logs/sanitize.log") clean," \
+      "$(grep -c '^FAILED' "$logs/sanitize.log") failed" && grep '^FAILED' "$logs/sanitize.log"
     [[ $bench_rc != - ]] && echo "bench: exit $bench_rc"
   } > "$logs/summary.txt"
   cp "$logs/summary.txt" "$out/summary.txt"
   pack
   cat "$out/summary.txt"
-  for rc in $info_rc $ctest_rc $torch_rc $bench_rc; do [[ $rc == - || $rc == 0 ]] || return 1; done
+  for rc in $info_rc $ctest_rc $torch_rc $sanitize_rc $bench_rc; do [[ $rc == - || $rc == 0 ]] || return 1; done
 }
 
 case "${1:-}" in

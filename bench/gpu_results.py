@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Writes the GPU section of bench/RESULTS.md from one run of `scripts/gpu-check.sh run`: its logs
+folder (gpu-check.tgz unpacked). Every ratio is between two results of that run. The rest of the
+file is kept; the section sits between the gpu-section markers that bench/report.py also keeps.
+
+    python3 bench/gpu_results.py --logs DIR [--out bench/RESULTS.md] [--date YYYY-MM-DD]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import GPU_BEGIN, GPU_END, Bench, num, ratio, real_ns, size_name, table, times  # noqa: E402
+
+
+def text(logs: Path, name: str) -> str:
+    p = logs / name
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
+def machine(logs: Path) -> str:
+    gpu = text(logs, "gpu.txt").splitlines()
+    csv = next((line for line in gpu if "," in line and not line.startswith("name")), "")
+    fields = [f.strip() for f in csv.split(",")]
+    cores = next((line for line in gpu if line.strip().isdigit()), "?")
+    name = fields[0] if fields and fields[0] else (gpu[0] if gpu else "unknown GPU")
+    driver = f", driver {fields[1]}" if len(fields) > 1 else ""
+    return f"{name}{driver}, {cores} CPU cores"
+
+
+def tests(logs: Path) -> str:
+    ctest = text(logs, "ctest.log")
+    lines = []
+    summary = re.findall(r"\d+% tests passed, \d+ tests? failed out of \d+", ctest)
+    if summary:
+        lines.append(f"- ctest (CUDA backend, every suite): {summary[-1]}.")
+    failed = re.findall(r"^\s+\d+ - (.*) \((Failed|SEGFAULT|Timeout|Not Run|Exception|Subprocess aborted)\)$", ctest,
+                        re.M)
+    for name, why in failed:
+        lines.append(f"  - failed: `{name}` ({why})")
+    cuda = re.findall(r"Test +#\d+: (\S*cuda\S*) .*?(Passed|\*\*\*Skipped|\*\*\*Failed|\*\*\*Exception)", ctest, re.I)
+    if cuda:
+        counts = {k: sum(1 for _, r in cuda if k in r) for k in ("Passed", "Skipped", "Failed", "Exception")}
+        lines.append(f"- of them CUDA instances: {counts['Passed']} passed, {counts['Failed'] + counts['Exception']} "
+                     f"failed, {counts['Skipped']} skipped.")
+    skipped = re.findall(r"^\s+\d+ - (\S*cuda\S*) .*\(Skipped\)$", ctest, re.M | re.I)
+    for name in skipped:
+        lines.append(f"  - skipped: `{name}`")
+    sanitize = text(logs, "sanitize.log").splitlines()
+    if sanitize:
+        runs = {tool: sum(1 for line in sanitize if f" {tool} " in line + " ") for tool in ("memcheck", "racecheck",
+                                                                                             "synccheck")}
+        bad = [line for line in sanitize if not line.startswith("clean")]
+        lines.append(f"- compute-sanitizer over the CUDA test instances (memcheck {runs['memcheck']}, racecheck "
+                     f"{runs['racecheck']}, synccheck {runs['synccheck']} test programs): "
+                     f"{len(sanitize) - len(bad)} clean, {len(bad)} not.")
+        lines += [f"  - {line}" for line in bad]
+    for log, what in (("pytest.log", "the Python package's tests (CPU and CUDA tensors)"),
+                      ("pytest_gpu.log", "the drop-in's GPU tests (tests/test_torch_gpu.py)")):
+        last = [line for line in text(logs, log).splitlines() if re.search(r"\d+ (passed|failed)", line)]
+        if last:
+            lines.append(f"- {what}: {last[-1].strip('= ')}.")
+    return "\n".join(lines) if lines else "No test log in this run."
+
+
+def allocator(logs: Path) -> str:
+    b = Bench(logs / "allocator_bench.gpu.json")
+    if not b.runs:
+        return ""
+    rows = []
+    for size in (512, 64 << 10, 1 << 20, 8 << 20):
+        t = {k: real_ns(b.find(rf"BM_CudaCachedPair_{k}/{size}/")) for k in
+             ("Stowage", "StowageClassic", "CudaMallocAsync", "CudaMalloc")}
+        rows.append([size_name(size), num(t["Stowage"]), num(t["StowageClassic"]), num(t["CudaMallocAsync"]),
+                     num(t["CudaMalloc"]), times(ratio(t["CudaMallocAsync"], t["Stowage"])),
+                     times(ratio(t["CudaMalloc"], t["Stowage"]))])
+    rnd = {k: real_ns(b.find(rf"BM_CudaRandom_{k}/")) for k in ("Stowage", "StowageClassic", "CudaMallocAsync",
+                                                                   "CudaMalloc")}
+    out = ["### Allocator: cached alloc+free pair on GPU 0 (median host ns)", "",
+           table(["size", "stowage", "stowage classic", "cudaMallocAsync", "cudaMalloc", "cudaMallocAsync / stowage",
+                  "cudaMalloc / stowage"], rows), ""]
+    if rnd["Stowage"]:
+        out.append(f"Random-size program (4,096 operations): stowage {num(rnd['Stowage'] / 1e3)} µs; classic "
+                   f"{times(ratio(rnd['StowageClassic'], rnd['Stowage']))}, cudaMallocAsync "
+                   f"{times(ratio(rnd['CudaMallocAsync'], rnd['Stowage']))}, cudaMalloc "
+                   f"{times(ratio(rnd['CudaMalloc'], rnd['Stowage']))} the time.")
+    return "\n".join(out)
+
+
+def precision(logs: Path) -> str:
+    b = Bench(logs / "precision_bench.gpu.json")
+    cp = b.find(r"BM_CudaCopyD2D")
+    if cp is None:
+        return ""
+    copy_gbs = cp.get("bytes_per_second", 0) / 1e9
+    rows = [["device-to-device copy (peer)", "—", num(real_ns(cp) / 1e6), num(copy_gbs), "1.00×"]]
+    for bm, label in (("BM_CudaSplit", "split"), ("BM_CudaMerge", "merge"), ("BM_CudaAdamWFused", "fused AdamW")):
+        for arg in (0, 1):
+            x = b.find(rf"{bm}/{arg}")
+            gbs = None if x is None else x.get("bytes_per_second", 0) / 1e9
+            rows.append([label, x.get("label", str(arg)) if x else str(arg),
+                         num(None if x is None else real_ns(x) / 1e6), num(gbs), times(ratio(gbs, copy_gbs))])
+    return "\n".join(["### Split storage and fused AdamW vs a D2D copy (64 Mi elements, random data, CUDA events)", "",
+                      "GB/s counts the bytes each kernel must read and write once.", "",
+                      table(["kernel", "rounding", "ms", "GB/s", "vs D2D copy"], rows, "llrrr")])
+
+
+def offload(logs: Path) -> str:
+    b = Bench(logs / "offload_bench.gpu.json")
+    out = []
+    rows = []
+    for size in (64 << 10, 256 << 10, 1 << 20, 4 << 20):
+        pool = real_ns(b.find(rf"BM_CudaHostPool/{size}"))
+        each = real_ns(b.find(rf"BM_CudaHostAllocPerBuffer/{size}"))
+        if pool or each:
+            rows.append([size_name(size), num(pool), num(each), times(ratio(each, pool))])
+    if rows:
+        out += ["### Pinned host memory: allocate+free (median ns)", "",
+                table(["size", "stowage pinned pool", "cudaHostAlloc + cudaFreeHost", "ratio"], rows), ""]
+    swap = text(logs, "offload_tool.gpu.md").strip()
+    if swap:
+        out += ["### Swap over the real link (`offload_tool --cuda 1`)", "", swap, ""]
+    return "\n".join(out).rstrip()
+
+
+def torch_allocator(logs: Path) -> str:
+    bench = text(logs, "torch_allocator_bench.txt").strip()
+    pluggable = text(logs, "torch.log").strip()
+    out = []
+    if bench:
+        out += ["### PyTorch drop-in: allocation pair and peak reserved (`bench/torch_allocator_bench.py`)", "", bench, ""]
+    if pluggable:
+        out += ["### PyTorch drop-in: a transformer trained (`tests/integration/torch_pluggable.py`)", "", pluggable, ""]
+    return "\n".join(out).rstrip()
+
+
+def techniques(logs: Path) -> str:
+    out = []
+    for run in ("pytorch", "stowage", "offload"):
+        p = logs / f"torch_techniques.{run}.json"
+        if not p.exists():
+            continue
+        data = json.loads(p.read_text())
+        args, results = data["args"], data["results"]
+        first = next(iter(results.values()))
+        rows = []
+        for c, r in results.items():
+            peer = r.get("same_losses_as_peer")
+            same = "—" if peer is None else ("yes" if peer else "**no**")
+            rows.append([c, same, num(r["step_ms"]), times(r.get("step_ratio_vs_torch")),
+                         num(r["boundary_allocated"] / 2 ** 20), num((r.get("boundary_saving_vs_torch") or 0) / 2 ** 20),
+                         num(r["peak_allocated"] / 2 ** 20), num(r["swapped_bytes"] / 2 ** 20 / max(1, args["steps"]))])
+        allocator, accumulate = args["allocator"], args.get("accumulate", 1)
+        command = f"--allocator {allocator}" + (f" --accumulate {accumulate} --configs {args['configs']}"
+                                                  if run == "offload" else "")
+        out += [f"### PyTorch techniques on the small GPT, {allocator} allocator, {accumulate} micro-batch(es) a step "
+                f"(`bench/torch_techniques_bench.py {command}`)", "",
+                f"{first['parameters']:,} parameters, batch {args['batch']} × sequence {args['seq']}, {args['layers']} "
+                f"layers, hidden {args['hidden']}, ffn {args['ffn']}; {args['steps']} optimizer steps of "
+                f"{args.get('accumulate', 1)} micro-batch(es), median step time after two warm-up steps. "
+                "'boundary' is the device bytes allocated at the last step's forward/backward boundary; 'saved' is "
+                "torch's boundary less this one. Losses are compared with the configuration's peer (see the script).",
+                "", table(["config", "same losses", "step ms", "vs torch", "boundary MiB", "saved MiB", "peak MiB",
+                           "swapped MiB/step"], rows), ""]
+    return "\n".join(out).rstrip()
+
+
+def section(logs: Path, date: str, commit: str) -> str:
+    parts = [f"## GPU\n\nMachine: {machine(logs)}; {date}; commit `{commit}`. Written by `bench/gpu_results.py` "
+             "from the logs of `scripts/gpu-check.sh run` (its tests, torch and bench phases); every ratio is "
+             "between two results of that run.",
+             "### Tests\n\n" + tests(logs), allocator(logs), torch_allocator(logs), techniques(logs), precision(logs),
+             offload(logs)]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--logs", type=Path, required=True, help="the unpacked gpu-check.tgz")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "RESULTS.md")
+    ap.add_argument("--date", default=None, help="the run's date (default: the logs' commit file or 'unknown')")
+    args = ap.parse_args(argv)
+    if not (args.logs / "gpu.txt").exists():
+        ap.error(f"{args.logs} holds no gpu.txt: not a gpu-check logs folder")
+    meta = dict(line.split("=", 1) for line in text(args.logs, "run.meta").splitlines() if "=" in line)
+    body = section(args.logs, args.date or meta.get("date", "unknown date"), meta.get("commit", "unknown"))
+    old = args.out.read_text() if args.out.exists() else ""
+    i, j = old.find(GPU_BEGIN), old.find(GPU_END)
+    new_section = f"{GPU_BEGIN}\n{body}{GPU_END}"
+    new = old[:i] + new_section + old[j + len(GPU_END):] if 0 <= i < j else old.rstrip() + "\n\n" + new_section + "\n"
+    args.out.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

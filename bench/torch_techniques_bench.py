@@ -1,0 +1,231 @@
+"""stowage's PyTorch techniques on a GPU: the small GPT (stowage.torch.gpt) at a size that keeps
+an H100 busy, trained in each configuration against plain PyTorch in the same process.
+
+    python3 bench/torch_techniques_bench.py [--allocator pytorch|stowage] [--steps 20] [--accumulate 1] [--json FILE]
+
+Configurations (each a fresh model from the same seed, the same batches):
+  torch      plain PyTorch mixed precision: the model in bf16, fp32 masters stepped by
+             torch.optim.AdamW(fused=True), copied back rounded to nearest even. Time and memory peer.
+  reference  the same with stowage.torch.reference.MasterWeightsOptimizer (AdamW one PyTorch
+             operation per line of the fused kernels' order). The loss peer of shared and all.
+  shared     SharedStorageAdamW (stowage.torch.adaptor.apply): bf16 weights are the masters' high halves.
+  offload_mapped    shared, with AdamW's m and v in pinned host memory that the fused kernel reads
+                    and writes over the link (state_offload="mapped").
+  offload_streamed  shared, with m and v in pinned host memory copied through one device scratch
+                    per parameter at each step (state_offload="streamed").
+  recompute  torch + recompute_activations (GeLU and SwiGLU outputs released, recomputed in backward).
+  swap       torch + the attention output swapped (what each attention's output projection saves:
+             its input, b x s x hidden bf16) to pinned host memory, prefetch distance 1.
+  swap_full  torch + everything attention saves swapped (its s x s scores and probabilities too):
+             shows what the link costs when the swapped bytes outgrow the compute that hides them.
+  all        shared + recompute + swap.
+  torch_again  torch once more, last: the spread between the two is the run's timing noise.
+
+Per configuration: the losses (identical to the peer's or not), the median time of an optimizer
+step (its micro-batches' forward and backward, and the update) after two warm-up steps, the device bytes allocated at the forward/backward boundary (after
+the queued copies are done) and the peak allocated over a step, from the allocator in use.
+Deterministic settings: CUBLAS_WORKSPACE_CONFIG=:4096:8 and torch.use_deterministic_algorithms.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
+import torch  # noqa: E402
+
+CONFIGS = ("torch", "reference", "shared", "offload_mapped", "offload_streamed", "recompute", "swap", "swap_full",
+           "all", "torch_again")
+# Whose losses each must equal. reference and torch differ by design: torch.optim.AdamW(fused=True)
+# orders its operations its own way (stowage.torch.reference says how).
+LOSS_PEER = {"shared": "reference", "offload_mapped": "reference", "offload_streamed": "reference", "recompute": "torch", "swap": "torch", "swap_full": "torch", "all": "reference",
+             "torch_again": "torch"}
+
+
+class TorchMixedPrecision:
+    """fp32 masters stepped by torch.optim.AdamW(fused=True where the device has it); bf16 params."""
+
+    def __init__(self, params, lr):
+        self.params = list(params)
+        self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        for p in self.params:
+            p.data = p.detach().to(torch.bfloat16)
+        fused = self.masters[0].is_cuda
+        self.opt = torch.optim.AdamW(self.masters, lr=lr, fused=fused) if fused else torch.optim.AdamW(self.masters, lr=lr)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        for p, m in zip(self.params, self.masters):
+            m.grad = p.grad.float()
+        self.opt.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                p.copy_(m)
+                m.grad = None
+
+
+class Meter:
+    """Bytes allocated now and the peak since reset, from PyTorch's allocator or stowage's."""
+
+    def __init__(self, device, allocator):
+        self.cuda = device.type == "cuda"
+        self.stowage = allocator == "stowage"
+        if self.stowage:
+            import stowage.torch as st
+            self.st = st
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def allocated(self):
+        if not self.cuda:
+            return 0
+        self.sync()
+        return self.st.memory_allocated() if self.stowage else torch.cuda.memory_allocated()
+
+    def reset_peak(self):
+        if self.cuda:
+            self.sync()
+            (self.st.reset_peak_memory_stats if self.stowage else torch.cuda.reset_peak_memory_stats)()
+
+    def peak(self):
+        if not self.cuda:
+            return 0
+        self.sync()
+        return self.st.max_memory_allocated() if self.stowage else torch.cuda.max_memory_allocated()
+
+
+def run(config, device, meter, args):
+    from stowage.torch import gpt
+    from stowage.torch.adaptor import apply
+    from stowage.torch.reference import MasterWeightsOptimizer
+
+    data, vocab = gpt.batches(gpt.corpus(), args.seq, args.batch, args.steps * args.accumulate, seed=1)
+    data = [(x.to(device), y.to(device)) for x, y in data]
+    torch.manual_seed(0)
+    model = gpt.GPT(vocab, args.seq, hidden=args.hidden, heads=args.heads, layers=args.layers, ffn=args.ffn).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    shared = config in ("shared", "all", "offload_mapped", "offload_streamed")
+    offload = config.split("_")[1] if config.startswith("offload_") else "none"
+    recompute = config in ("recompute", "all")
+    swap = config in ("swap", "swap_full", "all")
+    outputs = [f"blocks.{i}.attn.proj" for i in range(args.layers)] if config != "swap_full" else []
+    adamw = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    applied = apply(model, adamw, shared_storage=shared, recompute=recompute,
+                    recompute_activation_types=(torch.nn.GELU, gpt.SwiGLU), swap=swap, swap_prefetch=1,
+                    swap_names=outputs, state_offload=offload)
+    if shared:
+        opt = applied.optimizer
+    elif config == "reference":
+        opt = MasterWeightsOptimizer(model.parameters(), lr=args.lr)
+    else:
+        opt = TorchMixedPrecision(model.parameters(), lr=args.lr)
+    losses, times, boundary, peak = [], [], 0, 0
+    for step in range(args.steps):
+        opt.zero_grad()
+        meter.reset_peak()
+        meter.sync()
+        t0 = time.perf_counter()
+        for micro in range(args.accumulate):  # gradients accumulate over the micro-batches
+            x, y = data[step * args.accumulate + micro]
+            logits = model(x)
+            if step == args.steps - 1 and micro == 0:
+                boundary = meter.allocated()  # synchronizes: the last step is left out of the times
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+            loss.backward()
+            losses.append(loss.item())  # synchronizes
+        opt.step()
+        meter.sync()
+        t1 = time.perf_counter()
+        if 2 <= step < args.steps - 1:
+            times.append(t1 - t0)
+        peak = max(peak, meter.peak())
+    stats = applied.swap.stats if applied.swap is not None else None
+    applied.remove()
+    del model, opt, applied, adamw, data
+    return {
+        "config": config,
+        "parameters": params,
+        "losses": losses,
+        "step_ms": 1e3 * statistics.median(times) if times else None,
+        "step_ms_all": [1e3 * t for t in times],
+        "boundary_allocated": boundary,
+        "peak_allocated": peak,
+        "swapped_bytes": stats.bytes_to_host if stats else 0,
+        "prefetched": stats.prefetched if stats else 0,
+        "on_demand": stats.on_demand if stats else 0,
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--allocator", choices=("pytorch", "stowage"), default="pytorch")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--steps", type=int, default=20, help="optimizer steps")
+    ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--ffn", type=int, default=4096)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    configs = [c for c in args.configs.split(",") if c]
+    for c in configs:
+        if c not in CONFIGS:
+            ap.error(f"unknown config {c!r}; choose from {', '.join(CONFIGS)}")
+    if args.steps < 4 or args.accumulate < 1:
+        ap.error("--steps must be at least 4 (two warm-up steps, one timed, one measured), --accumulate at least 1")
+    device = torch.device(args.device)
+    if args.allocator == "stowage":
+        import stowage.torch as st
+        st.enable(shim="required")
+    torch.use_deterministic_algorithms(True)
+    meter = Meter(device, args.allocator)
+    results = {}
+    for c in configs:
+        results[c] = run("torch" if c == "torch_again" else c, device, meter, args)
+        results[c]["config"] = c
+        if device.type == "cuda":
+            torch.cuda.empty_cache() if args.allocator == "pytorch" else __import__("stowage.torch").torch.empty_cache()
+    peer = results.get("torch")
+    print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
+          f"allocator {args.allocator}, {next(iter(results.values()))['parameters']:,} parameters, "
+          f"batch {args.batch} x seq {args.seq}, {args.layers} layers")
+    print(f"{'config':<17} {'same losses as':>15} {'step ms':>8} {'x torch':>8} {'boundary MiB':>13} "
+          f"{'saved MiB':>10} {'peak MiB':>9} {'swapped MiB':>12}")
+    for c, r in results.items():
+        loss_peer = LOSS_PEER.get(c)
+        same = "-" if loss_peer not in results else (
+            f"{loss_peer}: {'yes' if r['losses'] == results[loss_peer]['losses'] else 'NO'}")
+        r["same_losses_as_peer"] = None if loss_peer not in results else r["losses"] == results[loss_peer]["losses"]
+        ratio = r["step_ms"] / peer["step_ms"] if peer and r["step_ms"] and peer["step_ms"] else None
+        r["step_ratio_vs_torch"] = ratio
+        saved = peer["boundary_allocated"] - r["boundary_allocated"] if peer else None
+        r["boundary_saving_vs_torch"] = saved
+        mib = 1 << 20
+        print(f"{c:<17} {same:>15} {r['step_ms'] or 0:>8.2f} {ratio or 0:>8.3f} {r['boundary_allocated'] / mib:>13.1f} "
+              f"{(saved or 0) / mib:>10.1f} {r['peak_allocated'] / mib:>9.1f} {r['swapped_bytes'] / mib:>12.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"schema": "stowage.torch_techniques_bench/1", "args": vars(args), "results": results}, f, indent=1)
+    bad = [c for c, r in results.items() if r["same_losses_as_peer"] is False]
+    if bad:
+        print(f"losses differ from the peer's in: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
