@@ -39,11 +39,17 @@ class _Bucket:
         self.bf16 = torch.zeros(n, dtype=torch.bfloat16, device=self.device)
         self.residual = torch.zeros(n, dtype=torch.int16, device=self.device)
         self.ties = torch.zeros(max(precision.tie_bitmap_bytes(n, rounding), 1), dtype=torch.uint8, device=self.device)
+        self._made = {}
 
     def planes(self, index, numel):
-        """The C struct for parameter `index` (numel elements), in the bucket's memory."""
-        off = self.offsets[index]
-        return self._planes(self.bf16[off:], self.residual[off:], self.ties[off // 8:], numel)
+        """The C struct for parameter `index` (numel elements), in the bucket's memory (made once:
+        the planes never move)."""
+        key = (index, numel)
+        made = self._made.get(key)
+        if made is None:
+            off = self.offsets[index]
+            made = self._made[key] = self._planes(self.bf16[off:], self.residual[off:], self.ties[off // 8:], numel)
+        return made
 
     def _planes(self, bf16, residual, ties, numel):
         tie_ptr = ties.data_ptr() if self.rounding == "nearest_even" else 0
@@ -127,6 +133,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self.skip_nonfinite = skip_nonfinite
         self.loss_scale = loss_scale
         self.last_step_skipped = False
+        self._where_now = {}
         self._buckets, self._flat, self._where, self._homes = [], [], {}, homes
         # Every parameter is checked before any moves, so a refusal changes nothing.
         if isinstance(params, (set, frozenset)):
@@ -256,6 +263,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         if self.last_step_skipped:
             return loss
         clip = self._clip_coef(grads)
+        self._where_now = {}  # each device's placement, looked up once a step
         for group, bucket, i, p, g in grads:
             self._update(group, bucket.planes(i, p.numel()), p, g, clip)
         return loss
@@ -265,17 +273,29 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         host = [g for g in grads if g.device.type == "cpu"]
         if any(precision.any_nonfinite(g.data_ptr(), _grad_bits(g), g.numel()) for g in host):
             return True
-        # Device gradients: one reduction each on their streams, one wait for all.
-        flags = [torch.isfinite(g).all() for g in grads if g.device.type != "cpu"]
-        return bool(flags) and not bool(torch.stack(flags).all())
+        # Device gradients: per device, one multi-tensor check (what torch.cuda.amp.GradScaler runs:
+        # it multiplies by the scale, here 1, which changes no value), then one wait for all.
+        found = []
+        for dev, dtype in dict.fromkeys((g.device, g.dtype) for g in grads if g.device.type != "cpu"):
+            mine = [g for g in grads if g.device == dev and g.dtype == dtype]
+            if hasattr(torch, "_amp_foreach_non_finite_check_and_unscale_"):
+                flag = torch.zeros(1, dtype=torch.float32, device=dev)
+                torch._amp_foreach_non_finite_check_and_unscale_(mine, flag, torch.ones(1, device=dev))
+                found.append(flag[0] != 0)
+            else:
+                found += [~torch.isfinite(g).all() for g in mine]
+        return bool(found) and bool(torch.stack(found).any())
 
-    @staticmethod
-    def _placement(p):
+    def _placement(self, p):
         """Where the kernel runs: the host (None), or a CUDA device's current stream."""
         if p.device.type == "cpu":
             return {}
-        return {"device": p.device.index if p.device.index is not None else torch.cuda.current_device(),
+        where = self._where_now.get(p.device)
+        if where is None:
+            where = self._where_now[p.device] = {
+                "device": p.device.index if p.device.index is not None else torch.cuda.current_device(),
                 "stream": torch.cuda.current_stream(p.device).cuda_stream}
+        return where
 
     def _step_count(self, state):
         return int(state["step"].item()) if "step" in state else 0
