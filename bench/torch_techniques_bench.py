@@ -129,7 +129,13 @@ def run(config, device, meter, args):
     else:
         opt = TorchMixedPrecision(model.parameters(), lr=args.lr)
     losses, times, boundary, peak = [], [], 0, 0
+    profiled = None
     for step in range(args.steps):
+        profiling = config in args.profile and step == args.steps - 2  # a timed step, after the warm-up
+        if profiling:
+            profiled = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
+                [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
+            profiled.__enter__()
         opt.zero_grad()
         meter.reset_peak()
         meter.sync()
@@ -145,9 +151,15 @@ def run(config, device, meter, args):
         opt.step()
         meter.sync()
         t1 = time.perf_counter()
-        if 2 <= step < args.steps - 1:
+        if profiling:
+            profiled.__exit__(None, None, None)
+        elif 2 <= step < args.steps - 1:
             times.append(t1 - t0)
         peak = max(peak, meter.peak())
+    if profiled is not None:
+        sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        print(f"== profile of one step of {config} (wall {1e3 * (t1 - t0):.2f} ms with the profiler)")
+        print(profiled.key_averages().table(sort_by=sort, row_limit=args.profile_rows))
     stats = applied.swap.stats if applied.swap is not None else None
     applied.remove()
     del model, opt, applied, adamw, data
@@ -180,8 +192,12 @@ def main(argv=None):
     ap.add_argument("--ffn", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--profile", default="", help="comma-separated configs whose second-to-last step is profiled "
+                    "(torch.profiler; its table printed, the step left out of the times)")
+    ap.add_argument("--profile-rows", type=int, default=25)
     args = ap.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
+    args.profile = [c for c in args.profile.split(",") if c]
     for c in configs:
         if c not in CONFIGS:
             ap.error(f"unknown config {c!r}; choose from {', '.join(CONFIGS)}")

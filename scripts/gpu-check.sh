@@ -190,7 +190,8 @@ run() {
     local allocator
     for allocator in pytorch stowage; do
       STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
-        --allocator $allocator --json "$logs/torch_techniques.$allocator.json" > "$logs/torch_techniques.$allocator.txt" 2>&1 ||
+        --allocator $allocator $([[ $allocator == pytorch ]] && echo "--profile torch,shared,swap") \
+        --json "$logs/torch_techniques.$allocator.json" > "$logs/torch_techniques.$allocator.txt" 2>&1 ||
         bench_rc=$?
       pack
     done
@@ -216,7 +217,7 @@ run() {
     [[ $torch_rc != - ]] && echo "torch: exit $torch_rc; $(tail -1 "$logs/torch.log")"
     [[ -f $logs/pytest.log ]] && echo "pytest: $(tail -1 "$logs/pytest.log"); gpu: $(tail -1 "$logs/pytest_gpu.log" 2>/dev/null)"
     grep -hE '^(FAILED|ERROR) ' "$logs/pytest.log" "$logs/pytest_gpu.log" 2>/dev/null | head -20
-    for f in "$logs"/torch_techniques.*.txt; do [[ -f $f ]] && { echo "== $(basename "$f")"; tail -9 "$f"; }; done
+    for f in "$logs"/torch_techniques.*.txt; do [[ -f $f ]] && { echo "== $(basename "$f")"; tail -12 "$f"; }; done
     [[ $sanitize_rc != - ]] && echo "sanitize: exit $sanitize_rc; $(grep -c '^clean' "$logs/sanitize.log") clean," \
       "$(grep -c '^FAILED' "$logs/sanitize.log") failed" && grep '^FAILED' "$logs/sanitize.log"
     [[ $bench_rc != - ]] && echo "bench: exit $bench_rc"
