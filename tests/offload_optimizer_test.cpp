@@ -400,7 +400,7 @@ TEST_P(OffloadOptimizer, FailureToMapPinOrCopyLeavesStatesWhereTheyWere) {
 // step refuses rather than mix weights and states of different steps.
 TEST_P(OffloadOptimizer, AStepThatFailsIsRetriedOrRefusedNeverSilentlyHalfApplied) {
   // No finite check: on a GPU it copies a flag back, and this test counts the step's copies.
-  const GradScaling unchecked{};
+  const GradScaling unchecked{.skip_nonfinite = false};
   const std::size_t n = 6 * kChunk;
   auto make = [&] {
     auto b =

@@ -12,18 +12,18 @@
 #include <string>
 #include <vector>
 
+#include "backend_test_util.hpp"
 #include "precision/device_kernels.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
-#include "stowage/emulated_device.hpp"
 #include "stowage/precision.hpp"
 #include "stowage/tensor.hpp"
 
 namespace stowage {
 namespace {
 
-// Host arrays of one case; `offset` elements into each allocation (1: no array 16-byte aligned).
+// The host arrays of one case: the fp32 values, both 16-bit planes and the tie bitmap.
 struct Arrays {
   std::vector<float> fp32;
   std::vector<std::uint16_t> hi, lo;
@@ -33,12 +33,10 @@ struct Arrays {
 class DeviceSplit : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "cuda") {
-      if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-      device_ = make_cuda_device(0);
-    } else {
-      device_ = make_emulated_device(0, {.capacity = std::size_t{1} << 30});
-    }
+    const bool cuda = GetParam() == "cuda";
+    if (cuda && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+    device_ = testing::make_test_device(cuda ? DeviceKind::cuda : DeviceKind::emulated,
+                                        {.capacity = std::size_t{1} << 30});
     alloc_ = std::make_unique<CachingAllocator>(*device_);
   }
   void TearDown() override {

@@ -14,6 +14,7 @@ import stowage  # noqa: E402
 from stowage import InvalidArgumentError  # noqa: E402
 from stowage.torch.adaptor import apply  # noqa: E402
 from stowage.torch.optim import SharedStorageAdamW, SharedStorageSGD  # noqa: E402
+from optim_training import batches, bits, make_model, train  # noqa: E402
 
 emulated = pytest.mark.skipif(stowage.using_cuda(), reason="the CPU path offloads to stowage's emulated device; "
                                                            "this libstowage uses CUDA")
@@ -38,35 +39,6 @@ SPLITS = {
     ("sgd", "mapped", 1500): ["mapped", "device", "device", "device"],
     ("sgd", "streamed", 4000): ["streamed", "device", "streamed", "streamed"],
 }
-
-
-def make_model(seed=0, device="cpu"):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 7)).to(device)
-
-
-def batches(n, seed=1, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(16, 24, generator=g).to(device), torch.randint(0, 7, (16,), generator=g).to(device))
-            for _ in range(n)]
-
-
-def train(model, opt, data, poison=()):
-    losses = []
-    for k, (x, y) in enumerate(data):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y)
-        loss.backward()
-        if k in poison:
-            next(model.parameters()).grad.view(-1)[3] = float("nan")
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-def bits(t):
-    t = t.detach().cpu().contiguous()
-    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
 
 
 def states(opt, model):

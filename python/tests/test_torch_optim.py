@@ -10,33 +10,7 @@ torch = pytest.importorskip("torch")
 from stowage import InvalidArgumentError, UnsupportedError  # noqa: E402
 from stowage.torch.optim import SharedStorageAdamW, SharedStorageSGD  # noqa: E402
 from stowage.torch.reference import MasterWeightsOptimizer  # noqa: E402
-
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 7))
-
-
-def batches(n, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(16, 24, generator=g), torch.randint(0, 7, (16,), generator=g)) for _ in range(n)]
-
-
-def train(model, opt, data, poison=()):
-    losses = []
-    for k, (x, y) in enumerate(data):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y)
-        loss.backward()
-        if k in poison:
-            next(model.parameters()).grad.view(-1)[3] = float("nan")
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-def bits(t):
-    return t.detach().contiguous().view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+from optim_training import batches, bits, make_model, train  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])

@@ -273,17 +273,9 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         host = [g for g in grads if g.device.type == "cpu"]
         if any(precision.any_nonfinite(g.data_ptr(), _grad_bits(g), g.numel()) for g in host):
             return True
-        # Device gradients: per device, one multi-tensor check (what torch.cuda.amp.GradScaler runs:
-        # it multiplies by the scale, here 1, which changes no value), then one wait for all.
-        found = []
-        for dev, dtype in dict.fromkeys((g.device, g.dtype) for g in grads if g.device.type != "cpu"):
-            mine = [g for g in grads if g.device == dev and g.dtype == dtype]
-            if hasattr(torch, "_amp_foreach_non_finite_check_and_unscale_"):
-                flag = torch.zeros(1, dtype=torch.float32, device=dev)
-                torch._amp_foreach_non_finite_check_and_unscale_(mine, flag, torch.ones(1, device=dev))
-                found.append(flag[0] != 0)
-            else:
-                found += [~torch.isfinite(g).all() for g in mine]
+        # Device gradients: one reduction each on their streams, one wait for all. (PyTorch's
+        # multi-tensor check, torch._amp_foreach_non_finite_check_and_unscale_, has no bf16 form.)
+        found = [~torch.isfinite(g).all() for g in grads if g.device.type != "cpu"]
         return bool(found) and bool(torch.stack(found).any())
 
     def _placement(self, p):
