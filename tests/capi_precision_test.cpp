@@ -254,9 +254,8 @@ TEST(CapiPrecision, StepsQueuedOnADeviceStreamAreTheHostSteps) {
   void* gone_native = stowage::native(gone);
   EXPECT_TRUE(refused(stowage_synchronize(0, gone_native), "stream"));
   const stowage_grad_scaling unchecked{1.0f, 1.0f, 0};
-  EXPECT_TRUE(refused(
-      stowage_adam_step_async(0, gone_native, &dev, dgrad, 32, dm, dv, &o, &unchecked, &dev_step),
-      "stream"));  // refused before a kernel is queued on it, with the finite check off too
+  EXPECT_TRUE(refused(stowage_adam_step_async(0, gone_native, &dev, dgrad, 32, dm, dv, &o, &unchecked, &dev_step),
+                      "stream"));  // refused before a kernel is queued on it, with the finite check off too
   // A refused call allocates nothing (the finite check's flag comes after the argument checks).
   const std::int64_t allocations = allocations_made();
   EXPECT_TRUE(

@@ -35,8 +35,8 @@ class DeviceSplit : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     const bool cuda = GetParam() == "cuda";
     if (cuda && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-    device_ = testing::make_test_device(cuda ? DeviceKind::cuda : DeviceKind::emulated,
-                                        {.capacity = std::size_t{1} << 30});
+    device_ =
+        testing::make_test_device(cuda ? DeviceKind::cuda : DeviceKind::emulated, {.capacity = std::size_t{1} << 30});
     alloc_ = std::make_unique<CachingAllocator>(*device_);
   }
   void TearDown() override {
