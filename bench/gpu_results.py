@@ -3,7 +3,7 @@
 folder (gpu-check.tgz unpacked). Every ratio is between two results of that run. The rest of the
 file is kept; the section sits between the gpu-section markers that bench/report.py also keeps.
 
-    python3 bench/gpu_results.py --logs DIR [--out bench/RESULTS.md] [--date YYYY-MM-DD]
+    python3 bench/gpu_results.py --logs DIR [DIR ...] [--out bench/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -143,6 +143,9 @@ def techniques(logs: Path) -> str:
     for run in ("pytorch", "stowage", "offload"):
         p = logs / f"torch_techniques.{run}.json"
         if not p.exists():
+            said = text(logs, f"torch_techniques.{run}.txt").strip().splitlines()
+            if said:
+                out += [f"### PyTorch techniques ({run} run): did not finish", "", f"`{said[-1].strip()}`", ""]
             continue
         data = json.loads(p.read_text())
         args, results = data["args"], data["results"]
@@ -169,25 +172,35 @@ def techniques(logs: Path) -> str:
     return "\n".join(out).rstrip()
 
 
-def section(logs: Path, date: str, commit: str) -> str:
-    parts = [f"## GPU\n\nMachine: {machine(logs)}; {date}; commit `{commit}`. Written by `bench/gpu_results.py` "
-             "from the logs of `scripts/gpu-check.sh run` (its tests, torch and bench phases); every ratio is "
-             "between two results of that run.",
-             "### Tests\n\n" + tests(logs), allocator(logs), torch_allocator(logs), techniques(logs), precision(logs),
-             offload(logs)]
-    return "\n\n".join(p for p in parts if p) + "\n"
+def run_meta(logs: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text(logs, "run.meta").splitlines() if "=" in line)
+
+
+def section(runs: list[Path]) -> str:
+    """One block per run (newest last); each ratio within a block is between results of that run."""
+    parts = ["## GPU\n\nWritten by `bench/gpu_results.py` from the logs of `scripts/gpu-check.sh run` (its tests, "
+             "torch, sanitize and bench phases); every ratio is between two results of the same run."]
+    for logs in runs:
+        meta = run_meta(logs)
+        blocks = [f"### Run of {meta.get('date', 'unknown date')}, commit `{meta.get('commit', 'unknown')}`\n\n"
+                  f"Machine: {machine(logs)}.", "#### Tests\n\n" + tests(logs), allocator(logs),
+                  torch_allocator(logs), techniques(logs), precision(logs), offload(logs)]
+        # The run's sub-sections sit one level below its heading.
+        parts.append("\n\n".join([blocks[0]] + [b.replace("### ", "#### ") if b.startswith("### ") else b
+                                                 for b in blocks[1:] if b]))
+    return "\n\n".join(parts) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--logs", type=Path, required=True, help="the unpacked gpu-check.tgz")
+    ap.add_argument("--logs", type=Path, nargs="+", required=True,
+                    help="unpacked gpu-check.tgz folders, one per run, oldest first")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "RESULTS.md")
-    ap.add_argument("--date", default=None, help="the run's date (default: the logs' commit file or 'unknown')")
     args = ap.parse_args(argv)
-    if not (args.logs / "gpu.txt").exists():
-        ap.error(f"{args.logs} holds no gpu.txt: not a gpu-check logs folder")
-    meta = dict(line.split("=", 1) for line in text(args.logs, "run.meta").splitlines() if "=" in line)
-    body = section(args.logs, args.date or meta.get("date", "unknown date"), meta.get("commit", "unknown"))
+    for logs in args.logs:
+        if not (logs / "gpu.txt").exists():
+            ap.error(f"{logs} holds no gpu.txt: not a gpu-check logs folder")
+    body = section(args.logs)
     old = args.out.read_text() if args.out.exists() else ""
     i, j = old.find(GPU_BEGIN), old.find(GPU_END)
     new_section = f"{GPU_BEGIN}\n{body}{GPU_END}"
