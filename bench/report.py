@@ -207,6 +207,38 @@ def allocator(r: Report) -> None:
     tool_section(r, "fragmentation_tool", "Fragmentation on a transformer training step",
                  "Peak reserved / peak allocated with classic segments (the peer) and expandable segments, "
                  "replaying a generated 24-layer training-step trace.")
+    allocator_threads(r)
+
+
+def allocator_threads(r: Report) -> None:
+    """allocator_threads_bench: cached pairs from 1, 2 and 8 threads on one device (total throughput,
+    Google Benchmark's items_per_second over all threads), against glibc and jemalloc in the same run."""
+    b = r.bench("allocator_threads_bench")
+    if not b.ok or not b.runs:
+        if (r.raw / "allocator_threads_bench.meta").exists():
+            r.add(r.missing("allocator_threads_bench"))
+        return
+    kinds = (("C ABI", "CApi"), ("C++ API", "Direct"), ("C++ API, no threads' caches", "NoCache"),
+             ("glibc", "Glibc"), ("jemalloc", "Jemalloc"))
+    rows = []
+    for n in (64 << 10, 1 << 20):
+        for label, key in kinds:
+            rate = {t: (b.find(rf"BM_ThreadsPair_{key}/{n}/real_time/threads:{t}$") or {}).get("items_per_second")
+                    for t in (1, 2, 8)}
+            one = b.find(rf"BM_ThreadsPair_{key}/{n}/real_time/threads:1$")
+            glibc = b.find(rf"BM_ThreadsPair_Glibc/{n}/real_time/threads:1$")
+            rows.append([size_name(n), label, num(real_ns(one)), times(ratio(real_ns(one), real_ns(glibc))),
+                         num(None if rate[1] is None else rate[1] / 1e6), times(ratio(rate[2], rate[1])),
+                         times(ratio(rate[8], rate[2]))])
+            if n == 64 << 10 and key == "CApi":
+                r.headline["threads_capi_vs_glibc"] = times(ratio(real_ns(one), real_ns(glibc)))
+                r.headline["threads_two_vs_one"] = times(ratio(rate[2], rate[1]))
+    r.add("### Threads on one device: cached pairs (`allocator_threads_bench`, medians)\n\n"
+          f"{r.command('allocator_threads_bench')}\n\nOne thread's pair in wall ns and against glibc's; total "
+          "throughput of two threads over one, and of eight over two (the issue's targets: one thread "
+          "≤ 2× glibc, two threads ≥ 1.5× one, eight no worse than two).\n\n" +
+          table(["size", "path", "1 thread ns/pair", "vs glibc", "1 thread M pairs/s", "2 threads / 1",
+                 "8 threads / 2"], rows, "llrrrrr"))
 
 
 def storage(r: Report) -> None:
