@@ -3,6 +3,12 @@ forward so it can be put back, and the handle that puts everything back."""
 from ..errors import InvalidArgumentError
 
 
+def storage_of(t):
+    """The tensor's bytes as an untyped storage: untyped_storage() from torch 2.0; 1.13 has only
+    the TypedStorage view of the same StorageImpl."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
+
+
 class WrapHandle:
     """.stats (the technique's statistics), .modules (the wrapped modules' names), .remove() (the
     model as it was). Also a context manager."""

@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from ..errors import InvalidArgumentError, StowageError
-from ._wrapping import WrapHandle, set_forward
+from ._wrapping import WrapHandle, set_forward, storage_of as _storage
 
 __all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute_activations",
            "DEFAULT_ACTIVATIONS"]
@@ -31,12 +31,6 @@ DEFAULT_ACTIVATIONS = (torch.nn.GELU, torch.nn.SiLU)
 
 
 _TENSOR = object()  # marks a tensor argument's place among fn's arguments
-
-
-def _storage(t):
-    """The tensor's bytes as an untyped storage: untyped_storage() from torch 2.0; 1.13 has only
-    the TypedStorage view of the same StorageImpl."""
-    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
 
 
 def _dense(t):

@@ -23,14 +23,9 @@ import torch
 from .. import dlpack as stowage_memory
 from .. import memory
 from ..errors import InvalidArgumentError
-from ._wrapping import WrapHandle, set_forward
+from ._wrapping import WrapHandle, set_forward, storage_of
 
 __all__ = ["swap_activations", "SwapHandle", "SwapStats"]
-
-
-def _storage_ptr(t):
-    # untyped_storage() from torch 2.0; 1.13 has the TypedStorage view of the same bytes.
-    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
 
 
 def _is_attention(module):
@@ -134,7 +129,7 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     if not chosen:
         raise InvalidArgumentError("swap_activations: no module was chosen (no *Attention class; name them)")
     # A parameter's storage, not the tensor: linear layers save views of their weights (weight.t()).
-    params = {_storage_ptr(p) for p in model.parameters()}
+    params = {storage_of(p).data_ptr() for p in model.parameters()}
     stats, copier, undo = SwapStats(), _Copier(), []
     # Each forward of the model gets its own list of its swapped module calls, in order, each a list
     # of weak references to its _Packed (autograd owns them, so a saved tensor's copies go when its
@@ -151,7 +146,7 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
 
     def make_hooks(calls, call):
         def pack(t):
-            if _storage_ptr(t) in params or t.numel() * t.element_size() < min_bytes:
+            if storage_of(t).data_ptr() in params or t.numel() * t.element_size() < min_bytes:
                 return t
             host, ready = copier.to_host(t)
             p = _Packed(host, t.device, ready, call)
