@@ -273,6 +273,8 @@ std::string CachingAllocator::Impl::describe_foreign(std::uintptr_t addr) const 
   for (const auto& s : expandable)
     if (s && in(*s)) seg = s.get();
   if (!seg) return fmt::format("stowage: free of {:#x}, which this allocator never gave out", addr);
+  if (seg->expandable && !seg->mapped((addr - seg->base) / seg->granule))
+    return fmt::format("stowage: double free of {:#x} (the memory was freed and given back to the device)", addr);
   for (const auto& pe : pending) {
     if (pe.block->addr == addr)
       return fmt::format("stowage: double free of {:#x} (already freed, pending on other streams)", addr);

@@ -1,6 +1,7 @@
 #pragma once
 // A block: a contiguous range inside a segment, either handed to a user, pending (freed but
 // still in use on other streams) or free. Blocks of one segment form an address-ordered list.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -36,6 +37,10 @@ struct alignas(64) Block {
   std::vector<Stream> uses;     // other streams it was recorded on
   std::string tag;
   Block* cache_next = nullptr;  // in a thread cache: the next block of its bin
+  // In a thread cache. Such a block stays filed in the live map (a fast free and the allocation
+  // that reuses it then skip the map), but is not live: every lookup checks this. Set under the
+  // block's shard lock; cleared by the cache's owner when it hands the block out again.
+  std::atomic<bool> cached{false};
   // Set when handed out: the block has address neighbours or lies in an expandable segment, so,
   // freed, it counts as split memory. Fixed while the block is live (only free blocks split or
   // merge), and read by the fast path without the device-wide lock instead of prev/next.

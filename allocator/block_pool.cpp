@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <new>
 
 #include "allocator/segment.hpp"
 #include "allocator/size_classes.hpp"
@@ -20,9 +22,13 @@ Block* BlockPool::new_block() {
 }
 
 void BlockPool::recycle(Block* b) {
-  b->uses.clear();
-  b->tag.clear();
-  *b = Block{.uses = std::move(b->uses), .tag = std::move(b->tag)};
+  // Fresh fields, keeping the capacity of the vector and string.
+  std::vector<Stream> uses = std::move(b->uses);
+  std::string tag = std::move(b->tag);
+  uses.clear();
+  tag.clear();
+  std::destroy_at(b);
+  ::new (b) Block{.uses = std::move(uses), .tag = std::move(tag)};
   spare_.push_back(b);
 }
 

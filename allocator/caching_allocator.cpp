@@ -241,19 +241,19 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
 void CachingAllocator::do_deallocate(void* ptr, std::size_t expected_bytes) {
   Impl& m = *impl_;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  // Under the block's shard lock: check it, and take it out of `live` when this thread may
-  // cache it (then no other thread can free it twice meanwhile).
+  // Under the block's shard lock: check it, and mark it cached when this thread may cache it
+  // (then no other thread can free it twice meanwhile).
   bool size_mismatch = false;
   bool taken = false;
   Block* b = m.live.with(addr, [&](detail::AddressMap& map) -> Block* {
     Block* found = map.find(addr);
-    if (found == nullptr) return nullptr;
+    if (found == nullptr || found->cached.load(std::memory_order_acquire)) return nullptr;
     if (expected_bytes != 0 && expected_bytes != found->requested && expected_bytes != found->size) {
       size_mismatch = true;
       return found;
     }
     if (m.cacheable(found)) {
-      map.erase(addr);
+      found->cached.store(true, std::memory_order_relaxed);
       taken = true;
     }
     return found;
@@ -271,13 +271,15 @@ void CachingAllocator::do_deallocate(void* ptr, std::size_t expected_bytes) {
     if (m.fast_free(b)) return;
     Impl::Exclusive ex(m);
     if (m.cache_freed(b)) return;
+    m.uncache(b);
     m.free_block(b);  // no other stream's use: nothing to record, so it cannot fail part-way
     return;
   }
   Impl::Exclusive ex(m);
-  b = m.live.with(addr, [&](detail::AddressMap& map) {
+  b = m.live.with(addr, [&](detail::AddressMap& map) -> Block* {
     Block* now = map.find(addr);
-    if (now != nullptr) map.erase(addr);
+    if (now == nullptr || now->cached.load(std::memory_order_acquire)) return nullptr;
+    map.erase(addr);
     return now;
   });
   if (b == nullptr) throw InvalidArgument(m.describe_foreign(addr));  // freed by another thread meanwhile
@@ -320,7 +322,7 @@ void CachingAllocator::do_record_stream(void* ptr, Stream stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const bool found = impl_->live.with(addr, [&](detail::AddressMap& map) {
     Block* b = map.find(addr);
-    if (b == nullptr) return false;
+    if (b == nullptr || b->cached.load(std::memory_order_acquire)) return false;
     if (stream != b->stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end())
       b->uses.push_back(stream);
     return true;
@@ -332,14 +334,18 @@ std::size_t CachingAllocator::block_size(const void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const std::size_t size = impl_->live.with(addr, [&](detail::AddressMap& map) -> std::size_t {
     const Block* b = map.find(addr);
-    return b != nullptr ? b->size : 0;
+    return b != nullptr && !b->cached.load(std::memory_order_acquire) ? b->size : 0;
   });
   if (size == 0) throw InvalidArgument(fmt::format("stowage: {} is not a live allocation of this allocator", ptr));
   return size;
 }
 
 bool CachingAllocator::owns(const void* ptr) const {
-  return impl_->live.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  return impl_->live.with(addr, [&](detail::AddressMap& map) {
+    const Block* b = map.find(addr);
+    return b != nullptr && !b->cached.load(std::memory_order_acquire);
+  });
 }
 
 void CachingAllocator::empty_cache() {
@@ -367,9 +373,7 @@ AllocatorStats CachingAllocator::stats() const {
 void CachingAllocator::reset_peak_stats() {
   Impl::Exclusive ex(*impl_);
   impl_->st.reset_peaks();
-  for (const auto& c : impl_->owner->caches)
-    for (auto& per_stat : c->headroom)
-      for (std::int64_t& h : per_stat) h = 0;  // total + headroom <= peak == total
+  for (const auto& c : impl_->owner->caches) c->revoke_headroom();  // total + headroom <= peak == total
 }
 
 }  // namespace stowage

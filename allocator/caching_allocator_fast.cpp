@@ -3,13 +3,15 @@
 //
 // Locks, always taken in this order: mu, then thread caches' locks, then live-map shards. A fast
 // operation holds its own cache's lock and at most one shard's.
+#include <algorithm>
+#include <limits>
+
 #include "allocator/caching_allocator_impl.hpp"
 #include "allocator/size_classes.hpp"
 
 namespace stowage {
 
 using detail::Block;
-using detail::FastDelta;
 using detail::ThreadCache;
 
 namespace {
@@ -19,10 +21,22 @@ struct TlsEntry {
   std::shared_ptr<ThreadCache> cache;
 };
 
+// The cache the thread used last, and for which allocator: one thread-local access on the hot
+// path (a thread-local with no destructor needs no guard). `owner` stays alive while an entry of
+// tls_caches names it, and the memo is cleared whenever entries go. `exited`: tls_caches is gone
+// (a later thread-local's destructor that frees takes the slow path).
+struct TlsMemo {
+  const detail::CacheOwner* owner;
+  ThreadCache* cache;
+  bool exited;
+};
+thread_local TlsMemo tls_memo{};
+
 // A thread's caches, one per allocator it used; given back to their allocators when it exits.
 struct TlsCaches {
   std::vector<TlsEntry> entries;
   ~TlsCaches() {
+    tls_memo = {nullptr, nullptr, true};
     for (TlsEntry& e : entries) {
       std::lock_guard lock(e.owner->mu);
       if (e.owner->allocator != nullptr) e.owner->retire(e.owner->allocator, e.cache);
@@ -41,30 +55,46 @@ void CachingAllocator::Impl::retire_cache(void* allocator, const std::shared_ptr
   for (const auto& c : m.owner->caches) c->lock.lock();
   m.fold_caches();
   for (Block* b : cache->take_all()) {
+    m.uncache(b);
     b->free_tick = ++m.tick;
     m.pool(b->pool).insert(b);
   }
   for (Pool p : {Pool::small, Pool::large}) m.sync_split_stat(p);
-  for (auto& per_stat : cache->headroom)
-    for (std::int64_t& h : per_stat) h = 0;
+  cache->revoke_headroom();
   cache->detached = true;
   for (const auto& c : m.owner->caches) c->lock.unlock();
   std::erase(m.owner->caches, cache);
 }
 
-Stat& CachingAllocator::Impl::fast_stat(int stat, int slot) {
-  StatArray* arrays[detail::kFastStats] = {&st.allocated_bytes, &st.active_bytes, &st.requested_bytes, &st.allocation,
-                                           &st.inactive_split_bytes};
-  StatArray& a = *arrays[stat];
-  return slot == 0 ? a.all : slot == 1 ? a.small_pool : a.large_pool;
+std::array<StatArray*, 2> CachingAllocator::Impl::leased_stats(int lease) {
+  switch (lease) {
+    case detail::kLeaseBytes: return {&st.allocated_bytes, &st.active_bytes};
+    case detail::kLeaseRequested: return {&st.requested_bytes, nullptr};
+    case detail::kLeaseCount: return {&st.allocation, nullptr};
+    default: return {&st.inactive_split_bytes, nullptr};
+  }
 }
 
 ThreadCache* CachingAllocator::Impl::thread_cache(bool create) {
+  const TlsMemo& memo = tls_memo;
+  if (memo.owner == owner.get()) [[likely]]
+    return memo.cache;
+  return find_thread_cache(create);
+}
+
+ThreadCache* CachingAllocator::Impl::find_thread_cache(bool create) {
+  TlsMemo& memo = tls_memo;
+  if (memo.exited) return nullptr;
   auto& entries = tls_caches.entries;
-  for (TlsEntry& e : entries)
-    if (e.owner == owner) return e.cache.get();
+  for (TlsEntry& e : entries) {
+    if (e.owner == owner) {
+      memo = {e.owner.get(), e.cache.get(), false};
+      return e.cache.get();
+    }
+  }
   if (!create || !thread_caches) return nullptr;
   // Forget caches of allocators that are gone.
+  memo = {};
   std::erase_if(entries, [](TlsEntry& e) {
     std::lock_guard lock(e.cache->lock);
     return e.cache->detached;
@@ -75,6 +105,7 @@ ThreadCache* CachingAllocator::Impl::thread_cache(bool create) {
     owner->caches.push_back(cache);
   }
   entries.push_back({owner, cache});
+  memo = {owner.get(), cache.get(), false};
   return cache.get();
 }
 
@@ -101,7 +132,7 @@ void* CachingAllocator::Impl::fast_allocate(std::size_t bytes, std::size_t round
   ++c->hits;
   b->requested = bytes;
   if (const std::string& tag = ScopedTag::current(); !tag.empty() || !b->tag.empty()) b->tag = tag;
-  live.insert(b->addr, b);
+  b->cached.store(false, std::memory_order_release);  // live again: it never left `live`
   return reinterpret_cast<void*>(b->addr);
 }
 
@@ -110,10 +141,18 @@ bool CachingAllocator::Impl::fast_free(Block* b) {
   if (c == nullptr) return false;
   std::lock_guard lock(c->lock);
   const std::size_t key = detail::round_size(b->requested);
-  if (c->bytes + b->size > opts.thread_cache_bytes || !c->can_put(b->stream, key)) return false;
+  if (c->bytes + b->size > opts.thread_cache_bytes) return false;
+  ThreadCache::Bin* bin = c->find(b->stream, key);
+  if (bin == nullptr && !c->can_put(b->stream, key)) return false;
   if (!c->lease_free(b->size, b->requested, b->pool)) return false;
-  c->put(b, key);
+  if (bin != nullptr) c->push(*bin, b);
+  else c->put(b, key);
   return true;
+}
+
+void CachingAllocator::Impl::uncache(Block* b) {
+  live.erase(b->addr);
+  b->cached.store(false, std::memory_order_relaxed);
 }
 
 void CachingAllocator::Impl::check_cached_streams(ThreadCache& c) {
@@ -121,6 +160,7 @@ void CachingAllocator::Impl::check_cached_streams(ThreadCache& c) {
   if (c.streams_current(epoch)) return;
   const std::vector<Block*> gone = c.take_streams([&](Stream s) { return !stream_alive(s); });
   for (Block* b : gone) {
+    uncache(b);
     b->free_tick = ++tick;
     pool(b->pool).insert(b);
   }
@@ -129,13 +169,20 @@ void CachingAllocator::Impl::check_cached_streams(ThreadCache& c) {
   c.stream_epoch = epoch;
 }
 
-void CachingAllocator::Impl::apply_exact(const FastDelta& d) {
-  const Pool p = d.pool_slot == 1 ? Pool::small : Pool::large;
-  StatArray* arrays[detail::kFastStats] = {&st.allocated_bytes, &st.active_bytes, &st.requested_bytes, &st.allocation,
-                                           &st.inactive_split_bytes};
-  for (int k = 0; k < detail::kFastStats; ++k) {
-    if (d.by_stat[k] > 0) arrays[k]->add(p, d.by_stat[k]);
-    if (d.by_stat[k] < 0) arrays[k]->sub(p, -d.by_stat[k]);
+void CachingAllocator::Impl::apply_exact(bool handed_out, const Block& b, std::size_t requested) {
+  const auto s = static_cast<std::int64_t>(b.size), r = static_cast<std::int64_t>(requested);
+  if (handed_out) {
+    st.allocated_bytes.add(b.pool, s);
+    st.active_bytes.add(b.pool, s);
+    st.requested_bytes.add(b.pool, r);
+    st.allocation.add(b.pool, 1);
+    st.inactive_split_bytes.sub(b.pool, s);
+  } else {
+    st.allocated_bytes.sub(b.pool, s);
+    st.active_bytes.sub(b.pool, s);
+    st.requested_bytes.sub(b.pool, r);
+    st.allocation.sub(b.pool, 1);
+    st.inactive_split_bytes.add(b.pool, s);
   }
 }
 
@@ -144,55 +191,67 @@ void* CachingAllocator::Impl::hand_out_cached(std::size_t bytes, std::size_t rou
   if (c == nullptr) return nullptr;
   Block* b = c->take(stream, rounded);
   if (b == nullptr) return nullptr;
-  apply_exact(detail::fast_delta(+1, b->size, bytes, b->pool));
+  apply_exact(true, *b, bytes);
   ++st.num_thread_cache_hits;
   b->requested = bytes;
   b->tag = ScopedTag::current();
-  live.insert(b->addr, b);
+  b->cached.store(false, std::memory_order_release);
   return reinterpret_cast<void*>(b->addr);
 }
 
 bool CachingAllocator::Impl::cache_freed(Block* b) {
   ThreadCache* c = thread_cache(false);
   if (c == nullptr || c->bytes + b->size > opts.thread_cache_bytes) return false;
-  const FastDelta d = detail::fast_delta(-1, b->size, b->requested, b->pool);
   if (!c->put(b, detail::round_size(b->requested))) return false;
-  apply_exact(d);
+  apply_exact(false, *b, b->requested);
   return true;
 }
 
 void CachingAllocator::Impl::fold_caches() {
   for (const auto& c : owner->caches) {
-    for (int pool = 0; pool < kPoolCount; ++pool) {
-      for (int k = 0; k < detail::kFastStats; ++k) {
-        for (Stat* s : {&fast_stat(k, 0), &fast_stat(k, pool + 1)}) {
-          s->current += c->current[pool][k];
-          s->allocated += c->allocated[pool][k];
-          s->freed += c->freed[pool][k];
+    for (int p = 0; p < kPoolCount; ++p) {
+      detail::FastMoves& mv = c->moves[p];
+      const auto pool = static_cast<Pool>(p);
+      const auto move = [&](StatArray& a, std::int64_t in, std::int64_t out) {
+        for (Stat* s : {&a.all, &a.of(pool)}) {
+          s->current += in - out;
+          s->allocated += in;
+          s->freed += out;
         }
-        c->current[pool][k] = c->allocated[pool][k] = c->freed[pool][k] = 0;
-      }
+      };
+      move(st.allocated_bytes, mv.bytes_in, mv.bytes_out);
+      move(st.active_bytes, mv.bytes_in, mv.bytes_out);
+      move(st.inactive_split_bytes, mv.bytes_out, mv.bytes_in);
+      move(st.requested_bytes, mv.requested_in, mv.requested_out);
+      move(st.allocation, mv.count_in, mv.count_out);
+      mv = {};
     }
     st.num_thread_cache_hits += c->hits;
     c->hits = 0;
   }
 }
 
-// Keeps total + every cache's headroom <= peak for each statistic: where the slow path raised a
-// total, leases are taken back; what is left over goes to the calling thread's cache.
+// Keeps total + every cache's headroom <= peak for each statistic a lease bounds: where the slow
+// path raised a total, leases are taken back; what is left over goes to the calling thread's cache.
 void CachingAllocator::Impl::grant_headroom(ThreadCache* self) {
   if (owner->caches.empty()) return;
-  for (int k = 0; k < detail::kFastStats; ++k) {
+  for (int lease = 0; lease < detail::kLeaseKinds; ++lease) {
+    const std::array<StatArray*, 2> stats = leased_stats(lease);
     for (int slot = 0; slot < detail::kFastSlots; ++slot) {
-      const Stat& s = fast_stat(k, slot);
-      std::int64_t leased = 0;
-      for (const auto& c : owner->caches) leased += c->headroom[k][slot];
-      std::int64_t slack = s.peak - s.current - leased;
-      if (slack < 0) {
-        for (const auto& c : owner->caches) c->headroom[k][slot] = 0;
-        slack = s.peak - s.current;
+      std::int64_t room = std::numeric_limits<std::int64_t>::max();  // the least peak - current
+      for (StatArray* a : stats) {
+        if (a == nullptr) continue;
+        const Stat& s = slot == 0 ? a->all : a->of(static_cast<Pool>(slot - 1));
+        room = std::min(room, s.peak - s.current);
       }
-      if (self != nullptr && slack > 0) self->headroom[k][slot] += slack;
+      std::int64_t leased = 0;
+      for (const auto& c : owner->caches) leased += c->headroom[lease][slot];
+      std::int64_t slack = room - leased;
+      if (slack < 0) {
+        for (const auto& c : owner->caches) c->headroom[lease][slot] = 0;
+        slack = room;
+      }
+      if (self != nullptr && slack > 0) self->headroom[lease][slot] += slack;
     }
   }
 }
@@ -201,6 +260,7 @@ void CachingAllocator::Impl::drain_caches() {
   bool any = false;
   for (const auto& c : owner->caches) {
     for (Block* b : c->take_all()) {
+      uncache(b);
       b->free_tick = ++tick;
       pool(b->pool).insert(b);
       any = true;
@@ -220,7 +280,7 @@ void CachingAllocator::Impl::detach_caches() noexcept {
   std::lock_guard lock(mu);
   for (const auto& c : owner->caches) {
     std::lock_guard cache_lock(c->lock);
-    c->take_all();  // the blocks go with their segments
+    for (Block* b : c->take_all()) uncache(b);  // the blocks go with their segments
     c->detached = true;
   }
   owner->caches.clear();

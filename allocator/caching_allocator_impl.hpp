@@ -2,6 +2,7 @@
 // The caching allocator's state, shared by its source files (allocation paths, the threads'
 // caches, growth and release, inspection). Every member function expects an Exclusive section
 // (the device-wide lock `mu` and every thread cache's lock) unless it says otherwise.
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -63,13 +64,16 @@ struct CachingAllocator::Impl {
   // --- the threads' caches (caching_allocator_fast.cpp) ---
   // The calling thread's cache; created (taking mu: never inside an Exclusive) when asked.
   detail::ThreadCache* thread_cache(bool create);
+  [[gnu::noinline]] detail::ThreadCache* find_thread_cache(bool create);  // when the memo misses
   // Without mu: a cached block of the rounded size on the stream, within the cache's headroom;
   // nullptr when there is none.
   void* fast_allocate(std::size_t bytes, std::size_t rounded, Stream stream);
-  // Without mu: b, taken out of `live` and free of other streams' uses, into the calling thread's
-  // cache; false when it does not fit or the headroom does not allow it.
+  // Without mu: b, marked cached in `live` and free of other streams' uses, into the calling
+  // thread's cache; false when it does not fit or the headroom does not allow it.
   bool fast_free(detail::Block* b);
   bool cacheable(const detail::Block* b) const;
+  // b, out of a thread cache for good (to its pool, or gone with its segment): out of `live` too.
+  void uncache(detail::Block* b);
   // Inside an Exclusive, when streams were destroyed since c last checked: the blocks it keeps
   // for streams now gone go back to their pools (their work finished when the stream was
   // destroyed), and c's check is brought up to date.
@@ -83,9 +87,10 @@ struct CachingAllocator::Impl {
   std::size_t cached_bytes() const;
   void detach_caches() noexcept;  // the allocator goes: caches forget their blocks
   static void retire_cache(void* allocator, const std::shared_ptr<detail::ThreadCache>& cache);
-  void apply_exact(const detail::FastDelta& d);
-  Stat& fast_stat(int stat, int slot);  // slot 0: all pools, 1: small, 2: large
-  std::size_t limit() const;            // bytes the allocator may reserve
+  // A cached block handed out (or taken back) as a fast operation would, through the statistics.
+  void apply_exact(bool handed_out, const detail::Block& b, std::size_t requested);
+  std::array<StatArray*, 2> leased_stats(int lease);  // the statistics a lease bounds (nullptr: none)
+  std::size_t limit() const;                          // bytes the allocator may reserve
   std::size_t max_split() const { return mode == SegmentMode::classic ? opts.max_split_size : 0; }
 
   // --- allocation paths (caching_allocator.cpp) ---

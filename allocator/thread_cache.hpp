@@ -20,32 +20,28 @@
 
 namespace stowage::detail {
 
-// The statistics a fast allocation or free changes, each for all pools and for its own pool:
-// allocated_bytes, active_bytes, requested_bytes, allocation, inactive_split_bytes.
-inline constexpr int kFastStats = 5;
-inline constexpr int kFastSlots = 3;  // all, small_pool, large_pool
-
-// Handing out (sign +1) or taking back (sign -1) a cached block of `size` bytes asked for as
-// `requested`: the change of each statistic, for all pools and for `pool`.
-struct FastDelta {
-  std::int64_t by_stat[kFastStats];
-  int pool_slot;  // 1: small_pool, 2: large_pool
+// What a fast operation moves, for all pools and for its block's pool: the block's bytes (in
+// allocated_bytes and active_bytes alike, and against them in inactive_split_bytes), the bytes
+// asked for (requested_bytes), and one allocation.
+struct FastMoves {
+  std::int64_t bytes_in = 0, bytes_out = 0;          // blocks handed out / taken back
+  std::int64_t requested_in = 0, requested_out = 0;  // their requested bytes
+  std::int64_t count_in = 0, count_out = 0;          // how many
 };
-inline FastDelta fast_delta(int sign, std::size_t size, std::size_t requested, Pool pool) {
-  const auto s = static_cast<std::int64_t>(size) * sign;
-  return {{s, s, static_cast<std::int64_t>(requested) * sign, sign, -s}, pool == Pool::small ? 1 : 2};
-}
+
+// The leases, one per quantity a fast operation can raise: the block bytes (bounding
+// allocated_bytes and active_bytes at once: they move together), requested bytes, allocations,
+// and inactive split bytes (which a fast free raises).
+enum FastLease : int { kLeaseBytes, kLeaseRequested, kLeaseCount, kLeaseInactive, kLeaseKinds };
+inline constexpr int kFastSlots = 3;  // all, small_pool, large_pool
 
 struct alignas(64) ThreadCache {
   SpinLock lock;  // held by the owner for each fast operation, by the allocator to fold or drain
-  std::int64_t headroom[kFastStats][kFastSlots] = {};
-  // Changes since the last fold, by pool (the totals for all pools are their sums).
-  std::int64_t current[kPoolCount][kFastStats] = {};    // of Stat::current
-  std::int64_t allocated[kPoolCount][kFastStats] = {};  // of Stat::allocated
-  std::int64_t freed[kPoolCount][kFastStats] = {};      // of Stat::freed
-  std::int64_t hits = 0;                                // allocations served here since the last fold
-  std::size_t bytes = 0;                                // bytes of the blocks cached
-  bool detached = false;                                // the allocator is gone
+  std::int64_t headroom[kLeaseKinds][kFastSlots] = {};
+  FastMoves moves[kPoolCount];  // since the last fold, by pool
+  std::int64_t hits = 0;        // allocations served here since the last fold
+  std::size_t bytes = 0;        // bytes of the blocks cached
+  bool detached = false;        // the allocator is gone
   // The device's stream_epoch() when every stream a bin names was last found alive: while the
   // device's count is still this, none of them has been destroyed. kUnchecked when a bin names a
   // stream not checked yet. The fast path serves only while it holds (streams_current()).
@@ -62,45 +58,61 @@ struct alignas(64) ThreadCache {
   static constexpr std::size_t kMaxBins = 32;
   std::vector<Bin> bins;
 
-  // Whether the headroom allows d, and taking it.
-  bool affords(const FastDelta& d) const;
-  void apply(const FastDelta& d);
   // The two fast operations' statistics in one step each: false, changing nothing, when the
-  // headroom does not allow them. Unrolled: this is the hot path.
+  // headroom does not allow them. What one lowers it gives back as headroom.
   bool lease_allocation(std::size_t size, std::size_t requested, Pool pool) {
     const auto s = static_cast<std::int64_t>(size), r = static_cast<std::int64_t>(requested);
-    const int slot = pool == Pool::small ? 1 : 2, p = slot - 1;
-    auto& h = headroom;
-    if (s > h[0][0] || s > h[0][slot] || s > h[1][0] || s > h[1][slot] || r > h[2][0] || r > h[2][slot] ||
-        1 > h[3][0] || 1 > h[3][slot])
-      return false;
-    const std::int64_t v[kFastStats] = {s, s, r, 1, -s};
-    for (int k = 0; k < kFastStats; ++k) {
-      h[k][0] -= v[k];
-      h[k][slot] -= v[k];
-      current[p][k] += v[k];
-    }
-    for (int k = 0; k < 4; ++k) allocated[p][k] += v[k];
-    freed[p][4] += s;
+    const int slot = pool == Pool::small ? 1 : 2;
+    std::int64_t* b = headroom[kLeaseBytes];
+    std::int64_t* q = headroom[kLeaseRequested];
+    std::int64_t* n = headroom[kLeaseCount];
+    std::int64_t* i = headroom[kLeaseInactive];
+    if (s > b[0] || s > b[slot] || r > q[0] || r > q[slot] || n[0] < 1 || n[slot] < 1) return false;
+    b[0] -= s, b[slot] -= s, q[0] -= r, q[slot] -= r, --n[0], --n[slot], i[0] += s, i[slot] += s;
+    FastMoves& m = moves[slot - 1];
+    m.bytes_in += s, m.requested_in += r, ++m.count_in;
     return true;
   }
   bool lease_free(std::size_t size, std::size_t requested, Pool pool) {
     const auto s = static_cast<std::int64_t>(size), r = static_cast<std::int64_t>(requested);
-    const int slot = pool == Pool::small ? 1 : 2, p = slot - 1;
-    auto& h = headroom;
-    if (s > h[4][0] || s > h[4][slot]) return false;
-    const std::int64_t v[kFastStats] = {-s, -s, -r, -1, s};
-    for (int k = 0; k < kFastStats; ++k) {
-      h[k][0] -= v[k];
-      h[k][slot] -= v[k];
-      current[p][k] += v[k];
-    }
-    for (int k = 0; k < 4; ++k) freed[p][k] -= v[k];
-    allocated[p][4] += s;
+    const int slot = pool == Pool::small ? 1 : 2;
+    std::int64_t* b = headroom[kLeaseBytes];
+    std::int64_t* q = headroom[kLeaseRequested];
+    std::int64_t* n = headroom[kLeaseCount];
+    std::int64_t* i = headroom[kLeaseInactive];
+    if (s > i[0] || s > i[slot]) return false;
+    i[0] -= s, i[slot] -= s, b[0] += s, b[slot] += s, q[0] += r, q[slot] += r, ++n[0], ++n[slot];
+    FastMoves& m = moves[slot - 1];
+    m.bytes_out += s, m.requested_out += r, ++m.count_out;
     return true;
   }
+  void revoke_headroom() {
+    for (auto& per_lease : headroom)
+      for (std::int64_t& h : per_lease) h = 0;
+  }
 
-  Block* take(Stream stream, std::size_t key);
+  // The bin of (stream, key), nullptr when there is none yet. Inline: the hot path.
+  Bin* find(Stream stream, std::size_t key) {
+    for (Bin& bin : bins)
+      if (bin.key == key && bin.stream == stream) return &bin;
+    return nullptr;
+  }
+  Block* take(Stream stream, std::size_t key) {
+    Bin* bin = find(stream, key);
+    if (bin == nullptr || bin->head == nullptr) return nullptr;
+    Block* b = bin->head;
+    bin->head = b->cache_next;
+    b->cache_next = nullptr;
+    --bin->count;
+    bytes -= b->size;
+    return b;
+  }
+  void push(Bin& bin, Block* b) {
+    b->cache_next = bin.head;
+    bin.head = b;
+    ++bin.count;
+    bytes += b->size;
+  }
   // Files b under (its stream, key); false, filing nothing, when the cache has no bin for it
   // and kMaxBins already.
   bool put(Block* b, std::size_t key);

@@ -55,7 +55,10 @@ foreach(layer IN LISTS STOWAGE_LAYERS)
   foreach(used IN LISTS stowage_uses_${layer})
     target_link_libraries(${t} PUBLIC stowage_${used})
   endforeach()
-  target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  # -fno-semantic-interposition: the exported stowage:: functions are called (and inlined) directly
+  # inside the library, not through the PLT as if a program could replace them.
+  target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter
+                                        -fno-semantic-interposition>)
   target_link_libraries(${t} PUBLIC ${stowage_public_deps} PRIVATE ${stowage_private_deps})
   target_compile_features(${t} PUBLIC cxx_std_20)
   if(STOWAGE_HAVE_CUDA)
@@ -80,7 +83,9 @@ foreach(t stowage stowage_static)
 endforeach()
 set_target_properties(stowage PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
 # Only stowage's own API leaves the shared library (tests/check_exports.cmake checks it).
-target_link_options(stowage PRIVATE "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/stowage.map")
+target_link_options(stowage PRIVATE "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/stowage.map"
+                    # calls between the library's own files bind inside it, with no PLT
+                    "LINKER:-Bsymbolic-functions")
 set_property(TARGET stowage APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/stowage.map)
 set_target_properties(stowage_static PROPERTIES OUTPUT_NAME stowage)
 add_library(stowage::stowage ALIAS stowage)

@@ -437,6 +437,45 @@ TEST(ThreadCache, ADoubleFreeOfACachedBlockIsRefused) {
   EXPECT_EQ(to_json(a.stats()), before);
 }
 
+// A cached block stays filed by address (the fast path skips the map), so every lookup must see
+// that it is not live: the ownership check, its size, record_stream, a free from another thread
+// and a free of a block that went back to its pool; handed out again, it is live once more.
+TEST(ThreadCache, ACachedBlockIsNotLiveToAnyLookup) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  void* p = a.allocate(32 * KiB);
+  EXPECT_TRUE(a.owns(p));
+  a.deallocate(p);
+  ASSERT_EQ(a.stats().thread_cache_bytes, static_cast<std::int64_t>(32 * KiB));
+  EXPECT_FALSE(a.owns(p));
+  EXPECT_THROW(a.block_size(p), InvalidArgument);
+  const Stream side = dev->create_stream();
+  EXPECT_THROW(a.record_stream(p, side), InvalidArgument);
+  std::thread other([&] {
+    try {
+      a.deallocate(p);
+      ADD_FAILURE() << "a free from another thread of a cached block was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(std::string(e.what()), HasSubstr("kept in a thread's cache"));
+    }
+  });
+  other.join();
+  void* q = a.allocate(32 * KiB);  // the same block, from the cache
+  ASSERT_EQ(q, p);
+  EXPECT_TRUE(a.owns(q));
+  EXPECT_EQ(a.block_size(q), 32 * KiB);
+  a.deallocate(q);
+  a.empty_cache();  // back to its pool, and out of the map
+  EXPECT_FALSE(a.owns(p));
+  try {
+    a.deallocate(p);
+    ADD_FAILURE() << "a free of memory back in its pool was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("given back to the device"));  // by empty_cache
+  }
+  EXPECT_EQ(a.stats().allocation.all.current, 0);
+}
+
 // A snapshot trace must be complete, so it turns the caches off.
 TEST(ThreadCache, ATraceTurnsTheCachesOff) {
   auto dev = small_device();

@@ -6,7 +6,8 @@
 namespace stowage {
 
 // Sets the tag recorded with every allocation made on this thread while it lives
-// (e.g. "layer3.attn"); nests, restoring the outer tag on destruction.
+// (e.g. "layer3.attn"); nests, restoring the outer tag on destruction. Tags on one thread end in
+// the reverse order of their start, as scopes do.
 class ScopedTag {
  public:
   explicit ScopedTag(std::string tag);
@@ -16,7 +17,8 @@ class ScopedTag {
   static const std::string& current();
 
  private:
-  std::string previous_;
+  std::string tag_;
+  const std::string* previous_;
 };
 
 }  // namespace stowage
