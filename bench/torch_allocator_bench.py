@@ -5,11 +5,15 @@ is chosen before CUDA's first allocation). Prints Markdown tables.
 1. A cached pair: `torch.empty(n, dtype=uint8, device='cuda')` and its free, in a loop, under
    PyTorch's CUDACachingAllocator, stowage through the shim (`stowage.torch.enable()`), and
    stowage as the plain CUDAPluggableAllocator. Target: shim <= 1.1x PyTorch.
-2. Peak reserved over a training-like trace whose sequence length changes every step (activations
+2. The same pair from 1, 2 and 8 threads at once, made through PyTorch's C++ API
+   (bench/torch_threads_pair.cpp, compiled with torch.utils.cpp_extension): pairs a second over all
+   threads, each allocator against PyTorch's.
+3. Peak reserved over a training-like trace whose sequence length changes every step (activations
    of a transformer block allocated and freed in forward/backward order), against PyTorch with and
    without `expandable_segments:True`. Target: stowage below both.
 
     python3 bench/torch_allocator_bench.py path/to/libstowage.so
+    python3 bench/torch_allocator_bench.py --threads-on-cpu   # the threaded pair on the CPU alone
 """
 import json
 import os
@@ -21,6 +25,9 @@ SIZES = [512, 64 << 10, 1 << 20, 8 << 20]
 PAIRS = 20000
 REPEATS = 7
 ROUNDS = 3
+THREADS = [1, 2, 8]
+THREAD_SIZES = [64 << 10, 1 << 20]
+THREAD_PAIRS = 50000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = {  # name: (how stowage is enabled, PYTORCH_CUDA_ALLOC_CONF)
     "torch": (None, ""), "torch_expandable": (None, "expandable_segments:True"),
@@ -52,6 +59,28 @@ def pair_times():
     return result
 
 
+def threads_module():
+    """The threaded pair (bench/torch_threads_pair.cpp), built once per torch and cached."""
+    import hashlib
+    import torch
+    from torch.utils import cpp_extension
+    source = os.path.join(ROOT, "bench", "torch_threads_pair.cpp")
+    with open(source, "rb") as f:
+        digest = hashlib.sha256(f.read() + torch.__version__.encode()).hexdigest()[:12]
+    directory = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "stowage",
+                             "bench-threads-pair", digest)
+    os.makedirs(directory, exist_ok=True)
+    return cpp_extension.load(name=f"stowage_bench_threads_pair_{digest}", sources=[source],
+                              build_directory=directory, verbose=False)
+
+
+def thread_pairs(device):
+    """Pairs a second over all threads, by thread count and size."""
+    module = threads_module()
+    return {threads: {size: module.pairs_per_second(size, threads, THREAD_PAIRS // threads, device)
+                      for size in THREAD_SIZES} for threads in THREADS}
+
+
 def trace_peak(mode):
     """Forward keeps each layer's activations, backward frees them in reverse; the sequence
     length changes every step, so blocks of the last step rarely fit the next one exactly."""
@@ -80,13 +109,31 @@ def trace_peak(mode):
 
 def child(mode, trace):
     enable(mode)
-    return {"pairs": pair_times(), "trace_peak": trace_peak(mode) if trace else None}
+    return {"pairs": pair_times(), "threads": thread_pairs("cuda"),
+            "trace_peak": trace_peak(mode) if trace else None}
+
+
+def size_label(size):
+    return f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1 << 10 else f"{size} B")
+
+
+def threads_on_cpu():
+    """The threaded pair through PyTorch's CPU allocator: checks the extension builds and runs
+    where there is no GPU (it measures glibc's malloc under PyTorch, not stowage)."""
+    result = thread_pairs("cpu")
+    print("| threads | " + " | ".join(f"{size_label(s)} pairs/s" for s in THREAD_SIZES) + " |")
+    print("|---:|" + "---:|" * len(THREAD_SIZES))
+    for threads in THREADS:
+        print(f"| {threads} | " + " | ".join(f"{result[threads][s] / 1e6:.2f} M" for s in THREAD_SIZES) + " |")
+    return 0
 
 
 def main():
     if len(sys.argv) >= 4 and sys.argv[1] == "--child":
         print("RESULT " + json.dumps(child(sys.argv[2], sys.argv[3] == "trace")))
         return 0
+    if len(sys.argv) == 2 and sys.argv[1] == "--threads-on-cpu":
+        return threads_on_cpu()
     try:
         import torch
     except ImportError:
@@ -95,11 +142,13 @@ def main():
     if not torch.cuda.is_available():
         print("skipped: no CUDA GPU visible to PyTorch")
         return 0
+    threads_module()  # built here once, before the children load it
     env = dict(os.environ, STOWAGE_LIBRARY=os.path.abspath(sys.argv[1]),
                PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # The modes take turns, ROUNDS times, each run a fresh process: a pair's time is the median over
     # the rounds of each run's median, so one slow process (placement, clocks) does not decide it.
     runs = {mode: [] for mode in MODES}
+    thread_runs = {mode: [] for mode in MODES}
     trace = {}
     for round_ in range(ROUNDS):
         for mode, (_, conf) in MODES.items():
@@ -112,9 +161,13 @@ def main():
                 return 1
             r = json.loads(lines[-1][len("RESULT "):])
             runs[mode].append({int(k): v for k, v in r["pairs"].items()})
+            thread_runs[mode].append({int(t): {int(k): v for k, v in by_size.items()}
+                                      for t, by_size in r["threads"].items()})
             if r["trace_peak"] is not None:
                 trace[mode] = r["trace_peak"]
     results = {mode: {"pairs": {size: sorted(run[size] for run in runs[mode])[ROUNDS // 2] for size in SIZES},
+                      "threads": {t: {size: sorted(run[t][size] for run in thread_runs[mode])[ROUNDS // 2]
+                                      for size in THREAD_SIZES} for t in THREADS},
                       "trace_peak": trace[mode]} for mode in MODES}
     print(f"GPU: {torch.cuda.get_device_name(0)}; PyTorch {torch.__version__}; median over {ROUNDS} interleaved "
           f"processes of the median of {REPEATS} x {PAIRS} pairs\n")
@@ -124,8 +177,20 @@ def main():
         t = results["torch"]["pairs"][size]
         s = results["stowage_shim"]["pairs"][size]
         p = results["stowage_plain"]["pairs"][size]
-        label = f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1 << 10 else f"{size} B")
-        print(f"| {label} | {t:.0f} | {s:.0f} | {s / t:.2f}x | {p:.0f} | {p / t:.2f}x |")
+        print(f"| {size_label(size)} | {t:.0f} | {s:.0f} | {s / t:.2f}x | {p:.0f} | {p / t:.2f}x |")
+    print(f"\nPairs from several threads at once through PyTorch's C++ API (`bench/torch_threads_pair.cpp`), "
+          f"{THREAD_PAIRS} pairs in all per measurement; {os.cpu_count()} CPUs. Millions of pairs a second over "
+          f"all threads (higher is better); the ratios are stowage's time a pair over PyTorch's, as above.\n")
+    print("| size | threads | PyTorch M/s | shim M/s | shim / PyTorch | plain M/s | plain / PyTorch |"
+          " shim: N threads / 1 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for size in THREAD_SIZES:
+        for t in THREADS:
+            r = {mode: results[mode]["threads"][t][size] for mode in ("torch", "stowage_shim", "stowage_plain")}
+            scale = r["stowage_shim"] / results["stowage_shim"]["threads"][1][size]
+            print(f"| {size_label(size)} | {t} | {r['torch'] / 1e6:.2f} | {r['stowage_shim'] / 1e6:.2f} | "
+                  f"{r['torch'] / r['stowage_shim']:.2f}x | {r['stowage_plain'] / 1e6:.2f} | "
+                  f"{r['torch'] / r['stowage_plain']:.2f}x | {scale:.2f}x |")
     print("\n| trace (sequence length varies per step) | peak reserved | vs PyTorch | vs PyTorch expandable |")
     print("|---|---:|---:|---:|")
     base, expandable = results["torch"]["trace_peak"], results["torch_expandable"]["trace_peak"]

@@ -183,7 +183,7 @@ run() {
       # shellcheck disable=SC2086
       timeout 120 "$build/bench/offload_tool" --cuda 1 --steps 5 $sizes || bench_rc=$?
     done > "$logs/offload_tool.gpu.md" 2>&1
-    PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
+    PYTHONUNBUFFERED=1 timeout 360 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
       > "$logs/torch_allocator_bench.txt" 2>&1 || bench_rc=$?
     pack
     # The PyTorch techniques on the small GPT, with PyTorch's allocator and with stowage's.
