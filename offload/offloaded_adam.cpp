@@ -179,16 +179,12 @@ struct OffloadedAdam::Impl {
     }
   }
 
-  // Gradient check before anything is written, when asked for: on the host where it reads the
-  // device's memory, else on the device (a kernel into a flag, waited for).
+  // Gradient check before anything is written, when asked for: a kernel on the compute stream
+  // into a flag, waited for. Every backend has the kernel, so there is one path for all.
   bool nonfinite(const TensorView& grad, Stream compute, const GradScaling& scaling) {
     if (!scaling.skip_nonfinite) return false;
-    if (!dev.properties().host_accessible) {
-      const TensorView flag = TensorView::empty(allocator, DType::i32, {1}, compute);
-      return any_nonfinite(dev, compute, DeviceGrad{grad.data(), grad.dtype()}, numel, flag.data_as<int>());
-    }
-    dev.synchronize(compute);
-    return any_nonfinite(HostGrad{grad.data(), grad.dtype()}, 0, numel);
+    const TensorView flag = TensorView::empty(allocator, DType::i32, {1}, compute);
+    return any_nonfinite(dev, compute, DeviceGrad{grad.data(), grad.dtype()}, numel, flag.data_as<int>());
   }
 
   void check_grad(const TensorView& grad) const {

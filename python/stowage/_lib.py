@@ -80,6 +80,9 @@ def _declare(lib):
 def library():
     """The loaded libstowage (ctypes.CDLL); StowageError naming every place looked in."""
     global _lib
+    lib = _lib
+    if lib is not None:  # loaded: no lock on the path every call takes
+        return lib
     with _lock:
         if _lib is not None:
             return _lib
@@ -115,7 +118,11 @@ def check(result, failed):
 
 
 def call_int(name, *args):
-    return check(getattr(library(), name)(*args), lambda r: r == -1)
+    lib = library()
+    result = getattr(lib, name)(*args)
+    if result == -1:
+        raise error_for(lib.stowage_last_error_code(), lib.stowage_last_error().decode(errors="replace"))
+    return result
 
 
 def read_text(name, device):

@@ -133,7 +133,6 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self.skip_nonfinite = skip_nonfinite
         self.loss_scale = loss_scale
         self.last_step_skipped = False
-        self._where_now = {}
         self._buckets, self._flat, self._where, self._homes = [], [], {}, homes
         # Every parameter is checked before any moves, so a refusal changes nothing.
         if isinstance(params, (set, frozenset)):
@@ -263,9 +262,11 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         if self.last_step_skipped:
             return loss
         clip = self._clip_coef(grads)
-        self._where_now = {}  # each device's placement, looked up once a step
+        places = {}  # each device's placement, looked up once a step
         for group, bucket, i, p, g in grads:
-            self._update(group, bucket.planes(i, p.numel()), p, g, clip)
+            if p.device not in places:
+                places[p.device] = self._placement(p.device)
+            self._update(group, bucket.planes(i, p.numel()), p, g, clip, places[p.device])
         return loss
 
     @staticmethod
@@ -278,16 +279,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         found = [~torch.isfinite(g).all() for g in grads if g.device.type != "cpu"]
         return bool(found) and bool(torch.stack(found).any())
 
-    def _placement(self, p):
-        """Where the kernel runs: the host (None), or a CUDA device's current stream."""
-        if p.device.type == "cpu":
+    @staticmethod
+    def _placement(device):
+        """Where the kernels for `device`'s parameters run: the host ({}), or a CUDA device's
+        current stream."""
+        if device.type == "cpu":
             return {}
-        where = self._where_now.get(p.device)
-        if where is None:
-            where = self._where_now[p.device] = {
-                "device": p.device.index if p.device.index is not None else torch.cuda.current_device(),
-                "stream": torch.cuda.current_stream(p.device).cuda_stream}
-        return where
+        return {"device": device.index if device.index is not None else torch.cuda.current_device(),
+                "stream": torch.cuda.current_stream(device).cuda_stream}
 
     def _step_count(self, state):
         return int(state["step"].item()) if "step" in state else 0
@@ -406,7 +405,7 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
         state.setdefault("step", torch.tensor(0.0))
         return state
 
-    def _update(self, group, planes, p, g, clip):
+    def _update(self, group, planes, p, g, clip, where):
         state = self.state[p]
         if not state:  # as torch.optim.AdamW: the state appears at the first step
             state["step"] = torch.tensor(0.0)
@@ -417,7 +416,7 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
             _, step = precision.adam_step(planes, g.data_ptr(), _grad_bits(g), m.data_ptr(),
                                           v.data_ptr(), self._step_count(state), group["lr"], beta1, beta2,
                                           group["eps"], group["weight_decay"], group.get("decoupled", True),
-                                          self.loss_scale, clip, skip_nonfinite=False, **self._placement(p))
+                                          self.loss_scale, clip, skip_nonfinite=False, **where)
         state["step"].fill_(float(step))
 
 
@@ -444,7 +443,7 @@ class SharedStorageSGD(_SharedStorageOptimizer):
             state["step"] = torch.tensor(1.0 if "momentum_buffer" in state else 0.0)
         return state
 
-    def _update(self, group, planes, p, g, clip):
+    def _update(self, group, planes, p, g, clip, where):
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.tensor(0.0)
@@ -457,6 +456,6 @@ class SharedStorageSGD(_SharedStorageOptimizer):
             _, step = precision.sgd_step(planes, g.data_ptr(), _grad_bits(g), work[0].data_ptr() if work else 0,
                                          self._step_count(state), group["lr"], group["momentum"],
                                          group["dampening"], group["weight_decay"], group["nesterov"],
-                                         self.loss_scale, clip, skip_nonfinite=False, **self._placement(p))
+                                         self.loss_scale, clip, skip_nonfinite=False, **where)
         state["step"].fill_(float(step))
 
