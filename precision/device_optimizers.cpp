@@ -27,12 +27,23 @@ bool skip(Device& device, Stream stream, DeviceGrad grad, std::size_t n, const G
 }  // namespace
 
 bool any_nonfinite(Device& device, Stream stream, DeviceGrad grad, std::size_t n, int* flag) {
-  const bool bf16 = grad_bf16(grad, n, "any_nonfinite(device)");
-  if (n == 0) return false;
+  const DeviceGradSpan one{grad, n};
+  return any_nonfinite(device, stream, std::span(&one, 1), flag);
+}
+
+bool any_nonfinite(Device& device, Stream stream, std::span<const DeviceGradSpan> grads, int* flag) {
+  bool any = false;
+  for (const DeviceGradSpan& g : grads) {
+    grad_bf16(g.grad, g.n, "any_nonfinite(device)");
+    any = any || g.n > 0;
+  }
+  if (!any) return false;
   detail::check_pointer(flag, alignof(int), "any_nonfinite(device): flag");
+  const detail::DeviceKernels& kernels = detail::device_kernels(device);
   int host = 0;
   device.fill_async(flag, 0, sizeof(int), stream);
-  detail::device_kernels(device).any_nonfinite(device, stream, grad.data, bf16, 0, n, flag);
+  for (const DeviceGradSpan& g : grads)
+    if (g.n > 0) kernels.any_nonfinite(device, stream, g.grad.data, g.grad.dtype == DType::bf16, 0, g.n, flag);
   device.copy_async(&host, flag, sizeof(int), CopyKind::device_to_host, stream);
   device.synchronize(stream);
   return host != 0;

@@ -14,12 +14,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "capi_test_util.hpp"
 #include "stowage/optimizers.hpp"
 #include "stowage/precision.hpp"
 #include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
 namespace {
+
+using stowage::test::random_floats;
+using stowage::test::refused;
 
 struct Planes {
   explicit Planes(std::size_t n, int rounding)
@@ -34,27 +38,11 @@ struct Planes {
   }
 };
 
-std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
 // Blocks the C ABI's allocator of device 0 has handed out so far.
 std::int64_t allocations_made() {
   std::string buf(static_cast<std::size_t>(stowage_get_stats(0, nullptr, 0)) + 1, '\0');
   stowage_get_stats(0, buf.data(), buf.size());
   return nlohmann::json::parse(buf.c_str()).at("allocation.all.allocated").get<std::int64_t>();
-}
-
-bool refused(int rc, const char* needle) {
-  const std::string e = stowage_last_error();
-  EXPECT_EQ(rc, -1);
-  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT) << e;
-  EXPECT_NE(e.find(needle), std::string::npos) << e;
-  return rc == -1 && e.find(needle) != std::string::npos;
 }
 
 TEST(CapiPrecision, SplitAndMergeAreExactInBothRoundings) {

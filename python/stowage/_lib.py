@@ -64,6 +64,15 @@ def _declare(lib):
                                     [ctypes.c_void_p] * 5),
         "stowage_sgd_step_async": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                                   ctypes.c_int] + [ctypes.c_void_p] * 4),
+        "stowage_any_nonfinite_multi": (ctypes.c_int, [ctypes.c_size_t, ctypes.c_void_p]),
+        "stowage_any_nonfinite_multi_async": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                                                             ctypes.c_void_p, ctypes.c_void_p]),
+        "stowage_adam_step_multi": (ctypes.c_int, [ctypes.c_size_t] + [ctypes.c_void_p] * 3),
+        "stowage_sgd_step_multi": (ctypes.c_int, [ctypes.c_size_t] + [ctypes.c_void_p] * 3),
+        "stowage_adam_step_multi_async": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t] +
+                                          [ctypes.c_void_p] * 3),
+        "stowage_sgd_step_multi_async": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t] +
+                                         [ctypes.c_void_p] * 3),
         "stowage_synchronize": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
         "stowage_last_error": (ctypes.c_char_p, []),
         "stowage_last_error_code": (ctypes.c_int, []),

@@ -110,6 +110,48 @@ def sgd_step(weights, grad, grad_bits, momentum_buffer, step, lr, momentum=0.0, 
     return applied == 1, count.value
 
 
+class StepTensor(ctypes.Structure):
+    """One tensor of a multi-tensor call: its planes, gradient, state (Adam: m and v; SGD: the
+    momentum buffer in state0, or 0) and step count, which an applied step increments."""
+    _fields_ = [("weights", Planes), ("grad", ctypes.c_void_p), ("grad_bits", ctypes.c_int),
+                ("state0", ctypes.c_void_p), ("state1", ctypes.c_void_p), ("step", ctypes.c_int64)]
+
+
+def step_tensors(entries):
+    """A C array of StepTensor from (planes, grad, grad_bits, state0, state1, step) tuples."""
+    return (StepTensor * len(entries))(*[StepTensor(w, g or None, _grad_bits(bits), s0 or None, s1 or None, step)
+                                         for w, g, bits, s0, s1, step in entries])
+
+
+def any_nonfinite_multi(tensors, device=None, stream=0, flag=0):
+    """True when any gradient of the StepTensor array `tensors` is Inf or NaN: one call, and on a
+    device one wait for all. flag: the address of one int of the device's memory the check may
+    overwrite (0: stowage's allocator gives one)."""
+    if device is None:
+        return _lib.call_int("stowage_any_nonfinite_multi", len(tensors), tensors) == 1
+    return _lib.call_int("stowage_any_nonfinite_multi_async", device, stream or None, len(tensors), tensors,
+                         flag or None) == 1
+
+
+def adam_step_multi(tensors, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, decoupled=True,
+                    loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True, device=None, stream=0):
+    """adam_step for every tensor of the StepTensor array, one decision on non-finite gradients
+    for all; each tensor's step count is updated in the array. Returns whether the steps applied."""
+    options = _AdamOptions(lr, beta1, beta2, eps, weight_decay, 1 if decoupled else 0)
+    name, lead = _placed("stowage_adam_step_multi", device, stream)
+    return _lib.call_int(name, *lead, len(tensors), tensors, ctypes.byref(options),
+                         ctypes.byref(_scaling(loss_scale, clip_coef, skip_nonfinite))) == 1
+
+
+def sgd_step_multi(tensors, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, loss_scale=1.0,
+                   clip_coef=1.0, skip_nonfinite=True, device=None, stream=0):
+    """sgd_step for every tensor of the StepTensor array (state0: the momentum buffer, or 0)."""
+    options = _SgdOptions(lr, momentum, dampening, weight_decay, 1 if nesterov else 0)
+    name, lead = _placed("stowage_sgd_step_multi", device, stream)
+    return _lib.call_int(name, *lead, len(tensors), tensors, ctypes.byref(options),
+                         ctypes.byref(_scaling(loss_scale, clip_coef, skip_nonfinite))) == 1
+
+
 def synchronize(device, stream=0):
     """Waits for the work queued on `stream` of stowage device `device`."""
     _lib.call_int("stowage_synchronize", device, stream or None)

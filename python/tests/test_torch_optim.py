@@ -30,6 +30,32 @@ def test_losses_masters_and_bf16_weights_are_bit_identical_to_plain_pytorch(kind
         assert torch.equal(bits(p), bits(q))
 
 
+def test_the_kept_multi_tensor_call_follows_missing_gradients_and_replaced_state():
+    """step() keeps its multi-tensor call from step to step; with a parameter that has no gradient
+    for two steps and a moment the user replaced, it gives the numbers of a call built afresh at
+    every step, and each parameter counts only its own steps."""
+    data = batches(8)
+    a, b = make_model(), make_model()
+    oa, ob = SharedStorageAdamW(a.parameters(), lr=3e-3), SharedStorageAdamW(b.parameters(), lr=3e-3)
+    for k, (x, y) in enumerate(data):
+        for model, opt in ((a, oa), (b, ob)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+            params = list(model.parameters())
+            if k in (2, 3):
+                params[0].grad = None
+            if k == 5:  # a copy in its place: the steps from now on must update the copy
+                opt.state[params[1]]["exp_avg"] = opt.state[params[1]]["exp_avg"].clone()
+        ob._batch_cache.clear()
+        oa.step()
+        ob.step()
+    assert [float(oa.state[p]["step"]) for p in a.parameters()] == [6.0] + [8.0] * (len(list(a.parameters())) - 1)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(bits(oa.master(p)), bits(ob.master(q)))
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(bits(oa.state[p][key]), bits(ob.state[q][key]))
+
+
 def test_half_up_rounding_keeps_the_master_and_differs_only_on_ties():
     data = batches(4)
     ours, base = make_model(), make_model()

@@ -4,6 +4,7 @@
 // host kernels on an emulated device's stream, CUDA kernels on a CUDA stream. The numbers are
 // those of optimizers.hpp (docs/precision.md).
 #include <cstddef>
+#include <span>
 
 #include "stowage/device.hpp"
 #include "stowage/dtype.hpp"
@@ -21,6 +22,15 @@ struct DeviceGrad {
 // True when any of the n gradients is Inf or NaN: the check runs on `stream` into `flag` (one int
 // of the device's memory) and the call waits for it.
 bool any_nonfinite(Device& device, Stream stream, DeviceGrad grad, std::size_t n, int* flag);
+
+// A gradient and how many elements it has.
+struct DeviceGradSpan {
+  DeviceGrad grad;
+  std::size_t n = 0;
+};
+// The same over many gradients (a model's, for one decision on all of them): one kernel each into
+// the one flag, one wait. Every gradient is checked (InvalidArgument) before anything is queued.
+bool any_nonfinite(Device& device, Stream stream, std::span<const DeviceGradSpan> grads, int* flag);
 
 // The argument checks a step makes before it queues anything (InvalidArgument), for callers that
 // run them before allocating what the step needs.

@@ -102,6 +102,50 @@ def _grad_bits(g):
     return 16 if g.dtype == torch.bfloat16 else 32
 
 
+class _Batch:
+    """One multi-tensor call: a param group's parameters on one device whose state stays put. Its
+    StepTensor array is kept from step to step (planes and state do not move); each step sets the
+    gradients, and bind() takes a parameter's state addresses and count again only when the state
+    tensors are not the ones it holds (a first step, a loaded state). Each parameter's
+    state["step"] is then a view of one `counts` tensor, so an applied step counts with one add."""
+
+    def __init__(self, group, device, entries):
+        self.group, self.device = group, device
+        self.params = [p for p, _, _ in entries]
+        self.tensors = precision.step_tensors([(planes, 0, 32, 0, 0, 0) for _, planes, _ in entries])
+        self.counts = torch.zeros(len(entries), dtype=torch.float32)
+        self._held = [()] * len(entries)  # per parameter: the state tensors its addresses came from
+
+    def serves(self, entries):
+        return len(entries) == len(self.params) and all(p is q for (p, _, _), q in zip(entries, self.params))
+
+    def set_grads(self, entries):
+        for t, (_, _, g) in zip(self.tensors, entries):
+            t.grad = g.data_ptr()
+            t.grad_bits = _grad_bits(g)
+
+    def bind(self, i, state, stepped):
+        held = (state["step"], *stepped)
+        if len(held) == len(self._held[i]) and all(a is b for a, b in zip(held, self._held[i])):
+            return
+        t = self.tensors[i]
+        t.state0, t.state1 = _pointers(stepped)
+        t.step = int(state["step"].item())
+        self.counts[i] = float(t.step)
+        state["step"] = self.counts[i]
+        self._held[i] = (state["step"], *stepped)  # also keeps them alive while the array names their memory
+
+    def applied(self):
+        """The call applied every tensor's step (the C ABI counted them in the array)."""
+        self.counts.add_(1.0)
+
+
+def _pointers(tensors):
+    """state0 and state1 of a StepTensor: the tensors' addresses, 0 where there is none."""
+    ptrs = [t.data_ptr() for t in tensors]
+    return tuple(ptrs + [0] * (2 - len(ptrs)))
+
+
 def _check_param(p):
     if not isinstance(p, torch.Tensor) or not p.is_leaf:
         raise InvalidArgumentError("shared-storage optimizers take leaf parameters (model.parameters())")
@@ -134,6 +178,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self.loss_scale = loss_scale
         self.last_step_skipped = False
         self._buckets, self._flat, self._where, self._homes = [], [], {}, homes
+        self._batch_cache = {}  # (id(group), device) -> _Batch
+        self._flags = {}  # device -> the finite check's flag
         # Every parameter is checked before any moves, so a refusal changes nothing.
         if isinstance(params, (set, frozenset)):
             raise InvalidArgumentError("parameters must be an ordered collection (a list, model.parameters()), "
@@ -257,27 +303,72 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         grads = self._grads()
+        batches, streamed = self._batched(grads)
         # One decision for the whole model, as a loss scaler makes it: any Inf/NaN skips every group.
-        self.last_step_skipped = self.skip_nonfinite and self._any_nonfinite([g for *_, g in grads])
+        self.last_step_skipped = self.skip_nonfinite and self._any_nonfinite(batches, streamed)
         if self.last_step_skipped:
             return loss
         clip = self._clip_coef(grads)
-        places = {}  # each device's placement, looked up once a step
-        for group, bucket, i, p, g in grads:
-            if p.device not in places:
-                places[p.device] = self._placement(p.device)
-            self._update(group, bucket.planes(i, p.numel()), p, g, clip, places[p.device])
+        for group, planes, p, g in streamed:
+            self._update(group, planes, p, g, self._state_for(group, p), clip, self._placement(p.device))
+        for batch in batches:
+            group = batch.group
+            for i, p in enumerate(batch.params):
+                state = self._state_for(group, p)
+                batch.bind(i, state, self._stepped(group, state))
+            self._step_multi(group, batch.tensors, clip, self._placement(batch.device))
+            batch.applied()
         return loss
 
-    @staticmethod
-    def _any_nonfinite(grads):
-        host = [g for g in grads if g.device.type == "cpu"]
-        if any(precision.any_nonfinite(g.data_ptr(), _grad_bits(g), g.numel()) for g in host):
-            return True
-        # Device gradients: one reduction each on their streams, one wait for all. (PyTorch's
-        # multi-tensor check, torch._amp_foreach_non_finite_check_and_unscale_, has no bf16 form.)
-        found = [~torch.isfinite(g).all() for g in grads if g.device.type != "cpu"]
-        return bool(found) and bool(torch.stack(found).any())
+    def _batched(self, grads):
+        """The step's multi-tensor calls, one per param group and device, kept from step to step
+        while the same parameters have gradients; and the parameters whose state is streamed, which
+        go through the one scratch one at a time."""
+        items, streamed = {}, []
+        for group, bucket, i, p, g in grads:
+            planes = bucket.planes(i, p.numel())
+            if self._homes.placement(p) == "streamed":
+                streamed.append((group, planes, p, g))
+            else:
+                items.setdefault((id(group), p.device), (group, p.device, []))[2].append((p, planes, g))
+        batches = []
+        for key, (group, device, entries) in items.items():
+            batch = self._batch_cache.get(key)
+            if batch is None or not batch.serves(entries):
+                batch = self._batch_cache[key] = _Batch(group, device, entries)
+            batch.set_grads(entries)
+            batches.append(batch)
+        return batches, streamed
+
+    def _update(self, group, planes, p, g, state, clip, where):
+        """One parameter's step, its state in the tensors working() gives (streamed: copies)."""
+        with self._homes.working(p, self._stepped(group, state)) as work:
+            tensors = precision.step_tensors([(planes, g.data_ptr(), _grad_bits(g), *_pointers(work),
+                                               self._step_count(state))])
+            self._step_multi(group, tensors, clip, where)
+        state["step"].fill_(float(tensors[0].step))
+
+    def _any_nonfinite(self, batches, streamed):
+        """One call for each multi-tensor batch (on a device: one check each on its current stream,
+        one wait), one for the streamed parameters' gradients."""
+        for batch in batches:
+            if self._check(batch.tensors, batch.device):
+                return True
+        by_device = {}
+        for *_, g in streamed:
+            by_device.setdefault(g.device, []).append(
+                (precision.planes(0, 0, 0, g.numel(), "half_up"), g.data_ptr(), _grad_bits(g), 0, 0, 0))
+        return any(self._check(precision.step_tensors(entries), device) for device, entries in by_device.items())
+
+    def _check(self, tensors, device):
+        if device.type == "cpu":
+            return precision.any_nonfinite_multi(tensors)
+        # The check's flag is PyTorch's memory: a process that keeps PyTorch's allocator makes no
+        # stowage allocator for it. (The call waits for the check: no stream still uses the flag.)
+        flag = self._flags.get(device)
+        if flag is None:
+            flag = self._flags[device] = torch.empty(1, dtype=torch.int32, device=device)
+        return precision.any_nonfinite_multi(tensors, **self._placement(device), flag=flag.data_ptr())
 
     @staticmethod
     def _placement(device):
@@ -312,6 +403,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         for saved, group in zip(groups, self.param_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self.state.clear()
+        self._batch_cache.clear()
         for (_, _, _, p), entry in zip(self._flat, states):
             if entry is not None:
                 self.state[p] = entry
@@ -405,19 +497,23 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
         state.setdefault("step", torch.tensor(0.0))
         return state
 
-    def _update(self, group, planes, p, g, clip, where):
+    def _state_for(self, group, p):
         state = self.state[p]
         if not state:  # as torch.optim.AdamW: the state appears at the first step
             state["step"] = torch.tensor(0.0)
             state["exp_avg"] = self._homes.new(p)
             state["exp_avg_sq"] = self._homes.new(p)
+        return state
+
+    @staticmethod
+    def _stepped(group, state):
+        """The state tensors the kernel updates: state0 and state1 of a StepTensor."""
+        return [state["exp_avg"], state["exp_avg_sq"]]
+
+    def _step_multi(self, group, tensors, clip, where):
         beta1, beta2 = group["betas"]
-        with self._homes.working(p, [state["exp_avg"], state["exp_avg_sq"]]) as (m, v):
-            _, step = precision.adam_step(planes, g.data_ptr(), _grad_bits(g), m.data_ptr(),
-                                          v.data_ptr(), self._step_count(state), group["lr"], beta1, beta2,
-                                          group["eps"], group["weight_decay"], group.get("decoupled", True),
-                                          self.loss_scale, clip, skip_nonfinite=False, **where)
-        state["step"].fill_(float(step))
+        precision.adam_step_multi(tensors, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                                  group.get("decoupled", True), self.loss_scale, clip, skip_nonfinite=False, **where)
 
 
 class SharedStorageSGD(_SharedStorageOptimizer):
@@ -443,19 +539,18 @@ class SharedStorageSGD(_SharedStorageOptimizer):
             state["step"] = torch.tensor(1.0 if "momentum_buffer" in state else 0.0)
         return state
 
-    def _update(self, group, planes, p, g, clip, where):
+    def _state_for(self, group, p):
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.tensor(0.0)
-        bufs = []
-        if group["momentum"] != 0:
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = self._homes.new(p)
-            bufs = [state["momentum_buffer"]]
-        with self._homes.working(p, bufs) as work:
-            _, step = precision.sgd_step(planes, g.data_ptr(), _grad_bits(g), work[0].data_ptr() if work else 0,
-                                         self._step_count(state), group["lr"], group["momentum"],
-                                         group["dampening"], group["weight_decay"], group["nesterov"],
-                                         self.loss_scale, clip, skip_nonfinite=False, **where)
-        state["step"].fill_(float(step))
+        if group["momentum"] != 0 and "momentum_buffer" not in state:
+            state["momentum_buffer"] = self._homes.new(p)
+        return state
 
+    @staticmethod
+    def _stepped(group, state):
+        return [state["momentum_buffer"]] if group["momentum"] != 0 else []
+
+    def _step_multi(self, group, tensors, clip, where):
+        precision.sgd_step_multi(tensors, group["lr"], group["momentum"], group["dampening"], group["weight_decay"],
+                                 group["nesterov"], self.loss_scale, clip, skip_nonfinite=False, **where)

@@ -154,6 +154,41 @@ int stowage_sgd_step_async(int device, void* stream, const struct stowage_split_
                            int grad_bits, float* momentum_buffer, const struct stowage_sgd_options* options,
                            const struct stowage_grad_scaling* scaling, int64_t* step);
 
+/* Many tensors in one call (a framework's parameter group, a model's gradients): each tensor its
+ * planes, gradient, state and step count; one set of options and scaling for all. */
+struct stowage_step_tensor {
+  struct stowage_split_planes weights;
+  const void* grad;
+  int grad_bits; /* 32: fp32, 16: bf16 */
+  float* state0; /* Adam: m (exp_avg); SGD: the momentum buffer (NULL without momentum) */
+  float* state1; /* Adam: v (exp_avg_sq); SGD: unused */
+  int64_t step;  /* steps applied so far; incremented when the step is applied */
+};
+
+/* 1 when any gradient of the n tensors is Inf or NaN, 0 when none, -1 on error (only grad,
+ * grad_bits and weights.numel are read). _async: gradients in the memory of `device`, one check
+ * each queued on `stream` into `flag`, one wait for all. flag: one int of that device's memory the
+ * check may overwrite (a framework's own, so stowage's allocator is not needed), or NULL for one
+ * from stowage's allocator of the device. */
+int stowage_any_nonfinite_multi(size_t n, const struct stowage_step_tensor* tensors);
+int stowage_any_nonfinite_multi_async(int device, void* stream, size_t n, const struct stowage_step_tensor* tensors,
+                                      int* flag);
+
+/* The fused steps of n tensors, each as the one-tensor step above makes it, with one decision
+ * for all: with skip_nonfinite, an Inf or NaN in any gradient skips every tensor's step. Every
+ * tensor is checked before anything is written or queued. 1 (applied), 0 (skipped) or -1 (error,
+ * nothing written). _async queues them on `stream` and returns (after waiting for the finite
+ * check when it runs). */
+int stowage_adam_step_multi(size_t n, struct stowage_step_tensor* tensors, const struct stowage_adam_options* options,
+                            const struct stowage_grad_scaling* scaling);
+int stowage_sgd_step_multi(size_t n, struct stowage_step_tensor* tensors, const struct stowage_sgd_options* options,
+                           const struct stowage_grad_scaling* scaling);
+int stowage_adam_step_multi_async(int device, void* stream, size_t n, struct stowage_step_tensor* tensors,
+                                  const struct stowage_adam_options* options,
+                                  const struct stowage_grad_scaling* scaling);
+int stowage_sgd_step_multi_async(int device, void* stream, size_t n, struct stowage_step_tensor* tensors,
+                                 const struct stowage_sgd_options* options, const struct stowage_grad_scaling* scaling);
+
 /* Waits until the work queued on `stream` of `device` has finished. 0, or -1 on error. */
 int stowage_synchronize(int device, void* stream);
 
