@@ -51,7 +51,7 @@ bool any_nonfinite(Device& device, Stream stream, std::span<const DeviceGradSpan
 
 void check_adam_step(const SplitPlanes& w, DeviceGrad grad, const float* m, const float* v,
                      const GradScaling& scaling) {
-  const char* fn = "adam_step(device)";
+  const char* fn = "adam_step";
   detail::check_scaling(scaling, fn);
   detail::check_planes(w, 0, w.numel, fn);
   grad_bf16(grad, w.numel, fn);
@@ -80,7 +80,7 @@ StepResult adam_step(Device& device, Stream stream, const SplitPlanes& w, Device
 
 void check_sgd_step(const SplitPlanes& w, DeviceGrad grad, const float* buf, const SgdOptions& options,
                     const GradScaling& scaling) {
-  const char* fn = "sgd_step(device)";
+  const char* fn = "sgd_step";
   detail::check_scaling(scaling, fn);
   detail::check_planes(w, 0, w.numel, fn);
   grad_bf16(grad, w.numel, fn);

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <cstddef>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/c_api_guard.hpp"
@@ -26,24 +28,45 @@ struct Checked {
   OptimizerState state;
 };
 
+// Runs f(i) for each tensor; a refusal names the entry point and the tensor.
+template <class F>
+void each_tensor(std::size_t n, const stowage_step_tensor* tensors, const char* what, F&& f) {
+  if (n > 0 && tensors == nullptr) throw InvalidArgument(fmt::format("{}: null tensors for n = {}", what, n));
+  if (n > (std::size_t{1} << 40))
+    throw InvalidArgument(fmt::format("{}: n = {} tensors is not a plausible count", what, n));
+  for (std::size_t i = 0; i < n; ++i) {
+    try {
+      f(i);
+    } catch (const InvalidArgument& e) {
+      const std::string_view msg = e.what();
+      throw InvalidArgument(
+          fmt::format("{}{} (tensor {} of {})", msg.starts_with(what) ? "" : std::string(what) + ": ", msg, i, n));
+    }
+  }
+}
+
 // The tensors, every one checked before anything is written or queued: `check` runs the step's
 // own argument checks on each.
 template <class Check>
 std::vector<Checked> checked(std::size_t n, const stowage_step_tensor* tensors, const char* what, Check&& check) {
-  if (n > 0 && tensors == nullptr) throw InvalidArgument(fmt::format("{}: null tensors for n = {}", what, n));
   std::vector<Checked> out;
-  out.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) {
+  each_tensor(n, tensors, what, [&](std::size_t i) {
     const stowage_step_tensor& t = tensors[i];
-    try {
-      Checked c{capi::planes_of(&t.weights, what), capi::grad_of(t.grad, t.grad_bits, what), t.state0, t.state1,
-                capi::state_of(t.step, what)};
-      check(c);
-      out.push_back(c);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(fmt::format("{} (tensor {} of {})", e.what(), i, n));
-    }
-  }
+    Checked c{capi::planes_of(&t.weights, what), capi::grad_of(t.grad, t.grad_bits, what), t.state0, t.state1,
+              capi::state_of(t.step, what)};
+    check(c);
+    out.push_back(c);
+  });
+  return out;
+}
+
+// What the finite check reads: each gradient and its length, nothing else.
+std::vector<DeviceGradSpan> grads_of(std::size_t n, const stowage_step_tensor* tensors, const char* what) {
+  std::vector<DeviceGradSpan> out;
+  each_tensor(n, tensors, what, [&](std::size_t i) {
+    const stowage_step_tensor& t = tensors[i];
+    out.push_back({capi::device_grad(capi::grad_of(t.grad, t.grad_bits, what)), t.weights.numel});
+  });
   return out;
 }
 
@@ -54,9 +77,15 @@ std::vector<DeviceGradSpan> grad_spans(const std::vector<Checked>& ts) {
   return out;
 }
 
-bool any_nonfinite_host(const std::vector<Checked>& ts) {
-  for (const Checked& t : ts)
-    if (any_nonfinite(t.grad, 0, t.weights.numel)) return true;
+bool any_elements(const std::vector<DeviceGradSpan>& grads) {
+  for (const DeviceGradSpan& g : grads)
+    if (g.n > 0) return true;
+  return false;
+}
+
+bool any_nonfinite_host(const std::vector<DeviceGradSpan>& grads) {
+  for (const DeviceGradSpan& g : grads)
+    if (any_nonfinite(HostGrad{g.grad.data, g.grad.dtype}, 0, g.n)) return true;
   return false;
 }
 
@@ -70,7 +99,7 @@ GradScaling unchecked(GradScaling s) {
 template <class Step>
 int host_steps(std::size_t n, stowage_step_tensor* tensors, std::vector<Checked>& ts, const GradScaling& scaling,
                Step&& step) {
-  if (scaling.skip_nonfinite && any_nonfinite_host(ts)) return 0;
+  if (scaling.skip_nonfinite && any_nonfinite_host(grad_spans(ts))) return 0;
   for (std::size_t i = 0; i < n; ++i) tensors[i].step = step(ts[i], unchecked(scaling)).step;
   return 1;
 }
@@ -80,10 +109,9 @@ template <class Step>
 int device_steps(int device, Stream s, std::size_t n, stowage_step_tensor* tensors, std::vector<Checked>& ts,
                  const GradScaling& scaling, Step&& step) {
   Device& d = stowage::device(device);
-  if (scaling.skip_nonfinite) {
-    const std::vector<DeviceGradSpan> spans = grad_spans(ts);
+  if (const std::vector<DeviceGradSpan> grads = grad_spans(ts); scaling.skip_nonfinite && any_elements(grads)) {
     const capi::Flag flag(device, s, true);
-    if (any_nonfinite(d, s, spans, flag.get())) return 0;
+    if (any_nonfinite(d, s, grads, flag.get())) return 0;
   }
   for (std::size_t i = 0; i < n; ++i) tensors[i].step = step(d, ts[i], unchecked(scaling)).step;
   return 1;
@@ -105,20 +133,16 @@ using namespace stowage;
 extern "C" {
 
 int stowage_any_nonfinite_multi(size_t n, const stowage_step_tensor* tensors) {
-  return guarded(-1, [&] {
-    const std::vector<Checked> ts = checked(n, tensors, "stowage_any_nonfinite_multi", [](const Checked&) {});
-    return any_nonfinite_host(ts) ? 1 : 0;
-  });
+  return guarded(-1, [&] { return any_nonfinite_host(grads_of(n, tensors, "stowage_any_nonfinite_multi")) ? 1 : 0; });
 }
 
 int stowage_any_nonfinite_multi_async(int device, void* stream, size_t n, const stowage_step_tensor* tensors,
                                       int* flag) {
   return guarded(-1, [&] {
     const Stream s = checked_stream(device, stream);
-    const std::vector<Checked> ts = checked(n, tensors, "stowage_any_nonfinite_multi_async", [](const Checked&) {});
-    const std::vector<DeviceGradSpan> spans = grad_spans(ts);
-    const capi::Flag own(device, s, flag == nullptr);
-    return any_nonfinite(stowage::device(device), s, spans, flag != nullptr ? flag : own.get()) ? 1 : 0;
+    const std::vector<DeviceGradSpan> grads = grads_of(n, tensors, "stowage_any_nonfinite_multi_async");
+    const capi::Flag own(device, s, flag == nullptr && any_elements(grads));
+    return any_nonfinite(stowage::device(device), s, grads, flag != nullptr ? flag : own.get()) ? 1 : 0;
   });
 }
 

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "common/log.hpp"
 #include "runtime/c_api_devices.hpp"
 #include "stowage/error.hpp"
@@ -43,7 +45,9 @@ SgdOptions sgd_options_of(const stowage_sgd_options* o, const char* what) {
 }
 
 OptimizerState state_of(std::int64_t step, const char* what) {
-  if (step < 0) throw InvalidArgument(fmt::format("{}: a step count must be >= 0 (got {})", what, step));
+  // The next step's number must fit: the bias corrections take step + 1.
+  if (step < 0 || step == std::numeric_limits<std::int64_t>::max())
+    throw InvalidArgument(fmt::format("{}: a step count must be >= 0 and below 2^63 - 1 (got {})", what, step));
   return OptimizerState{step};
 }
 

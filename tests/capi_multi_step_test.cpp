@@ -113,6 +113,11 @@ TEST(CapiMultiStep, OneNonFiniteGradientSkipsEveryTensor) {
   std::vector<Tensor> ts = model(2);
   std::vector<stowage_step_tensor> cs = views(ts);
   EXPECT_EQ(stowage_any_nonfinite_multi(cs.size(), cs.data()), 0);
+  // The check reads the gradients and their lengths only.
+  std::vector<stowage_step_tensor> grads_only = cs;
+  for (auto& c : grads_only)
+    c = {{nullptr, nullptr, nullptr, c.weights.numel, 9}, c.grad, c.grad_bits, nullptr, nullptr, -1};
+  EXPECT_EQ(stowage_any_nonfinite_multi(grads_only.size(), grads_only.data()), 0) << stowage_last_error();
   ts[2].grad16[999] = 0x7F80;  // +Inf, the last element of the last tensor
   EXPECT_EQ(stowage_any_nonfinite_multi(cs.size(), cs.data()), 1);
   const std::vector<Tensor> before = ts;
@@ -148,6 +153,14 @@ TEST(CapiMultiStep, ABadTensorAnywhereIsRefusedBeforeAnyIsWritten) {
   cs = views(ts);
   cs[0].state0 = nullptr;
   EXPECT_TRUE(refused(stowage_sgd_step_multi(cs.size(), cs.data(), &kSgd, nullptr), "momentum buffer"));
+  cs = views(ts);
+  cs[1].grad = nullptr;  // the message names the entry point and the tensor
+  EXPECT_TRUE(refused(stowage_adam_step_multi(cs.size(), cs.data(), &kAdam, nullptr), "stowage_adam_step_multi: "));
+  EXPECT_TRUE(refused(stowage_adam_step_multi(cs.size(), cs.data(), &kAdam, nullptr), "(tensor 1 of 3)"));
+  cs = views(ts);
+  cs[2].step = std::numeric_limits<std::int64_t>::max();  // the next step's number would not fit
+  EXPECT_TRUE(refused(stowage_adam_step_multi(cs.size(), cs.data(), &kAdam, nullptr), "(tensor 2 of 3)"));
+  EXPECT_EQ(cs[0].step, 0);
   EXPECT_TRUE(refused(stowage_adam_step_multi(3, nullptr, &kAdam, nullptr), "null tensors"));
   EXPECT_TRUE(refused(stowage_adam_step_multi(cs.size(), cs.data(), nullptr, nullptr), "null options"));
   for (std::size_t i = 0; i < ts.size(); ++i) EXPECT_TRUE(ts[i] == before[i]) << "tensor " << i << " was written";

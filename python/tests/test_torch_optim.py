@@ -32,8 +32,8 @@ def test_losses_masters_and_bf16_weights_are_bit_identical_to_plain_pytorch(kind
 
 def test_the_kept_multi_tensor_call_follows_missing_gradients_and_replaced_state():
     """step() keeps its multi-tensor call from step to step; with a parameter that has no gradient
-    for two steps and a moment the user replaced, it gives the numbers of a call built afresh at
-    every step, and each parameter counts only its own steps."""
+    for two steps, a moment the user replaced, one whose memory moved and a count set in place, it
+    gives the numbers of a call built afresh at every step, and each parameter counts its own steps."""
     data = batches(8)
     a, b = make_model(), make_model()
     oa, ob = SharedStorageAdamW(a.parameters(), lr=3e-3), SharedStorageAdamW(b.parameters(), lr=3e-3)
@@ -46,10 +46,16 @@ def test_the_kept_multi_tensor_call_follows_missing_gradients_and_replaced_state
                 params[0].grad = None
             if k == 5:  # a copy in its place: the steps from now on must update the copy
                 opt.state[params[1]]["exp_avg"] = opt.state[params[1]]["exp_avg"].clone()
+            if k == 6:  # the same tensor over new memory, and a count set in place
+                opt.state[params[2]]["exp_avg_sq"].data = opt.state[params[2]]["exp_avg_sq"].clone()
+                opt.state[params[0]]["step"].fill_(1.0)
         ob._batch_cache.clear()
         oa.step()
         ob.step()
-    assert [float(oa.state[p]["step"]) for p in a.parameters()] == [6.0] + [8.0] * (len(list(a.parameters())) - 1)
+    assert [float(oa.state[p]["step"]) for p in a.parameters()] == [3.0] + [8.0] * (len(list(a.parameters())) - 1)
+    for saved in oa.state_dict()["state"].values():  # a saved count is its own tensor, not a view of ours
+        saved["step"].add_(100.0)
+    assert [float(oa.state[p]["step"]) for p in a.parameters()] == [3.0] + [8.0] * (len(list(a.parameters())) - 1)
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.equal(bits(oa.master(p)), bits(ob.master(q)))
         for key in ("exp_avg", "exp_avg_sq"):

@@ -125,15 +125,24 @@ class _Batch:
             t.grad_bits = _grad_bits(g)
 
     def bind(self, i, state, stepped):
+        """Parameter i's state into the array: again only when its tensors are other objects than
+        the ones held, or their memory moved (`.data` replaced, `set_()`)."""
         held = (state["step"], *stepped)
-        if len(held) == len(self._held[i]) and all(a is b for a, b in zip(held, self._held[i])):
+        ptrs = _pointers(stepped)
+        kept = self._held[i]
+        if len(held) + 2 == len(kept) and all(a is b for a, b in zip(held, kept)) and kept[-2:] == ptrs:
             return
         t = self.tensors[i]
-        t.state0, t.state1 = _pointers(stepped)
-        t.step = int(state["step"].item())
-        self.counts[i] = float(t.step)
+        t.state0, t.state1 = ptrs
+        self.counts[i] = float(state["step"].item())
         state["step"] = self.counts[i]
-        self._held[i] = (state["step"], *stepped)  # also keeps them alive while the array names their memory
+        self._held[i] = (state["step"], *stepped, *ptrs)  # also keeps them alive while the array names them
+
+    def load_counts(self):
+        """Each tensor's count from `counts`, which each state["step"] views: a count the user set
+        in place is the one the kernel uses."""
+        for t, count in zip(self.tensors, self.counts.tolist()):
+            t.step = int(count)
 
     def applied(self):
         """The call applied every tensor's step (the C ABI counted them in the array)."""
@@ -316,6 +325,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             for i, p in enumerate(batch.params):
                 state = self._state_for(group, p)
                 batch.bind(i, state, self._stepped(group, state))
+            batch.load_counts()
             self._step_multi(group, batch.tensors, clip, self._placement(batch.device))
             batch.applied()
         return loss
@@ -349,8 +359,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         state["step"].fill_(float(tensors[0].step))
 
     def _any_nonfinite(self, batches, streamed):
-        """One call for each multi-tensor batch (on a device: one check each on its current stream,
-        one wait), one for the streamed parameters' gradients."""
+        """One call for each multi-tensor batch (on a device: one check per gradient on its current
+        stream, one wait per call), one for the streamed parameters' gradients."""
         for batch in batches:
             if self._check(batch.tensors, batch.device):
                 return True
@@ -388,6 +398,9 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         so does this optimizer, bit for bit. Offloaded state is there as the host tensors it lives in."""
         self._homes.synchronize()  # a queued step may still write offloaded state
         sd = super().state_dict()
+        # Each step count on its own: another optimizer loading this dict in the same process must
+        # not share the view of this optimizer's counts.
+        sd["state"] = {k: {**v, "step": v["step"].clone()} if "step" in v else v for k, v in sd["state"].items()}
         sd["stowage_master"] = [self.master(p) for _, _, _, p in self._flat]
         return sd
 
