@@ -4,20 +4,32 @@
 namespace stowage {
 namespace {
 
-// The innermost ScopedTag's tag; nullptr for none. A plain pointer: a thread-local with no
+// The innermost ScopedTag of the thread; nullptr for none. A plain pointer: a thread-local with no
 // constructor or destructor is one access on the allocation hot path.
-thread_local const std::string* current_tag = nullptr;
+thread_local ScopedTag* innermost = nullptr;
 
 }  // namespace
 
-ScopedTag::ScopedTag(std::string tag) : tag_(std::move(tag)), previous_(current_tag) { current_tag = &tag_; }
+ScopedTag::ScopedTag(std::string tag) : tag_(std::move(tag)), previous_(innermost) { innermost = this; }
 
-ScopedTag::~ScopedTag() { current_tag = previous_; }
+ScopedTag::~ScopedTag() {
+  if (innermost == this) {
+    innermost = previous_;
+    return;
+  }
+  // Ended before a tag nested in it: out of the chain, so no tag is left naming it.
+  for (ScopedTag* t = innermost; t != nullptr; t = t->previous_) {
+    if (t->previous_ == this) {
+      t->previous_ = previous_;
+      return;
+    }
+  }
+}
 
 const std::string& ScopedTag::current() {
-  static const std::string none;
-  const std::string* tag = current_tag;
-  return tag != nullptr ? *tag : none;
+  static const std::string& none = *new std::string();  // leaked: allocations in static destructors read it
+  const ScopedTag* t = innermost;
+  return t != nullptr ? t->tag_ : none;
 }
 
 }  // namespace stowage

@@ -2,6 +2,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 #include "allocator_test_util.hpp"
 #include "nlohmann/json.hpp"
 
@@ -57,6 +60,30 @@ TEST(AllocatorSnapshot, BlocksCarryTagsAndStates) {
   EXPECT_EQ(s.trace[2].tag, "layer3.attn");
   EXPECT_EQ(s.trace[2].address, addr(y));
   for (std::size_t i = 1; i < s.trace.size(); ++i) EXPECT_LE(s.trace[i - 1].time_ns, s.trace[i].time_ns);
+}
+
+// Tags that end out of order (a stack of them destroyed front to back, as a vector's elements
+// are at thread exit) leave the nest and name no freed tag (ASan checks the reads).
+TEST(AllocatorSnapshot, TagsEndingOutOfOrderLeaveTheNest) {
+  std::vector<std::unique_ptr<ScopedTag>> tags;
+  tags.push_back(std::make_unique<ScopedTag>("outer"));
+  tags.push_back(std::make_unique<ScopedTag>("middle"));
+  tags.push_back(std::make_unique<ScopedTag>("inner"));
+  tags.erase(tags.begin() + 1);  // the middle one ends first
+  EXPECT_EQ(ScopedTag::current(), "inner");
+  tags.erase(tags.begin());  // then the outermost
+  EXPECT_EQ(ScopedTag::current(), "inner");
+  tags.clear();
+  EXPECT_EQ(ScopedTag::current(), "");
+  {
+    ScopedTag a("a");
+    auto b = std::make_unique<ScopedTag>("b");
+    { ScopedTag c("c"); }
+    EXPECT_EQ(ScopedTag::current(), "b");
+    b.reset();
+    EXPECT_EQ(ScopedTag::current(), "a");
+  }
+  EXPECT_EQ(ScopedTag::current(), "");
 }
 
 TEST(AllocatorSnapshot, TraceRingKeepsTheNewest) {

@@ -6,8 +6,9 @@
 namespace stowage {
 
 // Sets the tag recorded with every allocation made on this thread while it lives
-// (e.g. "layer3.attn"); nests, restoring the outer tag on destruction. Tags on one thread end in
-// the reverse order of their start, as scopes do.
+// (e.g. "layer3.attn"); nests, restoring the outer tag on destruction. A tag ends on the thread
+// that made it; one that ends before a tag nested in it (a stack of them unwound front to back)
+// just leaves the nest.
 class ScopedTag {
  public:
   explicit ScopedTag(std::string tag);
@@ -18,7 +19,7 @@ class ScopedTag {
 
  private:
   std::string tag_;
-  const std::string* previous_;
+  ScopedTag* previous_;  // the tag it nests in on its thread
 };
 
 }  // namespace stowage
