@@ -47,6 +47,10 @@ def test_losses_and_gradients_are_bit_identical_and_prefetch_runs_ahead(prefetch
     # distance, every earlier call's were already on their way.
     assert s.on_demand == (3 * per_call if prefetch else s.swapped)
     assert s.prefetched == s.swapped - s.on_demand
+    # On the CPU every copy runs inline on the compute thread: all of it is waited for.
+    assert s.copy_ms > 0 and s.stall_ms == s.copy_ms and s.hidden == 0.0
+    s.reset()
+    assert (s.bytes_to_host, s.swapped, s.copy_ms, s.stall_ms, s.hidden) == (0, 0, 0.0, 0.0, 0.0)
     handle.remove()
     assert "forward" not in model.blocks[0].attn.__dict__
 
@@ -105,3 +109,20 @@ def test_bad_arguments_are_refused():
         swap_activations(model, names=["blocks.9"])
     with pytest.raises(InvalidArgumentError, match="no module was chosen"):
         swap_activations(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not stowage.using_cuda(),
+                    reason="needs a CUDA GPU and a libstowage that uses it")
+def test_on_cuda_the_copies_run_on_side_streams_and_report_what_compute_hid():
+    model, data, vocab = model_and_data(3)
+    model = model.cuda()
+    data = [(x.cuda(), y.cuda()) for x, y in data]
+    handle = swap_activations(model, prefetch=1)
+    losses, _ = train(model, data, vocab)
+    s = handle.stats
+    assert s.bytes_to_host == s.bytes_to_device > 0 and all(loss == loss for loss in losses)
+    # Timed by events on the copy streams: every copy took some time, compute waited at most for
+    # all of it plus the queue ahead of it, and the fraction hidden is a fraction.
+    assert s.copy_ms > 0 and s.stall_ms >= 0 and 0.0 <= s.hidden <= 1.0
+    assert s.hidden == max(0.0, 1.0 - s.stall_ms / s.copy_ms)
+    handle.remove()

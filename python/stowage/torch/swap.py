@@ -16,6 +16,7 @@ mechanism is tested without one.
     handle.stats                                   # bytes moved, prefetch hits
     handle.remove()
 """
+import time
 import weakref
 
 import torch
@@ -35,7 +36,13 @@ def _is_attention(module):
 class SwapStats:
     """bytes_to_host / bytes_to_device: moved since creation or reset(); swapped: tensors sent to host;
     prefetched: unpacks whose copy back had been issued ahead (by the prefetch of a later module);
-    on_demand: unpacks that had to start their copy then."""
+    on_demand: unpacks that had to start their copy then.
+
+    How much of the copying compute hid: copy_ms is the time the copies took (on CUDA, timed by
+    events on the copy streams), stall_ms the time compute waited for them (on CUDA, from the
+    moment the compute stream reached a swapped tensor to the end of its copy back), and hidden
+    = 1 - stall_ms / copy_ms. On the CPU the copies run inline, so compute waits for all of them
+    (hidden 0). Reading copy_ms, stall_ms or hidden waits for the copies timed so far."""
 
     def __init__(self):
         self.reset()
@@ -43,10 +50,44 @@ class SwapStats:
     def reset(self):
         self.bytes_to_host = self.bytes_to_device = 0
         self.swapped = self.prefetched = self.on_demand = 0
+        self._copy_ms = self._stall_ms = 0.0
+        self._timed = []  # CUDA event pairs not read yet: ("copy" | "stall", start, end)
+
+    def _inline(self, seconds):
+        """A copy on the compute thread itself: all of it is waited for."""
+        self._copy_ms += 1e3 * seconds
+        self._stall_ms += 1e3 * seconds
+
+    def _read_events(self):
+        for kind, start, end in self._timed:
+            start.synchronize()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+            if kind == "copy":
+                self._copy_ms += ms
+            else:
+                self._stall_ms += max(0.0, ms)  # the copy ended before compute got there: no wait
+        self._timed.clear()
+
+    @property
+    def copy_ms(self):
+        self._read_events()
+        return self._copy_ms
+
+    @property
+    def stall_ms(self):
+        self._read_events()
+        return self._stall_ms
+
+    @property
+    def hidden(self):
+        copy = self.copy_ms
+        return max(0.0, 1.0 - self.stall_ms / copy) if copy > 0 else 0.0
 
     def __repr__(self):
         return (f"SwapStats(bytes_to_host={self.bytes_to_host}, bytes_to_device={self.bytes_to_device}, "
-                f"swapped={self.swapped}, prefetched={self.prefetched}, on_demand={self.on_demand})")
+                f"swapped={self.swapped}, prefetched={self.prefetched}, on_demand={self.on_demand}, "
+                f"copy_ms={self.copy_ms:.3f}, stall_ms={self.stall_ms:.3f}, hidden={self.hidden:.3f})")
 
 
 class _Packed:
@@ -59,10 +100,12 @@ class _Packed:
 
 
 class _Copier:
-    """Where the copies run: side streams and pinned memory on CUDA, plain copies elsewhere."""
+    """Where the copies run: side streams and pinned memory on CUDA, plain copies elsewhere; each
+    copy, and each wait for one, timed into `stats`."""
 
-    def __init__(self):
+    def __init__(self, stats):
         self.streams = {}
+        self.stats = stats
 
     def _pair(self, device):
         if device not in self.streams:
@@ -70,40 +113,57 @@ class _Copier:
         return self.streams[device]
 
     def to_host(self, t):
-        if t.device.type != "cuda" and memory.using_cuda():
-            # stowage's memory is a GPU's here, which CPU tensors cannot use: a plain CPU copy keeps
-            # the numbers and the bookkeeping (PyTorch's CPU bytes then do not drop).
-            return t.detach().clone(), None
         if t.device.type != "cuda":
-            # bool as uint8 bytes: older PyTorch reads no DLPack bool.
-            as_bytes = t.dtype == torch.bool
-            host = torch.from_dlpack(stowage_memory.empty(tuple(t.shape), torch.uint8 if as_bytes else t.dtype))
-            return (host.view(torch.bool) if as_bytes else host).copy_(t.detach()), None
+            start = time.perf_counter()
+            host = self._host_copy(t)
+            self.stats._inline(time.perf_counter() - start)
+            return host, None
         d2h, _ = self._pair(t.device)
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         d2h.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(d2h):
+            start, ready = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(d2h)
             host.copy_(t.detach(), non_blocking=True)
-            ready = torch.cuda.Event()
             ready.record(d2h)
+        self.stats._timed.append(("copy", start, ready))
         t.record_stream(d2h)  # its memory is reused only after the copy read it
         return host, ready
 
+    @staticmethod
+    def _host_copy(t):
+        if memory.using_cuda():
+            # stowage's memory is a GPU's here, which CPU tensors cannot use: a plain CPU copy keeps
+            # the numbers and the bookkeeping (PyTorch's CPU bytes then do not drop).
+            return t.detach().clone()
+        # bool as uint8 bytes: older PyTorch reads no DLPack bool.
+        as_bytes = t.dtype == torch.bool
+        host = torch.from_dlpack(stowage_memory.empty(tuple(t.shape), torch.uint8 if as_bytes else t.dtype))
+        return (host.view(torch.bool) if as_bytes else host).copy_(t.detach())
+
     def to_device(self, p):
         if p.device.type != "cuda":
-            return p.host.clone(), None
+            start = time.perf_counter()
+            back = p.host.clone()
+            self.stats._inline(time.perf_counter() - start)
+            return back, None
         _, h2d = self._pair(p.device)
         with torch.cuda.stream(h2d):
             h2d.wait_event(p.ready)
+            start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(h2d)
             back = p.host.to(p.device, non_blocking=True)
-            done = torch.cuda.Event()
             done.record(h2d)
+        self.stats._timed.append(("copy", start, done))
         return back, done
 
     def use(self, p):
         if p.back_ready is not None:
             current = torch.cuda.current_stream(p.device)
+            arrive = torch.cuda.Event(enable_timing=True)
+            arrive.record(current)  # compute got here; it goes on when the copy back has ended
             current.wait_event(p.back_ready)
+            self.stats._timed.append(("stall", arrive, p.back_ready))
             p.back.record_stream(current)
         return p.back
 
@@ -130,7 +190,8 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         raise InvalidArgumentError("swap_activations: no module was chosen (no *Attention class; name them)")
     # A parameter's storage, not the tensor: linear layers save views of their weights (weight.t()).
     params = {storage_of(p).data_ptr() for p in model.parameters()}
-    stats, copier, undo = SwapStats(), _Copier(), []
+    stats, undo = SwapStats(), []
+    copier = _Copier(stats)
     # Each forward of the model gets its own list of its swapped module calls, in order, each a list
     # of weak references to its _Packed (autograd owns them, so a saved tensor's copies go when its
     # backward node lets it go). Two forwards before one backward keep apart.
