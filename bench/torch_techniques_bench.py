@@ -161,7 +161,8 @@ def run(config, device, meter, args):
         print(f"== profile of one step of {config} (wall {1e3 * (t1 - t0):.2f} ms with the profiler)")
         print(profiled.key_averages().table(sort_by=sort, row_limit=args.profile_rows))
     stats = applied.swap.stats if applied.swap is not None else None
-    copy_ms, stall_ms, hidden = (stats.copy_ms, stats.stall_ms, stats.hidden) if stats else (0.0, 0.0, None)
+    copy_ms, wait_ms, overlap = ((stats.d2h_ms + stats.h2d_ms, stats.compute_wait_ms, stats.overlap_fraction) if stats
+                                 else (0.0, 0.0, None))
     applied.remove()
     del model, opt, applied, adamw, data
     return {
@@ -175,9 +176,9 @@ def run(config, device, meter, args):
         "swapped_bytes": stats.bytes_to_host if stats else 0,
         "prefetched": stats.prefetched if stats else 0,
         "on_demand": stats.on_demand if stats else 0,
-        "swap_copy_ms": copy_ms,  # over every step run, warm-up included
-        "swap_stall_ms": stall_ms,
-        "swap_hidden": hidden,
+        "swap_copy_ms": copy_ms,  # d2h + h2d, over every step run, warm-up included
+        "swap_compute_wait_ms": wait_ms,
+        "swap_overlap_fraction": overlap,
     }
 
 
@@ -238,9 +239,9 @@ def main(argv=None):
         print(f"{c:<17} {same:>15} {r['step_ms'] or 0:>8.2f} {ratio or 0:>8.3f} {r['boundary_allocated'] / mib:>13.1f} "
               f"{(saved or 0) / mib:>10.1f} {r['peak_allocated'] / mib:>9.1f} {r['swapped_bytes'] / mib:>12.1f}")
     for c, r in results.items():
-        if r["swap_hidden"] is not None:
+        if r["swap_overlap_fraction"] is not None:
             print(f"{c}: swap copies took {r['swap_copy_ms']:.1f} ms over {args.steps} steps, compute waited "
-                  f"{r['swap_stall_ms']:.1f} ms for them: {100 * r['swap_hidden']:.1f} % hidden "
+                  f"{r['swap_compute_wait_ms']:.1f} ms for them: overlap fraction {r['swap_overlap_fraction']:.3f} "
                   f"({r['prefetched']} prefetched, {r['on_demand']} on demand)")
     if args.json:
         with open(args.json, "w") as f:

@@ -38,11 +38,12 @@ class SwapStats:
     prefetched: unpacks whose copy back had been issued ahead (by the prefetch of a later module);
     on_demand: unpacks that had to start their copy then.
 
-    How much of the copying compute hid: copy_ms is the time the copies took (on CUDA, timed by
-    events on the copy streams), stall_ms the time compute waited for them (on CUDA, from the
-    moment the compute stream reached a swapped tensor to the end of its copy back), and hidden
-    = 1 - stall_ms / copy_ms. On the CPU the copies run inline, so compute waits for all of them
-    (hidden 0). Reading copy_ms, stall_ms or hidden waits for the copies timed so far."""
+    How much of the copying compute hid, named as the C++ SwapScheduler's stats: d2h_ms / h2d_ms,
+    the copies' own time (on CUDA timed by events on the copy streams); compute_wait_ms, the time
+    compute waited for them (on CUDA from the moment the compute stream reached a swapped tensor
+    to the end of its copy back); overlap_fraction = 1 - compute_wait / (d2h + h2d time), 1 with
+    no copies. On the CPU the copies run inline, so compute waits for all of them (0). Reading
+    these waits for the copies timed so far."""
 
     def __init__(self):
         self.reset()
@@ -50,44 +51,47 @@ class SwapStats:
     def reset(self):
         self.bytes_to_host = self.bytes_to_device = 0
         self.swapped = self.prefetched = self.on_demand = 0
-        self._copy_ms = self._stall_ms = 0.0
-        self._timed = []  # CUDA event pairs not read yet: ("copy" | "stall", start, end)
+        self._ms = {"d2h": 0.0, "h2d": 0.0, "wait": 0.0}
+        self._timed = []  # CUDA event pairs not read yet: ("d2h" | "h2d" | "wait", start, end)
 
-    def _inline(self, seconds):
+    def _inline(self, kind, seconds):
         """A copy on the compute thread itself: all of it is waited for."""
-        self._copy_ms += 1e3 * seconds
-        self._stall_ms += 1e3 * seconds
+        self._ms[kind] += 1e3 * seconds
+        self._ms["wait"] += 1e3 * seconds
 
     def _read_events(self):
         for kind, start, end in self._timed:
             start.synchronize()
             end.synchronize()
-            ms = start.elapsed_time(end)
-            if kind == "copy":
-                self._copy_ms += ms
-            else:
-                self._stall_ms += max(0.0, ms)  # the copy ended before compute got there: no wait
+            # A copy back that ended before compute got there cost no wait.
+            self._ms[kind] += max(0.0, start.elapsed_time(end))
         self._timed.clear()
 
     @property
-    def copy_ms(self):
+    def d2h_ms(self):
         self._read_events()
-        return self._copy_ms
+        return self._ms["d2h"]
 
     @property
-    def stall_ms(self):
+    def h2d_ms(self):
         self._read_events()
-        return self._stall_ms
+        return self._ms["h2d"]
 
     @property
-    def hidden(self):
-        copy = self.copy_ms
-        return max(0.0, 1.0 - self.stall_ms / copy) if copy > 0 else 0.0
+    def compute_wait_ms(self):
+        self._read_events()
+        return self._ms["wait"]
+
+    @property
+    def overlap_fraction(self):
+        copy = self.d2h_ms + self.h2d_ms
+        return max(0.0, 1.0 - self.compute_wait_ms / copy) if copy > 0 else 1.0
 
     def __repr__(self):
         return (f"SwapStats(bytes_to_host={self.bytes_to_host}, bytes_to_device={self.bytes_to_device}, "
                 f"swapped={self.swapped}, prefetched={self.prefetched}, on_demand={self.on_demand}, "
-                f"copy_ms={self.copy_ms:.3f}, stall_ms={self.stall_ms:.3f}, hidden={self.hidden:.3f})")
+                f"d2h_ms={self.d2h_ms:.3f}, h2d_ms={self.h2d_ms:.3f}, compute_wait_ms={self.compute_wait_ms:.3f}, "
+                f"overlap_fraction={self.overlap_fraction:.3f})")
 
 
 class _Packed:
@@ -116,7 +120,7 @@ class _Copier:
         if t.device.type != "cuda":
             start = time.perf_counter()
             host = self._host_copy(t)
-            self.stats._inline(time.perf_counter() - start)
+            self.stats._inline("d2h", time.perf_counter() - start)
             return host, None
         d2h, _ = self._pair(t.device)
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
@@ -126,7 +130,7 @@ class _Copier:
             start.record(d2h)
             host.copy_(t.detach(), non_blocking=True)
             ready.record(d2h)
-        self.stats._timed.append(("copy", start, ready))
+        self.stats._timed.append(("d2h", start, ready))
         t.record_stream(d2h)  # its memory is reused only after the copy read it
         return host, ready
 
@@ -145,7 +149,7 @@ class _Copier:
         if p.device.type != "cuda":
             start = time.perf_counter()
             back = p.host.clone()
-            self.stats._inline(time.perf_counter() - start)
+            self.stats._inline("h2d", time.perf_counter() - start)
             return back, None
         _, h2d = self._pair(p.device)
         with torch.cuda.stream(h2d):
@@ -154,7 +158,7 @@ class _Copier:
             start.record(h2d)
             back = p.host.to(p.device, non_blocking=True)
             done.record(h2d)
-        self.stats._timed.append(("copy", start, done))
+        self.stats._timed.append(("h2d", start, done))
         return back, done
 
     def use(self, p):
@@ -163,7 +167,7 @@ class _Copier:
             arrive = torch.cuda.Event(enable_timing=True)
             arrive.record(current)  # compute got here; it goes on when the copy back has ended
             current.wait_event(p.back_ready)
-            self.stats._timed.append(("stall", arrive, p.back_ready))
+            self.stats._timed.append(("wait", arrive, p.back_ready))
             p.back.record_stream(current)
         return p.back
 
