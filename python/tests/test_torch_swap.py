@@ -57,6 +57,28 @@ def test_losses_and_gradients_are_bit_identical_and_prefetch_runs_ahead(prefetch
     assert "forward" not in model.blocks[0].attn.__dict__
 
 
+def test_parameters_given_new_storage_after_wrapping_are_still_not_swapped():
+    """An optimizer made after swap_activations (mixed precision's bf16 copy, shared-storage planes)
+    gives the parameters new storage: they are still recognised, and swap exactly what a model
+    converted before wrapping swaps."""
+    counts = []
+    for convert_first in (True, False):
+        model, data, vocab = model_and_data(2)
+        model = model.float()
+        if convert_first:
+            for p in model.parameters():
+                p.data = p.detach().to(torch.bfloat16)
+        handle = swap_activations(model, prefetch=1, names=[f"blocks.{i}.attn.proj" for i in range(LAYERS)])
+        if not convert_first:
+            for p in model.parameters():
+                p.data = p.detach().to(torch.bfloat16)
+        train(model, data, vocab)
+        counts.append((handle.stats.swapped, handle.stats.bytes_to_host, handle.stats.on_demand))
+        handle.remove()
+    assert counts[0] == counts[1]
+    assert counts[0][0] == 2 * LAYERS  # each projection's input, never its weight
+
+
 def saved_bytes(model, x):
     meter = demo.SavedBytes(model.parameters())
     with meter.hooks():

@@ -193,6 +193,9 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     if not chosen:
         raise InvalidArgumentError("swap_activations: no module was chosen (no *Attention class; name them)")
     # A parameter's storage, not the tensor: linear layers save views of their weights (weight.t()).
+    # Taken again at every forward of the model: an optimizer made after this call may have given
+    # the parameters new storage (a bf16 copy, shared-storage planes), and the old addresses may
+    # then hold activations.
     params = {storage_of(p).data_ptr() for p in model.parameters()}
     stats, undo = SwapStats(), []
     copier = _Copier(stats)
@@ -249,6 +252,8 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         set_forward(module, forward, undo)
     def new_forward(m, args):
         forward_calls[0] = []
+        params.clear()
+        params.update(storage_of(p).data_ptr() for p in model.parameters())
     reset = model.register_forward_pre_hook(new_forward)
     undo.append(reset.remove)
     return SwapHandle(stats, chosen, undo)
