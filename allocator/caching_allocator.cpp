@@ -1,5 +1,6 @@
 // The caching allocator's public entry points and its allocation and free paths.
 #include <algorithm>
+#include <new>
 
 #include "allocator/caching_allocator_impl.hpp"
 #include "allocator/size_classes.hpp"
@@ -268,7 +269,10 @@ void CachingAllocator::do_deallocate(void* ptr, std::size_t expected_bytes) {
                     expected_bytes, b->requested));
   }
   if (taken) {
-    if (m.fast_free(b)) return;
+    try {
+      if (m.fast_free(b)) return;
+    } catch (const std::bad_alloc&) {  // no memory for this thread's first cache: the slow way
+    }
     Impl::Exclusive ex(m);
     if (m.cache_freed(b)) return;
     m.uncache(b);

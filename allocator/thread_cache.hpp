@@ -57,6 +57,9 @@ struct alignas(64) ThreadCache {
   };
   static constexpr std::size_t kMaxBins = 32;
   std::vector<Bin> bins;
+  // All the bins it may have, at once: filing a block never allocates, so a free that has marked
+  // its block cached cannot fail part-way.
+  ThreadCache() { bins.reserve(kMaxBins); }
 
   // The two fast operations' statistics in one step each: false, changing nothing, when the
   // headroom does not allow them. What one lowers it gives back as headroom.
