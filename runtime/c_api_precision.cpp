@@ -11,8 +11,6 @@
 namespace stowage {
 namespace {
 
-using capi::guarded;
-
 // The count behind `step`, which must point to one.
 OptimizerState state_at(const int64_t* step, const char* what) {
   if (step == nullptr) throw InvalidArgument(fmt::format("{}: step must point to a count >= 0", what));
