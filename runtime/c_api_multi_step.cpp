@@ -117,14 +117,6 @@ int device_steps(int device, Stream s, std::size_t n, stowage_step_tensor* tenso
   return 1;
 }
 
-// The device and stream of an _async call, checked before anything is queued.
-Stream checked_stream(int device, void* stream) {
-  Device& d = stowage::device(device);  // InvalidArgument for an ordinal that names no device
-  const Stream s = stream_from_native(stream);
-  d.check_stream(s);
-  return s;
-}
-
 }  // namespace
 }  // namespace stowage
 
@@ -139,7 +131,7 @@ int stowage_any_nonfinite_multi(size_t n, const stowage_step_tensor* tensors) {
 int stowage_any_nonfinite_multi_async(int device, void* stream, size_t n, const stowage_step_tensor* tensors,
                                       int* flag) {
   return guarded(-1, [&] {
-    const Stream s = checked_stream(device, stream);
+    const Stream s = capi::stream_of(device, stream);
     const std::vector<DeviceGradSpan> grads = grads_of(n, tensors, "stowage_any_nonfinite_multi_async");
     const capi::Flag own(device, s, flag == nullptr && any_elements(grads));
     return any_nonfinite(stowage::device(device), s, grads, flag != nullptr ? flag : own.get()) ? 1 : 0;
@@ -182,7 +174,7 @@ int stowage_adam_step_multi_async(int device, void* stream, size_t n, stowage_st
     const char* what = "stowage_adam_step_multi_async";
     const AdamOptions o = capi::adam_options_of(options, what);
     const GradScaling sc = capi::scaling_of(scaling);
-    const Stream s = checked_stream(device, stream);
+    const Stream s = capi::stream_of(device, stream);
     std::vector<Checked> ts = checked(n, tensors, what, [&](const Checked& c) {
       check_adam_step(c.weights, capi::device_grad(c.grad), c.state0, c.state1, sc);
     });
@@ -198,7 +190,7 @@ int stowage_sgd_step_multi_async(int device, void* stream, size_t n, stowage_ste
     const char* what = "stowage_sgd_step_multi_async";
     const SgdOptions o = capi::sgd_options_of(options, what);
     const GradScaling sc = capi::scaling_of(scaling);
-    const Stream s = checked_stream(device, stream);
+    const Stream s = capi::stream_of(device, stream);
     std::vector<Checked> ts = checked(n, tensors, what, [&](const Checked& c) {
       check_sgd_step(c.weights, capi::device_grad(c.grad), c.state0, o, sc);
     });

@@ -86,9 +86,8 @@ int stowage_adam_step_async(int device, void* stream, const stowage_split_planes
     const AdamOptions o = adam_options_of(options, what);
     const GradScaling sc = scaling_of(scaling);
     OptimizerState state = state_at(step, what);
-    Device& d = stowage::device(device);  // InvalidArgument for an ordinal that names no device
-    const Stream s = stream_from_native(stream);
-    d.check_stream(s);                // a stream never created or destroyed is refused before anything is queued
+    const Stream s = stream_of(device, stream);
+    Device& d = stowage::device(device);
     check_adam_step(p, g, m, v, sc);  // before the flag: a refused call allocates nothing
     const Flag flag(device, s, sc.skip_nonfinite && p.numel > 0);
     const StepResult r = adam_step(d, s, p, g, m, v, o, sc, state, flag.get());
@@ -107,9 +106,8 @@ int stowage_sgd_step_async(int device, void* stream, const stowage_split_planes*
     const SgdOptions o = sgd_options_of(options, what);
     const GradScaling sc = scaling_of(scaling);
     OptimizerState state = state_at(step, what);
-    Device& d = stowage::device(device);  // InvalidArgument for an ordinal that names no device
-    const Stream s = stream_from_native(stream);
-    d.check_stream(s);  // a stream never created or destroyed is refused before anything is queued
+    const Stream s = stream_of(device, stream);
+    Device& d = stowage::device(device);
     check_sgd_step(p, g, momentum_buffer, o, sc);  // before the flag: a refused call allocates nothing
     const Flag flag(device, s, sc.skip_nonfinite && p.numel > 0);
     const StepResult r = sgd_step(d, s, p, g, momentum_buffer, o, sc, state, flag.get());
@@ -120,10 +118,7 @@ int stowage_sgd_step_async(int device, void* stream, const stowage_split_planes*
 
 int stowage_synchronize(int device, void* stream) {
   return guarded(-1, [&] {
-    Device& d = stowage::device(device);  // InvalidArgument for an ordinal that names no device
-    const Stream s = stream_from_native(stream);
-    d.check_stream(s);
-    d.synchronize(s);
+    stowage::device(device).synchronize(stream_of(device, stream));
     return 0;
   });
 }

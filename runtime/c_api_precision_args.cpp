@@ -8,6 +8,7 @@
 #include "common/log.hpp"
 #include "runtime/c_api_devices.hpp"
 #include "stowage/error.hpp"
+#include "stowage/runtime.hpp"
 
 namespace stowage::capi {
 
@@ -49,6 +50,13 @@ OptimizerState state_of(std::int64_t step, const char* what) {
   if (step < 0 || step == std::numeric_limits<std::int64_t>::max())
     throw InvalidArgument(fmt::format("{}: a step count must be >= 0 and below 2^63 - 1 (got {})", what, step));
   return OptimizerState{step};
+}
+
+Stream stream_of(int device, void* stream) {
+  Device& d = stowage::device(device);
+  const Stream s = stream_from_native(stream);
+  d.check_stream(s);
+  return s;
 }
 
 Flag::Flag(int device, Stream stream, bool needed) {

@@ -20,6 +20,9 @@ namespace stowage::capi {
 [[gnu::visibility("hidden")]] SgdOptions sgd_options_of(const stowage_sgd_options* o, const char* what);
 [[gnu::visibility("hidden")]] OptimizerState state_of(std::int64_t step, const char* what);
 inline DeviceGrad device_grad(const HostGrad& g) { return DeviceGrad{g.data, g.dtype}; }
+// The stream of an _async call on `device`, checked before anything is queued: an ordinal that
+// names no device, or a stream never created or already destroyed, is refused.
+[[gnu::visibility("hidden")]] Stream stream_of(int device, void* stream);
 
 // The finite check's flag in the device's memory, from the C ABI's allocator of that device, only
 // when the step checks (a framework that checks for itself never makes that allocator); given
