@@ -222,7 +222,9 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
   }
   const std::size_t rounded = detail::round_size(bytes);
   Impl& m = *impl_;
-  if (m.thread_caches) {
+  // A thread's cache files no block larger than thread_cache_max_block: larger sizes skip it.
+  const bool cached_size = m.thread_caches && rounded <= m.opts.thread_cache_max_block;
+  if (cached_size) {
     if (void* p = m.fast_allocate(bytes, rounded, stream)) return p;
   }
   // A block never carries a stream that is not real: a bad one fails here, changing nothing.
@@ -232,7 +234,9 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
   Impl::Exclusive ex(m);
   if (m.thread_caches) {
     if (detail::ThreadCache* c = m.thread_cache(false)) m.check_cached_streams(*c);
-    if (void* cached = m.hand_out_cached(bytes, rounded, stream)) return cached;
+    if (cached_size) {
+      if (void* cached = m.hand_out_cached(bytes, rounded, stream)) return cached;
+    }
   }
   Block* b = m.pool(p).find(rounded, stream, m.max_split());
   if (!b) b = m.slow_find(bytes, rounded, p, stream);

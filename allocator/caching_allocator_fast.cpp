@@ -4,7 +4,6 @@
 // Locks, always taken in this order: mu, then thread caches' locks, then live-map shards. A fast
 // operation holds its own cache's lock and at most one shard's.
 #include <algorithm>
-#include <limits>
 
 #include "allocator/caching_allocator_impl.hpp"
 #include "allocator/size_classes.hpp"
@@ -64,15 +63,6 @@ void CachingAllocator::Impl::retire_cache(void* allocator, const std::shared_ptr
   cache->detached = true;
   for (const auto& c : m.owner->caches) c->lock.unlock();
   std::erase(m.owner->caches, cache);
-}
-
-std::array<StatArray*, 2> CachingAllocator::Impl::leased_stats(int lease) {
-  switch (lease) {
-    case detail::kLeaseBytes: return {&st.allocated_bytes, &st.active_bytes};
-    case detail::kLeaseRequested: return {&st.requested_bytes, nullptr};
-    case detail::kLeaseCount: return {&st.allocation, nullptr};
-    default: return {&st.inactive_split_bytes, nullptr};
-  }
 }
 
 ThreadCache* CachingAllocator::Impl::thread_cache(bool create) {
@@ -211,6 +201,7 @@ void CachingAllocator::Impl::fold_caches() {
   for (const auto& c : owner->caches) {
     for (int p = 0; p < kPoolCount; ++p) {
       detail::FastMoves& mv = c->moves[p];
+      if (mv.count_in == 0 && mv.count_out == 0) continue;  // every fast move counts one block
       const auto pool = static_cast<Pool>(p);
       const auto move = [&](StatArray& a, std::int64_t in, std::int64_t out) {
         for (Stat* s : {&a.all, &a.of(pool)}) {
@@ -233,23 +224,33 @@ void CachingAllocator::Impl::fold_caches() {
 
 // Keeps total + every cache's headroom <= peak for each statistic a lease bounds: where the slow
 // path raised a total, leases are taken back; what is left over goes to the calling thread's cache.
+// Straight-line over the 4 x 3 leases: every slow operation with a thread cache runs it.
 void CachingAllocator::Impl::grant_headroom(ThreadCache* self) {
-  if (owner->caches.empty()) return;
-  for (int lease = 0; lease < detail::kLeaseKinds; ++lease) {
-    const std::array<StatArray*, 2> stats = leased_stats(lease);
-    for (int slot = 0; slot < detail::kFastSlots; ++slot) {
-      std::int64_t room = std::numeric_limits<std::int64_t>::max();  // the least peak - current
-      for (StatArray* a : stats) {
-        if (a == nullptr) continue;
-        const Stat& s = slot == 0 ? a->all : a->of(static_cast<Pool>(slot - 1));
-        room = std::min(room, s.peak - s.current);
-      }
-      std::int64_t leased = 0;
-      for (const auto& c : owner->caches) leased += c->headroom[lease][slot];
-      std::int64_t slack = room - leased;
+  using detail::kFastSlots;
+  using detail::kLeaseKinds;
+  const auto& caches = owner->caches;
+  if (caches.empty()) return;
+  std::int64_t room[kLeaseKinds][kFastSlots];  // the least peak - current of what each lease bounds
+  const auto least = [](const StatArray& a, int slot) {
+    const Stat& s = slot == 0 ? a.all : a.of(static_cast<Pool>(slot - 1));
+    return s.peak - s.current;
+  };
+  for (int slot = 0; slot < kFastSlots; ++slot) {
+    room[detail::kLeaseBytes][slot] = std::min(least(st.allocated_bytes, slot), least(st.active_bytes, slot));
+    room[detail::kLeaseRequested][slot] = least(st.requested_bytes, slot);
+    room[detail::kLeaseCount][slot] = least(st.allocation, slot);
+    room[detail::kLeaseInactive][slot] = least(st.inactive_split_bytes, slot);
+  }
+  std::int64_t leased[kLeaseKinds][kFastSlots] = {};
+  for (const auto& c : caches)
+    for (int lease = 0; lease < kLeaseKinds; ++lease)
+      for (int slot = 0; slot < kFastSlots; ++slot) leased[lease][slot] += c->headroom[lease][slot];
+  for (int lease = 0; lease < kLeaseKinds; ++lease) {
+    for (int slot = 0; slot < kFastSlots; ++slot) {
+      std::int64_t slack = room[lease][slot] - leased[lease][slot];
       if (slack < 0) {
-        for (const auto& c : owner->caches) c->headroom[lease][slot] = 0;
-        slack = room;
+        for (const auto& c : caches) c->headroom[lease][slot] = 0;
+        slack = room[lease][slot];
       }
       if (self != nullptr && slack > 0) self->headroom[lease][slot] += slack;
     }

@@ -89,8 +89,7 @@ struct CachingAllocator::Impl {
   static void retire_cache(void* allocator, const std::shared_ptr<detail::ThreadCache>& cache);
   // A cached block handed out (or taken back) as a fast operation would, through the statistics.
   void apply_exact(bool handed_out, const detail::Block& b, std::size_t requested);
-  std::array<StatArray*, 2> leased_stats(int lease);  // the statistics a lease bounds (nullptr: none)
-  std::size_t limit() const;                          // bytes the allocator may reserve
+  std::size_t limit() const;  // bytes the allocator may reserve
   std::size_t max_split() const { return mode == SegmentMode::classic ? opts.max_split_size : 0; }
 
   // --- allocation paths (caching_allocator.cpp) ---
