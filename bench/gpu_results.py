@@ -140,7 +140,7 @@ def torch_allocator(logs: Path) -> str:
 
 def techniques(logs: Path) -> str:
     out = []
-    for run in ("pytorch", "stowage", "offload"):
+    for run in ("pytorch", "stowage", "offload", "offload_large"):
         p = logs / f"torch_techniques.{run}.json"
         if not p.exists():
             said = text(logs, f"torch_techniques.{run}.txt").strip().splitlines()
@@ -159,7 +159,9 @@ def techniques(logs: Path) -> str:
                          num(r["peak_allocated"] / 2 ** 20), num(r["swapped_bytes"] / 2 ** 20 / max(1, args["steps"]))])
         allocator, accumulate = args["allocator"], args.get("accumulate", 1)
         command = f"--allocator {allocator}" + (f" --accumulate {accumulate} --configs {args['configs']}"
-                                                  if run == "offload" else "")
+                                                  if run.startswith("offload") else "")
+        if run == "offload_large":
+            command += f" --batch {args['batch']} --steps {args['steps']}"
         out += [f"### PyTorch techniques on the small GPT, {allocator} allocator, {accumulate} micro-batch(es) a step "
                 f"(`bench/torch_techniques_bench.py {command}`)", "",
                 f"{first['parameters']:,} parameters, batch {args['batch']} × sequence {args['seq']}, {args['layers']} "
