@@ -171,6 +171,14 @@ def techniques(logs: Path) -> str:
                 "torch's boundary less this one. Losses are compared with the configuration's peer (see the script).",
                 "", table(["config", "same losses", "step ms", "vs torch", "boundary MiB", "saved MiB", "peak MiB",
                            "swapped MiB/step"], rows), ""]
+        share = data.get("recompute_share")
+        if share:
+            out += ["Recompute against its MLP, per layer, in isolation with the model's shapes (bf16): the MLP's "
+                    "forward + backward, and one recompute (the activation's forward and the copy into the released "
+                    "storage).", "",
+                    table(["MLP", "forward + backward ms", "recompute ms", "recompute / MLP"],
+                          [[k, num(r["mlp_ms"]), num(r["recompute_ms"]), f"{100 * r['share']:.2f} %"]
+                           for k, r in share.items()]), ""]
     return "\n".join(out).rstrip()
 
 

@@ -25,6 +25,12 @@ Per configuration: the losses (identical to the peer's or not), the median time 
 step (its micro-batches' forward and backward, and the update) after two warm-up steps, the device bytes allocated at the forward/backward boundary (after
 the queued copies are done) and the peak allocated over a step, from the allocator in use.
 Deterministic settings: CUBLAS_WORKSPACE_CONFIG=:4096:8 and torch.use_deterministic_algorithms.
+
+With recompute among the configurations, also the recompute's own cost against its MLP's, measured
+in isolation with the model's shapes in bf16, per layer: the MLP's forward and backward (fc1,
+activation, fc2) against what one recompute runs (the activation's forward and the copy into the
+released storage), for a GeLU and a SwiGLU layer. The recompute moves the activation's bytes; the
+MLP multiplies matrices, so the share falls as the hidden size grows.
 """
 import argparse
 import json
@@ -101,6 +107,53 @@ class Meter:
             return 0
         self.sync()
         return self.st.max_memory_allocated() if self.stowage else torch.cuda.max_memory_allocated()
+
+
+def timed_ms(fn, device, reps=20, rounds=5):
+    """Median over `rounds` of the mean time of `reps` calls of fn, after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(rounds):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / reps)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            times.append((time.perf_counter() - t0) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def recompute_share(device, args):
+    """Per layer kind: the MLP's forward + backward ms, one recompute's ms, and their ratio."""
+    from stowage.torch import gpt
+    out = {}
+    for kind, swiglu in (("gelu", False), ("swiglu", True)):
+        torch.manual_seed(0)
+        mlp = gpt.MLP(args.hidden, args.ffn, swiglu).to(device=device, dtype=torch.bfloat16)
+        x = torch.randn(args.batch, args.seq, args.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+        grad = torch.randn(args.batch, args.seq, args.hidden, device=device, dtype=torch.bfloat16)
+        with torch.no_grad():
+            inner = mlp.fc1(x)
+            released = torch.empty_like(mlp.act(inner))
+
+        def forward_backward():
+            mlp(x).backward(grad)
+
+        def recompute():
+            with torch.no_grad():
+                released.copy_(mlp.act(inner))
+
+        mlp_ms, recompute_ms = timed_ms(forward_backward, device), timed_ms(recompute, device)
+        out[kind] = {"mlp_ms": mlp_ms, "recompute_ms": recompute_ms, "share": recompute_ms / mlp_ms}
+    return out
 
 
 def run(config, device, meter, args):
@@ -243,9 +296,14 @@ def main(argv=None):
             print(f"{c}: swap copies took {r['swap_copy_ms']:.1f} ms over {args.steps} steps, compute waited "
                   f"{r['swap_compute_wait_ms']:.1f} ms for them: overlap fraction {r['swap_overlap_fraction']:.3f} "
                   f"({r['prefetched']} prefetched, {r['on_demand']} on demand)")
+    share = recompute_share(device, args) if "recompute" in results else None
+    for kind, r in (share or {}).items():
+        print(f"recompute of a {kind} MLP's activation: {r['recompute_ms']:.4f} ms against the MLP's forward + "
+              f"backward {r['mlp_ms']:.4f} ms: {100 * r['share']:.2f} %")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"schema": "stowage.torch_techniques_bench/1", "args": vars(args), "results": results}, f, indent=1)
+            json.dump({"schema": "stowage.torch_techniques_bench/1", "args": vars(args), "results": results,
+                       "recompute_share": share}, f, indent=1)
     bad = [c for c, r in results.items() if r["same_losses_as_peer"] is False]
     if bad:
         print(f"losses differ from the peer's in: {', '.join(bad)}")

@@ -190,7 +190,7 @@ run() {
     local allocator
     for allocator in pytorch stowage; do
       STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
-        --allocator $allocator $([[ $allocator == pytorch ]] && echo "--profile torch,shared,swap") \
+        --allocator $allocator $([[ $allocator == pytorch ]] && echo "--profile torch,shared,swap,recompute") \
         --json "$logs/torch_techniques.$allocator.json" > "$logs/torch_techniques.$allocator.txt" 2>&1 ||
         bench_rc=$?
       pack
