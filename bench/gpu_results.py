@@ -171,6 +171,12 @@ def techniques(logs: Path) -> str:
                 "torch's boundary less this one. Losses are compared with the configuration's peer (see the script).",
                 "", table(["config", "same losses", "step ms", "vs torch", "boundary MiB", "saved MiB", "peak MiB",
                            "swapped MiB/step"], rows), ""]
+        link = data.get("link")
+        if link:
+            of_step = f" = {100 * link['floor_share']:.1f} % of torch's step" if link.get("floor_share") else ""
+            out += [f"Link (pinned, 256 MiB copies): {num(link['h2d'])} GB/s host to device, {num(link['d2h'])} GB/s "
+                    f"back. Offloaded m and v are read and written once a step, 8 B a parameter each way: at least "
+                    f"{num(link['floor_ms'])} ms a step{of_step}.", ""]
         share = data.get("recompute_share")
         if share:
             out += ["Recompute against its MLP, per layer, in isolation with the model's shapes (bf16): the MLP's "

@@ -156,6 +156,24 @@ def recompute_share(device, args):
     return out
 
 
+def link_gbps(device, mib=256):
+    """The host link's GB/s each way, pinned host memory <-> device, median of 5 copies."""
+    host = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    h2d = timed_ms(lambda: dev.copy_(host, non_blocking=True), device, reps=1)
+    d2h = timed_ms(lambda: host.copy_(dev, non_blocking=True), device, reps=1)
+    return {"h2d": (mib << 20) / h2d / 1e6, "d2h": (mib << 20) / d2h / 1e6}
+
+
+def link_floor(results, link):
+    """What mapped or streamed state must cost at least: AdamW reads m and v over the link and
+    writes them back once a step, 8 B a parameter each way (the two directions run at once)."""
+    params = next(iter(results.values()))["parameters"]
+    floor_ms = max(8 * params / (link["h2d"] * 1e9), 8 * params / (link["d2h"] * 1e9)) * 1e3
+    torch_ms = results["torch"]["step_ms"] if "torch" in results else None
+    return {**link, "floor_ms": floor_ms, "floor_share": floor_ms / torch_ms if torch_ms else None}
+
+
 def run(config, device, meter, args):
     from stowage.torch import gpt
     from stowage.torch.adaptor import apply
@@ -296,6 +314,12 @@ def main(argv=None):
             print(f"{c}: swap copies took {r['swap_copy_ms']:.1f} ms over {args.steps} steps, compute waited "
                   f"{r['swap_compute_wait_ms']:.1f} ms for them: overlap fraction {r['swap_overlap_fraction']:.3f} "
                   f"({r['prefetched']} prefetched, {r['on_demand']} on demand)")
+    link = None
+    if device.type == "cuda" and any(c.startswith("offload_") for c in results):
+        link = link_floor(results, link_gbps(device))
+        share_text = f" = {100 * link['floor_share']:.1f} % of torch's step" if link["floor_share"] else ""
+        print(f"link {link['h2d']:.1f} GB/s host to device, {link['d2h']:.1f} GB/s back: offloaded m and v cost at "
+              f"least {link['floor_ms']:.2f} ms a step{share_text}")
     share = recompute_share(device, args) if "recompute" in results else None
     for kind, r in (share or {}).items():
         print(f"recompute of a {kind} MLP's activation: {r['recompute_ms']:.4f} ms against the MLP's forward + "
@@ -303,7 +327,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "stowage.torch_techniques_bench/1", "args": vars(args), "results": results,
-                       "recompute_share": share}, f, indent=1)
+                       "recompute_share": share, "link": link}, f, indent=1)
     bad = [c for c, r in results.items() if r["same_losses_as_peer"] is False]
     if bad:
         print(f"losses differ from the peer's in: {', '.join(bad)}")
