@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 import stowage  # noqa: E402
 from stowage import InvalidArgumentError  # noqa: E402
 from stowage.torch import demo, gpt  # noqa: E402
-from stowage.torch.swap import swap_activations  # noqa: E402
+from stowage.torch.swap import SwapStats, swap_activations  # noqa: E402
 
 LAYERS = 3
 
@@ -133,6 +133,39 @@ def test_bad_arguments_are_refused():
         swap_activations(model, names=["blocks.9"])
     with pytest.raises(InvalidArgumentError, match="no module was chosen"):
         swap_activations(torch.nn.Linear(2, 2))
+
+
+class FakeEvent:
+    """A CUDA event's timing surface: done or not, at a time in ms."""
+
+    def __init__(self, at, done=True):
+        self.at, self.done = at, done
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+    def elapsed_time(self, end):
+        assert self.done and end.done, "elapsed_time of an event not yet done"
+        return end.at - self.at
+
+
+def test_timings_of_finished_copies_are_read_as_they_come_so_a_long_run_keeps_few_events():
+    stats = SwapStats()
+    for step in range(1000):
+        stats._time("d2h", FakeEvent(0.0), FakeEvent(2.0))
+        stats._time("h2d", FakeEvent(0.0), FakeEvent(1.0))
+        stats._time("wait", FakeEvent(5.0), FakeEvent(4.0))  # the copy back was there first: no wait
+    assert len(stats._timed) == 0  # nothing held: each pair was done when the next came
+    # One still in flight holds the ones after it (read in order), and reading the stats waits for it.
+    late = FakeEvent(3.0, done=False)
+    stats._time("h2d", FakeEvent(0.0), late)
+    stats._time("wait", FakeEvent(1.0), FakeEvent(1.5))
+    assert len(stats._timed) == 2
+    assert stats.d2h_ms == 2000.0 and stats.h2d_ms == 1003.0 and stats.compute_wait_ms == 0.5
+    assert len(stats._timed) == 0 and late.done
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not stowage.using_cuda(),

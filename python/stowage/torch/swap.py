@@ -16,6 +16,7 @@ mechanism is tested without one.
     handle.stats                                   # bytes moved, prefetch hits
     handle.remove()
 """
+import collections
 import time
 import weakref
 
@@ -52,20 +53,31 @@ class SwapStats:
         self.bytes_to_host = self.bytes_to_device = 0
         self.swapped = self.prefetched = self.on_demand = 0
         self._ms = {"d2h": 0.0, "h2d": 0.0, "wait": 0.0}
-        self._timed = []  # CUDA event pairs not read yet: ("d2h" | "h2d" | "wait", start, end)
+        # CUDA event pairs not read yet, oldest first: ("d2h" | "h2d" | "wait", start, end)
+        self._timed = collections.deque()
 
     def _inline(self, kind, seconds):
         """A copy on the compute thread itself: all of it is waited for."""
         self._ms[kind] += 1e3 * seconds
         self._ms["wait"] += 1e3 * seconds
 
+    def _time(self, kind, start, end):
+        """Times a copy (or a wait) by two CUDA events. The pairs already done are read at once,
+        without waiting: a run that never reads its stats keeps only the copies still in flight."""
+        self._timed.append((kind, start, end))
+        while self._timed and self._timed[0][1].query() and self._timed[0][2].query():
+            self._fold(*self._timed.popleft())
+
+    def _fold(self, kind, start, end):
+        # A copy back that ended before compute got there cost no wait.
+        self._ms[kind] += max(0.0, start.elapsed_time(end))
+
     def _read_events(self):
-        for kind, start, end in self._timed:
+        while self._timed:
+            kind, start, end = self._timed.popleft()
             start.synchronize()
             end.synchronize()
-            # A copy back that ended before compute got there cost no wait.
-            self._ms[kind] += max(0.0, start.elapsed_time(end))
-        self._timed.clear()
+            self._fold(kind, start, end)
 
     @property
     def d2h_ms(self):
@@ -130,7 +142,7 @@ class _Copier:
             start.record(d2h)
             host.copy_(t.detach(), non_blocking=True)
             ready.record(d2h)
-        self.stats._timed.append(("d2h", start, ready))
+        self.stats._time("d2h", start, ready)
         t.record_stream(d2h)  # its memory is reused only after the copy read it
         return host, ready
 
@@ -158,7 +170,7 @@ class _Copier:
             start.record(h2d)
             back = p.host.to(p.device, non_blocking=True)
             done.record(h2d)
-        self.stats._timed.append(("h2d", start, done))
+        self.stats._time("h2d", start, done)
         return back, done
 
     def use(self, p):
@@ -167,7 +179,7 @@ class _Copier:
             arrive = torch.cuda.Event(enable_timing=True)
             arrive.record(current)  # compute got here; it goes on when the copy back has ended
             current.wait_event(p.back_ready)
-            self.stats._timed.append(("wait", arrive, p.back_ready))
+            self.stats._time("wait", arrive, p.back_ready)
             p.back.record_stream(current)
         return p.back
 
