@@ -3,13 +3,13 @@
 #include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
+#include "runtime/c_api_buffers.hpp"
 #include "runtime/c_api_devices.hpp"
 #include "runtime/c_api_guard.hpp"
 
 #include <atomic>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -129,21 +129,9 @@ MemoryResource& allocator_of(int device) { return *allocators().get(device).top;
 }  // namespace capi
 
 namespace {
+using capi::check_buffer;
+using capi::copy_out;
 using capi::guarded;
-
-void check_buffer(const char* buf, std::size_t len, const char* what) {
-  if (buf == nullptr && len != 0) throw InvalidArgument(fmt::format("{}: null buffer of non-zero length", what));
-}
-
-// snprintf's convention: as much as fits, NUL-terminated; returns the whole length.
-ssize_t copy_out(const std::string& text, char* buf, std::size_t len) {
-  if (len > 0) {
-    const std::size_t n = std::min(len - 1, text.size());
-    text.copy(buf, n);
-    buf[n] = '\0';
-  }
-  return static_cast<ssize_t>(text.size());
-}
 
 [[noreturn, gnu::noinline, gnu::cold]] void negative_size(ssize_t size, const char* what) {
   throw InvalidArgument(fmt::format("{}: negative size {}", what, static_cast<long long>(size)));
@@ -291,19 +279,11 @@ int stowage_pop_tag(void) {
 DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code, uint8_t bits,
                                       void* stream) {
   return guarded<DLManagedTensor*>(nullptr, [&] {
-    if (ndim < 0 || ndim > 64) throw InvalidArgument(fmt::format("stowage_dlpack_empty: ndim {} is not 0 to 64", ndim));
-    if (shape == nullptr && ndim > 0) throw InvalidArgument("stowage_dlpack_empty: null shape");
     const DType dtype = dtype_from_dlpack(DLDataType{code, bits, 1});
-    std::vector<std::int64_t> dims(shape, shape + ndim);
-    std::size_t bytes = itemsize(dtype);
-    for (std::int64_t d : dims) {
-      if (d < 0) throw InvalidArgument(fmt::format("stowage_dlpack_empty: negative dimension {}", d));
-      if (d != 0 && bytes > std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(d))
-        throw InvalidArgument("stowage_dlpack_empty: the tensor's size overflows");
-      bytes *= static_cast<std::size_t>(d);
-    }
+    capi::tensor_bytes(shape, ndim, dtype, "stowage_dlpack_empty");
     DeviceAllocator& a = allocators().get(device);
-    return to_dlpack(TensorView::empty(a.top, dtype, std::move(dims), stream_from_native(stream)));
+    return to_dlpack(
+        TensorView::empty(a.top, dtype, std::vector<std::int64_t>(shape, shape + ndim), stream_from_native(stream)));
   });
 }
 

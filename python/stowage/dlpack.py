@@ -91,17 +91,32 @@ class Buffer:
         return f"stowage.Buffer(shape={self.shape}, dtype={self.dtype}, data_ptr={self.data_ptr:#x})"
 
 
+def _shape_and_type(shape, dtype, what):
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPES:
+        raise InvalidArgumentError(f"{what}: dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise InvalidArgumentError(f"{what}: shape {shape} must be non-negative integers")
+    code, bits = _DTYPES[name]
+    return (ctypes.c_int64 * max(len(shape), 1))(*shape), len(shape), code, bits
+
+
 def empty(shape, dtype="float32", device=0, stream=0):
     """A new contiguous tensor of `shape` and `dtype` (a name such as "bfloat16", or a
     torch.dtype) in stowage's memory on `device`, allocated on `stream`."""
-    name = str(dtype).replace("torch.", "")
-    if name not in _DTYPES:
-        raise InvalidArgumentError(f"stowage.empty: dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if any(not isinstance(d, int) or d < 0 for d in shape):
-        raise InvalidArgumentError(f"stowage.empty: shape {shape} must be non-negative integers")
-    code, bits = _DTYPES[name]
-    dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-    managed = _lib.library().stowage_dlpack_empty(device, dims, len(shape), code, bits, stream or None)
+    dims, ndim, code, bits = _shape_and_type(shape, dtype, "stowage.empty")
+    managed = _lib.library().stowage_dlpack_empty(device, dims, ndim, code, bits, stream or None)
+    _lib.check(managed, lambda m: not m)
+    return Buffer(managed)
+
+
+def host_empty(shape, dtype="float32", device=0):
+    """A new contiguous tensor in `device`'s pinned host pool (docs/host_pool.md): host memory on
+    the NUMA node(s) nearest the device, pinned for it once and reused. On CUDA, copies to and from
+    it run asynchronously and kernels may address it directly. CPU data to DLPack consumers. The
+    pool does not order reuse by streams: keep the tensor until the copies that use it are done."""
+    dims, ndim, code, bits = _shape_and_type(shape, dtype, "stowage.host_empty")
+    managed = _lib.library().stowage_dlpack_host_empty(device, dims, ndim, code, bits)
     _lib.check(managed, lambda m: not m)
     return Buffer(managed)

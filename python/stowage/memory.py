@@ -99,6 +99,17 @@ def set_per_process_memory_fraction(fraction, device=0):
     _lib.call_int("stowage_set_memory_fraction", device, ctypes.c_double(fraction))
 
 
+def host_stats(device=0):
+    """The pinned host pool of `device` (stowage.host_empty's memory): backend, pinned_bytes,
+    in_use_bytes, requested_bytes and their peaks, live_buffers, counts, per NUMA node."""
+    return json.loads(_lib.read_text("stowage_host_stats", device))
+
+
+def host_release_unused(device=0):
+    """Unpins and unmaps the host pool's pages that no live buffer uses; the bytes given back."""
+    return _lib.call_int("stowage_host_release_unused", device)
+
+
 @contextlib.contextmanager
 def tag(name):
     """Every block allocated on this thread inside the block records `name` (nests)."""

@@ -81,3 +81,40 @@ def test_tensors_carry_their_tag():
     blocks = [b for s in stowage.snapshot()["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
     assert [b["tag"] for b in blocks if b["requested_size"] == 12000] == ["kv_cache"]
     del t
+
+
+def test_pinned_host_pool_tensors_are_zero_copy_cpu_tensors_given_back_with_the_last_view():
+    gc.collect()
+    before = stowage.host_stats()
+    buf = stowage.host_empty((3, 100), "bfloat16")
+    ptr = buf.data_ptr
+    t = from_dlpack(buf)
+    assert t.device.type == "cpu" and t.data_ptr() == ptr and t.shape == (3, 100) and t.dtype == torch.bfloat16
+    live = stowage.host_stats()
+    assert live["live_buffers"] == before["live_buffers"] + 1
+    assert live["requested_bytes"] == before["requested_bytes"] + 600
+    t.fill_(1.5)
+    raw = (ctypes.c_uint16 * 300).from_address(ptr)  # bf16 1.5 is 0x3fc0, in the pool's buffer
+    assert raw[0] == 0x3FC0 and raw[299] == 0x3FC0
+    row = t[2]
+    del t, buf
+    gc.collect()
+    assert stowage.host_stats()["live_buffers"] == before["live_buffers"] + 1  # the row holds it
+    del row
+    gc.collect()
+    after = stowage.host_stats()
+    assert after["live_buffers"] == before["live_buffers"] and after["requested_bytes"] == before["requested_bytes"]
+    released = stowage.host_release_unused()  # the pages no buffer uses are unpinned
+    assert 0 <= released <= after["pinned_bytes"]
+    assert stowage.host_stats()["pinned_bytes"] == after["pinned_bytes"] - released
+
+
+def test_host_pool_refuses_bad_input():
+    with pytest.raises(stowage.InvalidArgumentError, match="host_empty: shape"):
+        stowage.host_empty((2, -1))
+    with pytest.raises(stowage.InvalidArgumentError, match="host_empty: dtype"):
+        stowage.host_empty(4, "complex64")
+    with pytest.raises(stowage.InvalidArgumentError, match="overflows"):
+        stowage.host_empty((1 << 40, 1 << 40))
+    with pytest.raises(stowage.InvalidArgumentError):
+        stowage.host_empty(4, device=stowage.device_count())

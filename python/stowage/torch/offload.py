@@ -3,10 +3,11 @@ state_offload and state_device_budget of SharedStorageAdamW / SharedStorageSGD (
 "Optimizer-state offload").
 
 "device"    the state is a tensor on the parameter's device (what torch.optim does).
-"mapped"    a CUDA parameter's state lives in pinned host memory (torch.empty(pin_memory=True),
-            PyTorch's cudaHostAlloc: under unified addressing its host pointer is valid in device
-            kernels) and the fused kernel reads and writes it over the link: no device bytes.
-"streamed"  the state lives in pinned host memory; at each step one parameter at a time is copied
+"mapped"    a CUDA parameter's state lives in stowage's pinned host pool of its device (pages on
+            the NUMA node(s) nearest the GPU, registered mapped: under unified addressing the host
+            pointer is valid in device kernels) and the fused kernel reads and writes it over the
+            link: no device bytes.
+"streamed"  the state lives in the same pinned host pool; at each step one parameter at a time is copied
             into a device scratch, stepped and copied back, on PyTorch's current stream. One
             scratch per device, the size of the largest streamed parameter's state.
 
@@ -31,6 +32,7 @@ import torch
 from .. import dlpack as stowage_memory
 from .. import memory
 from ..errors import InvalidArgumentError
+from ._pinned import pinned_empty
 
 PLACEMENTS = ("none", "mapped", "streamed")
 
@@ -115,7 +117,7 @@ class StateHomes:
         if where == "device":
             t = torch.empty(p.shape, dtype=torch.float32, device=p.device)
         elif p.device.type == "cuda":
-            t = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+            t = pinned_empty(p.shape, torch.float32, p.device)
         elif memory.using_cuda():  # stowage's memory is a GPU's: CPU tensors cannot use it
             t = torch.empty(p.shape, dtype=torch.float32)
         else:

@@ -12,6 +12,7 @@ stream (stowage_adam_step_async), when libstowage uses CUDA. state_offload puts 
 momentum buffer) in host memory, mapped or streamed, under a device budget (stowage.torch.offload).
 """
 import math
+import weakref
 
 import torch
 
@@ -187,6 +188,10 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self.loss_scale = loss_scale
         self.last_step_skipped = False
         self._buckets, self._flat, self._where, self._homes = [], [], {}, homes
+        # Offloaded state sits in stowage's host pool, which hands freed bytes out again at once:
+        # before the state goes with the optimizer, the steps queued on it end. (Weak references'
+        # callbacks run before the optimizer's attributes are cleared.)
+        weakref.finalize(self, homes.synchronize)
         self._batch_cache = {}  # (id(group), device) -> _Batch
         self._flags = {}  # device -> the finite check's flag
         # Every parameter is checked before any moves, so a refusal changes nothing.

@@ -25,6 +25,7 @@ import torch
 from .. import dlpack as stowage_memory
 from .. import memory
 from ..errors import InvalidArgumentError
+from ._pinned import Holds, pinned_empty
 from ._wrapping import WrapHandle, set_forward, storage_of
 
 __all__ = ["swap_activations", "SwapHandle", "SwapStats"]
@@ -122,6 +123,7 @@ class _Copier:
     def __init__(self, stats):
         self.streams = {}
         self.stats = stats
+        self.holds = Holds()
 
     def _pair(self, device):
         if device not in self.streams:
@@ -135,7 +137,7 @@ class _Copier:
             self.stats._inline("d2h", time.perf_counter() - start)
             return host, None
         d2h, _ = self._pair(t.device)
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host = pinned_empty(t.shape, t.dtype, t.device)
         d2h.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(d2h):
             start, ready = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -144,6 +146,7 @@ class _Copier:
             ready.record(d2h)
         self.stats._time("d2h", start, ready)
         t.record_stream(d2h)  # its memory is reused only after the copy read it
+        self.holds.hold(ready, host)  # and the host buffer only after the copy wrote it
         return host, ready
 
     @staticmethod
@@ -171,6 +174,7 @@ class _Copier:
             back = p.host.to(p.device, non_blocking=True)
             done.record(h2d)
         self.stats._time("h2d", start, done)
+        self.holds.hold(done, p.host)
         return back, done
 
     def use(self, p):

@@ -85,6 +85,26 @@ int stowage_pop_tag(void);
 struct DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code, uint8_t bits,
                                              void* stream);
 
+/* Pinned host memory from `device`'s host pool (docs/host_pool.md): pages bound to the NUMA
+ * node(s) nearest the device and pinned for it once, then reused, so no pinning happens on the
+ * hot path. On CUDA the device reads and writes it through the same pointer (mapped) and copies
+ * to and from it run asynchronously. At least `size` bytes; NULL for 0 and on error
+ * (STOWAGE_ERROR_OUT_OF_MEMORY when the system refuses pages). The pool does not order reuse by
+ * streams: give a buffer back only once the copies and kernels that use it are done. */
+void* stowage_host_malloc(ssize_t size, int device);
+/* Gives back memory from stowage_host_malloc of the same device; NULL is a no-op. 0, or -1
+ * (changing nothing) for a pointer the pool did not give or gave back already. */
+int stowage_host_free(void* ptr, int device);
+/* The same memory as a contiguous tensor (kDLCPU data), as stowage_dlpack_empty gives device
+ * memory: its deleter gives it back to the pool. NULL on error. */
+struct DLManagedTensor* stowage_dlpack_host_empty(int device, const int64_t* shape, int ndim, uint8_t code,
+                                                  uint8_t bits);
+/* The host pool's statistics as JSON (backend, pinned_bytes, in_use_bytes, requested_bytes, their
+ * peaks, live_buffers, counts, numa_bound, per-node bytes) into buf, as stowage_get_stats. */
+ssize_t stowage_host_stats(int device, char* buf, size_t len);
+/* Unpins and unmaps the pool's pages that no live buffer uses; the bytes given back, or -1. */
+ssize_t stowage_host_release_unused(int device);
+
 /* Number of devices the ordinals above may name; -1 on error (e.g. a malformed STOWAGE_*). */
 int stowage_device_count(void);
 

@@ -1,0 +1,39 @@
+#include "runtime/c_api_buffers.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "stowage/error.hpp"
+
+namespace stowage::capi {
+
+void check_buffer(const char* buf, std::size_t len, const char* what) {
+  if (buf == nullptr && len != 0) throw InvalidArgument(fmt::format("{}: null buffer of non-zero length", what));
+}
+
+ssize_t copy_out(const std::string& text, char* buf, std::size_t len) {
+  if (len > 0) {
+    const std::size_t n = std::min(len - 1, text.size());
+    text.copy(buf, n);
+    buf[n] = '\0';
+  }
+  return static_cast<ssize_t>(text.size());
+}
+
+std::size_t tensor_bytes(const std::int64_t* shape, int ndim, DType dtype, const char* what) {
+  if (ndim < 0 || ndim > 64) throw InvalidArgument(fmt::format("{}: ndim {} is not 0 to 64", what, ndim));
+  if (shape == nullptr && ndim > 0) throw InvalidArgument(fmt::format("{}: null shape", what));
+  std::size_t bytes = itemsize(dtype);
+  for (int i = 0; i < ndim; ++i) {
+    const std::int64_t d = shape[i];
+    if (d < 0) throw InvalidArgument(fmt::format("{}: negative dimension {}", what, d));
+    if (d != 0 && bytes > std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(d))
+      throw InvalidArgument(fmt::format("{}: the tensor's size overflows", what));
+    bytes *= static_cast<std::size_t>(d);
+  }
+  return bytes;
+}
+
+}  // namespace stowage::capi

@@ -1,0 +1,120 @@
+// The C ABI's pinned host pool: stowage_host_malloc / free, the DLPack export of its memory, its
+// statistics, and every bad input refused with the pool unchanged.
+#include <gtest/gtest.h>
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "stowage/stowage.h"
+
+namespace {
+
+constexpr ssize_t kMiB = 1 << 20;
+
+std::string error() { return stowage_last_error(); }
+
+nlohmann::json host_stats(int device) {
+  const ssize_t n = stowage_host_stats(device, nullptr, 0);
+  EXPECT_GT(n, 0) << error();
+  std::string buf(static_cast<std::size_t>(n) + 1, '\0');
+  EXPECT_EQ(stowage_host_stats(device, buf.data(), buf.size()), n);
+  buf.resize(static_cast<std::size_t>(n));
+  return nlohmann::json::parse(buf);
+}
+
+TEST(CApiHost, PoolMemoryIsHostMemoryCountedInThePoolsStatistics) {
+  const nlohmann::json before = host_stats(0);
+  auto* p = static_cast<unsigned char*>(stowage_host_malloc(kMiB + 3, 0));
+  ASSERT_NE(p, nullptr) << error();
+  std::memset(p, 0xa5, kMiB + 3);  // the host's own memory, whatever the device
+  EXPECT_EQ(p[kMiB + 2], 0xa5);
+  const nlohmann::json live = host_stats(0);
+  EXPECT_EQ(live.at("live_buffers"), before.at("live_buffers").get<int>() + 1);
+  EXPECT_EQ(live.at("requested_bytes"), before.at("requested_bytes").get<std::int64_t>() + kMiB + 3);
+  EXPECT_GE(live.at("in_use_bytes").get<std::int64_t>() - before.at("in_use_bytes").get<std::int64_t>(), kMiB + 3);
+  EXPECT_GE(live.at("pinned_bytes").get<std::int64_t>(), live.at("in_use_bytes").get<std::int64_t>());
+  EXPECT_EQ(live.at("num_allocs"), before.at("num_allocs").get<int>() + 1);
+
+  EXPECT_EQ(stowage_host_free(p, 0), 0) << error();
+  const nlohmann::json after = host_stats(0);
+  EXPECT_EQ(after.at("live_buffers"), before.at("live_buffers"));
+  EXPECT_EQ(after.at("requested_bytes"), before.at("requested_bytes"));
+  EXPECT_EQ(after.at("num_frees"), before.at("num_frees").get<int>() + 1);
+  // Nothing live: every pinned page goes back.
+  const auto pinned = after.at("pinned_bytes").get<ssize_t>();
+  EXPECT_EQ(stowage_host_release_unused(0), pinned) << error();
+  EXPECT_EQ(host_stats(0).at("pinned_bytes"), 0);
+}
+
+TEST(CApiHost, BadInputIsRefusedAndChangesNothing) {
+  void* p = stowage_host_malloc(4096, 0);
+  ASSERT_NE(p, nullptr) << error();
+  const nlohmann::json before = host_stats(0);
+
+  EXPECT_EQ(stowage_host_malloc(-1, 0), nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(error().find("negative size -1"), std::string::npos) << error();
+  EXPECT_EQ(stowage_host_malloc(0, 0), nullptr);  // nothing asked, nothing wrong
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_OK);
+  EXPECT_EQ(stowage_host_malloc(std::int64_t{1} << 50, 0), nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT) << error();
+  EXPECT_EQ(stowage_host_malloc(64, 7), nullptr);  // no device 7
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);
+
+  int on_the_stack = 0;
+  EXPECT_EQ(stowage_host_free(&on_the_stack, 0), -1);
+  EXPECT_NE(error().find("not a live buffer of this pool"), std::string::npos) << error();
+  EXPECT_EQ(stowage_host_free(nullptr, 0), 0);
+  EXPECT_EQ(stowage_host_stats(0, nullptr, 8), -1);
+  EXPECT_EQ(host_stats(0), before);
+
+  EXPECT_EQ(stowage_host_free(p, 0), 0) << error();
+  EXPECT_EQ(stowage_host_free(p, 0), -1);  // twice
+  EXPECT_NE(error().find("double free"), std::string::npos) << error();
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(host_stats(0).at("live_buffers"), before.at("live_buffers").get<int>() - 1);
+}
+
+TEST(CApiHost, DlpackExportIsRowMajorHostDataGivenBackByItsDeleter) {
+  const nlohmann::json before = host_stats(0);
+  const std::int64_t shape[] = {4, 3, 5};
+  DLManagedTensor* t = stowage_dlpack_host_empty(0, shape, 3, kDLFloat, 32);
+  ASSERT_NE(t, nullptr) << error();
+  const DLTensor& d = t->dl_tensor;
+  EXPECT_EQ(d.device.device_type, kDLCPU);
+  EXPECT_EQ(d.ndim, 3);
+  EXPECT_EQ(d.dtype.code, kDLFloat);
+  EXPECT_EQ(d.dtype.bits, 32);
+  EXPECT_EQ(d.shape[0], 4);
+  EXPECT_EQ(d.shape[2], 5);
+  EXPECT_EQ(d.strides[0], 15);
+  EXPECT_EQ(d.strides[1], 5);
+  EXPECT_EQ(d.strides[2], 1);
+  EXPECT_EQ(d.byte_offset, 0u);
+  auto* f = static_cast<float*>(d.data);
+  for (int i = 0; i < 60; ++i) f[i] = static_cast<float>(i);
+  EXPECT_EQ(f[59], 59.0F);
+  EXPECT_EQ(host_stats(0).at("requested_bytes"), before.at("requested_bytes").get<std::int64_t>() + 240);
+  t->deleter(t);
+  EXPECT_EQ(host_stats(0).at("requested_bytes"), before.at("requested_bytes"));
+  EXPECT_EQ(host_stats(0).at("live_buffers"), before.at("live_buffers"));
+
+  // Refused before anything is taken: a type without a stowage dtype, bad shapes, a bad device.
+  EXPECT_EQ(stowage_dlpack_host_empty(0, shape, 3, kDLComplex, 64), nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_UNSUPPORTED);
+  const std::int64_t negative[] = {4, -1};
+  EXPECT_EQ(stowage_dlpack_host_empty(0, negative, 2, kDLFloat, 32), nullptr);
+  EXPECT_NE(error().find("negative dimension -1"), std::string::npos) << error();
+  const std::int64_t huge[] = {std::int64_t{1} << 40, std::int64_t{1} << 40};
+  EXPECT_EQ(stowage_dlpack_host_empty(0, huge, 2, kDLFloat, 32), nullptr);
+  EXPECT_NE(error().find("overflows"), std::string::npos) << error();
+  EXPECT_EQ(stowage_dlpack_host_empty(0, nullptr, 1, kDLFloat, 32), nullptr);
+  EXPECT_EQ(stowage_dlpack_host_empty(7, shape, 3, kDLFloat, 32), nullptr);
+  EXPECT_EQ(host_stats(0).at("num_allocs"), before.at("num_allocs").get<int>() + 1);
+}
+
+}  // namespace
