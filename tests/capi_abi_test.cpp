@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "capi_json.hpp"
 #include "stowage/runtime.hpp"
 #include "stowage/stowage.h"
 
@@ -27,14 +28,7 @@ const bool env_set = [] { return setenv("STOWAGE_EMULATED_DEVICES", "2", 0) == 0
 
 constexpr ssize_t kMiB = 1 << 20;
 
-nlohmann::json stats(int device) {
-  const ssize_t n = stowage_get_stats(device, nullptr, 0);
-  EXPECT_GT(n, 0) << stowage_last_error();
-  std::string buf(static_cast<std::size_t>(n) + 1, '\0');
-  EXPECT_EQ(stowage_get_stats(device, buf.data(), buf.size()), n);
-  buf.resize(static_cast<std::size_t>(n));
-  return nlohmann::json::parse(buf);
-}
+nlohmann::json stats(int device) { return stowage::test::capi_json(stowage_get_stats, device); }
 
 // The statistics a rejected call must not move.
 nlohmann::json state_of(int device) {

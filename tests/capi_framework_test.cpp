@@ -9,6 +9,7 @@
 #include <dlpack/dlpack.h>
 #include <nlohmann/json.hpp>
 
+#include "capi_json.hpp"
 #include "stowage/stowage.h"
 
 namespace {
@@ -17,14 +18,7 @@ constexpr ssize_t kMiB = 1 << 20;
 
 std::string error() { return stowage_last_error(); }
 
-nlohmann::json snapshot(int device) {
-  const ssize_t n = stowage_snapshot_json(device, nullptr, 0);
-  EXPECT_GT(n, 0) << error();
-  std::string buf(static_cast<std::size_t>(n) + 1, '\0');
-  EXPECT_EQ(stowage_snapshot_json(device, buf.data(), buf.size()), n);
-  buf.resize(static_cast<std::size_t>(n));
-  return nlohmann::json::parse(buf);
-}
+nlohmann::json snapshot(int device) { return stowage::test::capi_json(stowage_snapshot_json, device); }
 
 std::string tag_of(const nlohmann::json& snap, std::uintptr_t address) {
   for (const auto& s : snap.at("segments"))

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "capi_json.hpp"
 #include "stowage/stowage.h"
 
 namespace {
@@ -17,14 +18,7 @@ constexpr ssize_t kMiB = 1 << 20;
 
 std::string error() { return stowage_last_error(); }
 
-nlohmann::json host_stats(int device) {
-  const ssize_t n = stowage_host_stats(device, nullptr, 0);
-  EXPECT_GT(n, 0) << error();
-  std::string buf(static_cast<std::size_t>(n) + 1, '\0');
-  EXPECT_EQ(stowage_host_stats(device, buf.data(), buf.size()), n);
-  buf.resize(static_cast<std::size_t>(n));
-  return nlohmann::json::parse(buf);
-}
+nlohmann::json host_stats(int device) { return stowage::test::capi_json(stowage_host_stats, device); }
 
 TEST(CApiHost, PoolMemoryIsHostMemoryCountedInThePoolsStatistics) {
   const nlohmann::json before = host_stats(0);
