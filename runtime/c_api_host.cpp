@@ -50,12 +50,14 @@ struct HostExport {
   std::vector<std::int64_t> shape, strides;
 };
 
-void delete_host_export(DLManagedTensor* managed) {
+void delete_host_export(DLManagedTensor* managed) noexcept {
   std::unique_ptr<HostExport> e(static_cast<HostExport*>(managed->manager_ctx));
   try {
     e->pool->deallocate(managed->dl_tensor.data);
   } catch (const std::exception& ex) {  // a deleter cannot fail: say so, keep going
     log().error("stowage_dlpack_host_empty's deleter: {}", ex.what());
+  } catch (...) {
+    log().error("stowage_dlpack_host_empty's deleter: unknown error");
   }
 }
 
@@ -116,10 +118,11 @@ DLManagedTensor* stowage_dlpack_host_empty(int device, const int64_t* shape, int
     e->pool = &pool;
     e->shape.assign(shape, shape + ndim);
     e->strides.resize(e->shape.size());
-    std::int64_t stride = 1;
+    // Unsigned: a tensor with a 0 dimension may name others whose product overflows int64.
+    std::uint64_t stride = 1;
     for (int i = ndim - 1; i >= 0; --i) {
-      e->strides[static_cast<std::size_t>(i)] = stride;
-      stride *= e->shape[static_cast<std::size_t>(i)];
+      e->strides[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(stride);
+      stride *= static_cast<std::uint64_t>(e->shape[static_cast<std::size_t>(i)]);
     }
     DLTensor& t = e->managed.dl_tensor;
     t.data = pool.allocate(bytes);  // last: nothing after it can fail
@@ -132,6 +135,20 @@ DLManagedTensor* stowage_dlpack_host_empty(int device, const int64_t* shape, int
     e->managed.manager_ctx = e.get();
     e->managed.deleter = &delete_host_export;
     return &e.release()->managed;
+  });
+}
+
+void* stowage_host_device_pointer(void* ptr, int device) {
+  return guarded<void*>(nullptr, [&] {
+    HostPool& pool = host_pools().get(device);
+    if (!pool.owns(ptr))
+      throw InvalidArgument(
+          fmt::format("stowage_host_device_pointer: {} is not a live buffer of device {}'s host pool", ptr, device));
+    void* addr = pool.device().device_pointer_of_host(ptr);
+    if (addr == nullptr)
+      throw Unsupported(
+          fmt::format("stowage_host_device_pointer: device {} gives pinned host memory no device address", device));
+    return addr;
   });
 }
 

@@ -56,7 +56,7 @@ TEST(CApiHost, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_OK);
   EXPECT_EQ(stowage_host_malloc(std::int64_t{1} << 50, 0), nullptr);
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT) << error();
-  EXPECT_EQ(stowage_host_malloc(64, 7), nullptr);  // no device 7
+  EXPECT_EQ(stowage_host_malloc(64, stowage_device_count()), nullptr);  // one past the last device
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);
 
   int on_the_stack = 0;
@@ -107,8 +107,33 @@ TEST(CApiHost, DlpackExportIsRowMajorHostDataGivenBackByItsDeleter) {
   EXPECT_EQ(stowage_dlpack_host_empty(0, huge, 2, kDLFloat, 32), nullptr);
   EXPECT_NE(error().find("overflows"), std::string::npos) << error();
   EXPECT_EQ(stowage_dlpack_host_empty(0, nullptr, 1, kDLFloat, 32), nullptr);
-  EXPECT_EQ(stowage_dlpack_host_empty(7, shape, 3, kDLFloat, 32), nullptr);
+  EXPECT_EQ(stowage_dlpack_host_empty(stowage_device_count(), shape, 3, kDLFloat, 32), nullptr);
   EXPECT_EQ(host_stats(0).at("num_allocs"), before.at("num_allocs").get<int>() + 1);
+}
+
+TEST(CApiHost, PoolBuffersHaveTheDeviceAddressTheKernelsUse) {
+  void* p = stowage_host_malloc(4096, 0);
+  ASSERT_NE(p, nullptr) << error();
+  // Emulated devices and CUDA GPUs that address registered memory by its host pointer (the
+  // machines stowage.torch's mapped state runs on) give the same address.
+  void* addr = stowage_host_device_pointer(p, 0);
+  ASSERT_NE(addr, nullptr) << error();
+  if (stowage_using_cuda() == 0) EXPECT_EQ(addr, p);
+  int on_the_stack = 0;
+  EXPECT_EQ(stowage_host_device_pointer(&on_the_stack, 0), nullptr);
+  EXPECT_NE(error().find("is not a live buffer of device 0's host pool"), std::string::npos) << error();
+  EXPECT_EQ(stowage_host_free(p, 0), 0) << error();
+  EXPECT_EQ(stowage_host_device_pointer(p, 0), nullptr);  // given back
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(CApiHost, AnEmptyTensorNamesAnyDimensionsWithoutOverflow) {
+  const std::int64_t shape[] = {0, std::int64_t{1} << 62, std::int64_t{1} << 62};
+  DLManagedTensor* t = stowage_dlpack_host_empty(0, shape, 3, kDLFloat, 32);
+  ASSERT_NE(t, nullptr) << error();
+  EXPECT_EQ(t->dl_tensor.data, nullptr);  // no bytes
+  EXPECT_EQ(t->dl_tensor.strides[2], 1);
+  t->deleter(t);
 }
 
 }  // namespace

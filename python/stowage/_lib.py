@@ -54,6 +54,7 @@ def _declare(lib):
         "stowage_host_free": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
         "stowage_dlpack_host_empty": (ctypes.c_void_p, [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
                                                         ctypes.c_uint8, ctypes.c_uint8]),
+        "stowage_host_device_pointer": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int]),
         "stowage_host_stats": (c_ssize, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
         "stowage_host_release_unused": (c_ssize, [ctypes.c_int]),
         "stowage_device_count": (ctypes.c_int, []),

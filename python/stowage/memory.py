@@ -105,6 +105,13 @@ def host_stats(device=0):
     return json.loads(_lib.read_text("stowage_host_stats", device))
 
 
+def host_device_pointer(ptr, device=0):
+    """The address `device`'s kernels use for the host pool buffer at `ptr` (on CUDA the same
+    where the GPU addresses registered host memory by its host pointer, else its mapped alias)."""
+    addr = _lib.library().stowage_host_device_pointer(ptr, device)
+    return _lib.check(addr, lambda a: not a)
+
+
 def host_release_unused(device=0):
     """Unpins and unmaps the host pool's pages that no live buffer uses; the bytes given back."""
     return _lib.call_int("stowage_host_release_unused", device)

@@ -31,8 +31,8 @@ import torch
 
 from .. import dlpack as stowage_memory
 from .. import memory
-from ..errors import InvalidArgumentError
-from ._pinned import pinned_empty
+from ..errors import InvalidArgumentError, UnsupportedError
+from ._pinned import pinned_empty, pool_tensor
 
 PLACEMENTS = ("none", "mapped", "streamed")
 
@@ -50,6 +50,23 @@ def check_options(state_offload, state_device_budget):
     if state_offload == "none":
         raise InvalidArgumentError("state_device_budget decides which state leaves the device: give "
                                    "state_offload='mapped' or 'streamed' with it")
+
+
+def _check_mapped(device):
+    """Refuses mapped state on a GPU that would address the host pool's memory through another
+    pointer than the host's: the fused kernels are given the tensors' own pointers."""
+    if not memory.using_cuda() or device in _MAPPED_CHECKED:
+        return  # PyTorch's pinned memory (cudaHostAlloc) is addressed by its host pointer
+    index = device.index if device.index is not None else 0
+    probe = pool_tensor((1,), torch.uint8, index)
+    if memory.host_device_pointer(probe.data_ptr(), index) != probe.data_ptr():
+        raise UnsupportedError(f"state_offload='mapped': {device} addresses pinned host memory through another "
+                               "pointer than the host's, and the fused kernels are given the host's; use "
+                               "state_offload='streamed'")
+    _MAPPED_CHECKED.add(device)
+
+
+_MAPPED_CHECKED = set()
 
 
 class StateHomes:
@@ -94,6 +111,8 @@ class StateHomes:
                     if self.mode == "streamed":
                         need = max(need, sizes[i])
             books[dev] = (left, reserve, need)
+            if dev.type == "cuda" and self.mode == "mapped" and "mapped" in (out[i] for i in mine):
+                _check_mapped(dev)
         return out, books
 
     def plan_groups(self, groups):

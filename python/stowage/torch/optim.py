@@ -191,7 +191,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         # Offloaded state sits in stowage's host pool, which hands freed bytes out again at once:
         # before the state goes with the optimizer, the steps queued on it end. (Weak references'
         # callbacks run before the optimizer's attributes are cleared.)
-        weakref.finalize(self, homes.synchronize)
+        # At exit nothing allocates any more (and a failed device would only say so again).
+        weakref.finalize(self, homes.synchronize).atexit = False
         self._batch_cache = {}  # (id(group), device) -> _Batch
         self._flags = {}  # device -> the finite check's flag
         # Every parameter is checked before any moves, so a refusal changes nothing.

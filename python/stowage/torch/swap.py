@@ -17,6 +17,7 @@ mechanism is tested without one.
     handle.remove()
 """
 import collections
+import threading
 import time
 import weakref
 
@@ -54,8 +55,10 @@ class SwapStats:
         self.bytes_to_host = self.bytes_to_device = 0
         self.swapped = self.prefetched = self.on_demand = 0
         self._ms = {"d2h": 0.0, "h2d": 0.0, "wait": 0.0}
-        # CUDA event pairs not read yet, oldest first: ("d2h" | "h2d" | "wait", start, end)
+        # CUDA event pairs not read yet, oldest first: ("d2h" | "h2d" | "wait", start, end). Pack
+        # hooks (forward's thread) and unpack hooks (autograd's) both add to it.
         self._timed = collections.deque()
+        self._lock = threading.Lock()
 
     def _inline(self, kind, seconds):
         """A copy on the compute thread itself: all of it is waited for."""
@@ -65,20 +68,22 @@ class SwapStats:
     def _time(self, kind, start, end):
         """Times a copy (or a wait) by two CUDA events. The pairs already done are read at once,
         without waiting: a run that never reads its stats keeps only the copies still in flight."""
-        self._timed.append((kind, start, end))
-        while self._timed and self._timed[0][1].query() and self._timed[0][2].query():
-            self._fold(*self._timed.popleft())
+        with self._lock:
+            self._timed.append((kind, start, end))
+            while self._timed and self._timed[0][1].query() and self._timed[0][2].query():
+                self._fold(*self._timed.popleft())
 
     def _fold(self, kind, start, end):
         # A copy back that ended before compute got there cost no wait.
         self._ms[kind] += max(0.0, start.elapsed_time(end))
 
     def _read_events(self):
-        while self._timed:
-            kind, start, end = self._timed.popleft()
-            start.synchronize()
-            end.synchronize()
-            self._fold(kind, start, end)
+        with self._lock:
+            while self._timed:
+                kind, start, end = self._timed.popleft()
+                start.synchronize()
+                end.synchronize()
+                self._fold(kind, start, end)
 
     @property
     def d2h_ms(self):

@@ -99,6 +99,11 @@ int stowage_host_free(void* ptr, int device);
  * memory: its deleter gives it back to the pool. NULL on error. */
 struct DLManagedTensor* stowage_dlpack_host_empty(int device, const int64_t* shape, int ndim, uint8_t code,
                                                   uint8_t bits);
+/* The address `device`'s kernels use for the pool buffer at `ptr` (a buffer's start): on CUDA the
+ * same pointer where the GPU addresses registered host memory by its host pointer (H100 on
+ * x86-64 Linux does; CUDA does not promise it everywhere), else its mapped alias. NULL on error
+ * (a pointer the pool did not give; STOWAGE_ERROR_UNSUPPORTED when the device gives none). */
+void* stowage_host_device_pointer(void* ptr, int device);
 /* The host pool's statistics as JSON (backend, pinned_bytes, in_use_bytes, requested_bytes, their
  * peaks, live_buffers, counts, numa_bound, per-node bytes) into buf, as stowage_get_stats. */
 ssize_t stowage_host_stats(int device, char* buf, size_t len);
