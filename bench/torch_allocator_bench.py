@@ -71,7 +71,7 @@ def threads_module():
                              "bench-threads-pair", digest)
     os.makedirs(directory, exist_ok=True)
     return cpp_extension.load(name=f"stowage_bench_threads_pair_{digest}", sources=[source],
-                              build_directory=directory, verbose=False)
+                              extra_cflags=["-O2"], build_directory=directory, verbose=False)
 
 
 def thread_pairs(device):

@@ -85,3 +85,19 @@ def test_without_a_compiler_it_falls_back_to_the_plain_allocator_and_warns_once(
                    "not torch.cuda.OutOfMemoryError"):
         assert unsafe in message, unsafe
     assert lines[3].startswith("StowageError stowage.torch.enable(): the shim did not build: no C++ compiler")
+
+
+def test_the_shim_is_compiled_optimised_and_a_flag_change_is_a_new_build(monkeypatch, tmp_path):
+    # cpp_extension.load compiles at -O0 unless given flags; the shim runs on every allocation.
+    from torch.utils import cpp_extension
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: calls.append(kw) or kw["name"])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = st.build_shim()
+    assert calls[0]["extra_cflags"] == ["-O2"]
+    assert calls[0]["sources"] == [st.shim_source()]
+    assert calls[0]["build_directory"].startswith(str(tmp_path / "stowage" / "torch-shim"))
+    monkeypatch.setattr(st, "SHIM_CFLAGS", ["-O3"])
+    second = st.build_shim()
+    assert calls[1]["extra_cflags"] == ["-O3"]
+    assert first != second and calls[0]["build_directory"] != calls[1]["build_directory"]

@@ -16,6 +16,10 @@ from ..errors import StowageError
 
 _enabled = None  # "shim" or "plain" once enable() succeeded
 
+# torch.utils.cpp_extension.load compiles at -O0 unless told otherwise; the shim runs on every
+# allocation and free, and at -O0 its std::function thunks alone cost tens of ns a pair.
+SHIM_CFLAGS = ["-O2"]
+
 # What the plain CUDAPluggableAllocator cannot do (its setters exist only in C++).
 UNSAFE_WITHOUT_SHIM = (
     "tensor.record_stream() is not seen, so a block used on a side stream (DDP/FSDP buckets, NCCL, "
@@ -45,9 +49,10 @@ def shim_source():
 
 
 def _cache_dir(torch, library):
-    # One build per torch, CUDA, Python, shim source and library: a new torch gets a new build.
+    # One build per torch, CUDA, Python, shim source, flags and library: a new torch gets a new build.
     with open(shim_source(), "rb") as f:
-        digest = hashlib.sha256(f.read() + os.path.realpath(library).encode()).hexdigest()[:12]
+        key = f.read() + os.path.realpath(library).encode() + " ".join(SHIM_CFLAGS).encode()
+    digest = hashlib.sha256(key).hexdigest()[:12]
     tag = f"torch{torch.__version__}-cuda{torch.version.cuda}-py{sys.version_info[0]}{sys.version_info[1]}"
     tag = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in tag)
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -66,6 +71,7 @@ def build_shim(verbose=False):
         name=f"stowage_torch_shim_{digest}",
         sources=[shim_source()],
         extra_include_paths=[os.path.dirname(shim_source())],
+        extra_cflags=SHIM_CFLAGS,
         extra_ldflags=[os.path.realpath(library), f"-Wl,-rpath,{os.path.dirname(os.path.realpath(library))}"],
         build_directory=directory,
         with_cuda=True,
