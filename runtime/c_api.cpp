@@ -130,18 +130,9 @@ MemoryResource& allocator_of(int device) { return *allocators().get(device).top;
 
 namespace {
 using capi::check_buffer;
+using capi::checked_size;
 using capi::copy_out;
 using capi::guarded;
-
-[[noreturn, gnu::noinline, gnu::cold]] void negative_size(ssize_t size, const char* what) {
-  throw InvalidArgument(fmt::format("{}: negative size {}", what, static_cast<long long>(size)));
-}
-
-std::size_t checked_size(ssize_t size, const char* what) {
-  if (size < 0) [[unlikely]]
-    negative_size(size, what);
-  return static_cast<std::size_t>(size);
-}
 
 }  // namespace
 }  // namespace stowage

@@ -9,6 +9,10 @@
 
 namespace stowage::capi {
 
+void negative_size(ssize_t size, const char* what) {
+  throw InvalidArgument(fmt::format("{}: negative size {}", what, static_cast<long long>(size)));
+}
+
 void check_buffer(const char* buf, std::size_t len, const char* what) {
   if (buf == nullptr && len != 0) throw InvalidArgument(fmt::format("{}: null buffer of non-zero length", what));
 }

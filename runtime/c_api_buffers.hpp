@@ -1,6 +1,6 @@
 #pragma once
-// What the C ABI's entry points share about the caller's buffers: a text copied out in
-// snprintf's convention, and a tensor's shape checked into a byte count.
+// What the C ABI's entry points share about the caller's buffers: a size checked, a text copied
+// out in snprintf's convention, and a tensor's shape checked into a byte count.
 #include <sys/types.h>
 
 #include <cstddef>
@@ -10,6 +10,16 @@
 #include "stowage/dtype.hpp"
 
 namespace stowage::capi {
+
+// Throws InvalidArgument naming `what` and the size (cold, out of line).
+[[noreturn, gnu::visibility("hidden"), gnu::noinline, gnu::cold]] void negative_size(ssize_t size, const char* what);
+
+// A byte count from a signed one; inline, on every allocation and free.
+inline std::size_t checked_size(ssize_t size, const char* what) {
+  if (size < 0) [[unlikely]]
+    negative_size(size, what);
+  return static_cast<std::size_t>(size);
+}
 
 // InvalidArgument for a null buffer of non-zero length.
 [[gnu::visibility("hidden")]] void check_buffer(const char* buf, std::size_t len, const char* what);

@@ -90,10 +90,8 @@ using namespace stowage;
 extern "C" {
 
 void* stowage_host_malloc(ssize_t size, int device) {
-  return guarded<void*>(nullptr, [&] {
-    if (size < 0) throw InvalidArgument(fmt::format("stowage_host_malloc: negative size {}", size));
-    return host_pools().get(device).allocate(static_cast<std::size_t>(size));
-  });
+  return guarded<void*>(
+      nullptr, [&] { return host_pools().get(device).allocate(capi::checked_size(size, "stowage_host_malloc")); });
 }
 
 int stowage_host_free(void* ptr, int device) {

@@ -101,3 +101,9 @@ def test_on_cuda_pinned_tensors_are_pool_memory_that_copies_reach_asynchronously
     del host, flag
     gc.collect()
     assert stowage.host_stats(0)["requested_bytes"] == before["requested_bytes"]
+
+
+def test_a_cuda_device_without_an_index_is_the_current_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert _pinned.cuda_index(torch.device("cuda", 3)) == 3
+    assert _pinned.cuda_index(torch.device("cuda")) == 2  # as torch places "cuda", not device 0

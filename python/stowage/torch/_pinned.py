@@ -21,6 +21,11 @@ def pool_tensor(shape, dtype, device_index):
     return raw.view(dtype).view(shape)
 
 
+def cuda_index(device):
+    """The index of a CUDA torch.device; "cuda" without one means the current device, as in torch."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 _warned = []
 
 
@@ -29,7 +34,7 @@ def pinned_empty(shape, dtype, device):
     host pool of that device where libstowage uses CUDA, else (warned once) PyTorch's pinned
     memory, which orders its own reuse."""
     if memory.using_cuda():
-        return pool_tensor(shape, dtype, device.index if device.index is not None else 0)
+        return pool_tensor(shape, dtype, cuda_index(device))
     if not _warned:
         _warned.append(True)
         warnings.warn(f"stowage.torch: {_lib.path()} is not using CUDA (built without CUDA, no usable GPU, or "

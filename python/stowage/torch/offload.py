@@ -32,7 +32,7 @@ import torch
 from .. import dlpack as stowage_memory
 from .. import memory
 from ..errors import InvalidArgumentError, UnsupportedError
-from ._pinned import pinned_empty, pool_tensor
+from ._pinned import cuda_index, pinned_empty, pool_tensor
 
 PLACEMENTS = ("none", "mapped", "streamed")
 
@@ -57,7 +57,7 @@ def _check_mapped(device):
     pointer than the host's: the fused kernels are given the tensors' own pointers."""
     if not memory.using_cuda() or device in _MAPPED_CHECKED:
         return  # PyTorch's pinned memory (cudaHostAlloc) is addressed by its host pointer
-    index = device.index if device.index is not None else 0
+    index = cuda_index(device)
     probe = pool_tensor((1,), torch.uint8, index)
     if memory.host_device_pointer(probe.data_ptr(), index) != probe.data_ptr():
         raise UnsupportedError(f"state_offload='mapped': {device} addresses pinned host memory through another "
