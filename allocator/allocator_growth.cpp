@@ -14,15 +14,13 @@ namespace stowage {
 using detail::Block;
 using detail::Segment;
 
-void CachingAllocator::Impl::grow(Pool p, std::size_t rounded, Stream stream) {
-  if (mode == SegmentMode::expandable) {
-    grow_expandable(p, rounded, stream);
-  } else {
-    grow_classic(p, rounded, stream);
-  }
+Block* CachingAllocator::Impl::grow(Pool p, std::size_t rounded, Stream stream) {
+  if (mode == SegmentMode::classic) return grow_classic(p, rounded, stream);
+  grow_expandable(p, rounded, stream);  // the new granules merge with free neighbours in the pool
+  return pool(p).find(rounded, stream, max_split());
 }
 
-void CachingAllocator::Impl::grow_classic(Pool p, std::size_t rounded, Stream stream) {
+Block* CachingAllocator::Impl::grow_classic(Pool p, std::size_t rounded, Stream stream) {
   const std::size_t size = detail::classic_segment_size(rounded);
   const auto reserved = static_cast<std::size_t>(st.reserved_bytes.all.current);
   if (reserved + size > limit()) {
@@ -49,6 +47,7 @@ void CachingAllocator::Impl::grow_classic(Pool p, std::size_t rounded, Stream st
   if (trace.enabled()) trace.push(TraceAction::segment_map, b->addr, size, stream, ScopedTag::current());
   pool(p).insert(b);
   sync_split_stat(p);
+  return b;
 }
 
 void CachingAllocator::Impl::grow_expandable(Pool p, std::size_t rounded, Stream stream) {

@@ -39,9 +39,11 @@ Block* BlockPool::best_on(Stream stream, std::size_t rounded, std::size_t max_sp
   auto it = free_.lower_bound(&key);
   if (it == free_.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
-  // Larger candidates are larger still, so one check decides for the whole stream.
+  // Larger candidates are larger still, so one check decides for the whole stream. A block no
+  // larger than the segment a growth for this request would make still serves it (a request just
+  // under max_split can round up past it), or each such request would grow a segment of its own.
   if (max_split > 0) {
-    if (rounded < max_split && b->size >= max_split) return nullptr;
+    if (rounded < max_split && b->size >= max_split && b->size > classic_segment_size(rounded)) return nullptr;
     if (rounded >= max_split && b->size >= rounded + kLargeBuffer) return nullptr;
   }
   return b;

@@ -185,8 +185,7 @@ Block* CachingAllocator::Impl::slow_find(std::size_t bytes, std::size_t rounded,
   // A refused reservation or mapping (DeviceError) counts as a refusal too: growth rolls back
   // whatever it mapped, so the retry starts from the same state.
   try {
-    grow(p, rounded, stream);
-    if (Block* b = pool(p).find(rounded, stream, max_split())) return b;
+    if (Block* b = grow(p, rounded, stream)) return b;
   } catch (const OutOfMemory&) {
   } catch (const DeviceError&) {
   }
@@ -195,8 +194,7 @@ Block* CachingAllocator::Impl::slow_find(std::size_t bytes, std::size_t rounded,
   release_cached(static_cast<std::size_t>(-1), false);
   if (Block* b = pool(p).find(rounded, stream, max_split())) return b;
   try {
-    grow(p, rounded, stream);
-    if (Block* b = pool(p).find(rounded, stream, max_split())) return b;
+    if (Block* b = grow(p, rounded, stream)) return b;
   } catch (const OutOfMemory& e) {
     throw_oom(bytes, rounded, e.what());
   } catch (const DeviceError& e) {

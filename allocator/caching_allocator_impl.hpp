@@ -106,8 +106,10 @@ struct CachingAllocator::Impl {
   void sync_split_stat(Pool p);
 
   // --- growth and release (allocator_growth.cpp) ---
-  void grow(Pool p, std::size_t rounded, Stream stream);  // OutOfMemory when refused
-  void grow_classic(Pool p, std::size_t rounded, Stream stream);
+  // The free block that now serves `rounded` (OutOfMemory when refused). A classic segment made
+  // for a request serves it whatever max_split says (it may round up past max_split), as PyTorch's.
+  detail::Block* grow(Pool p, std::size_t rounded, Stream stream);
+  detail::Block* grow_classic(Pool p, std::size_t rounded, Stream stream);
   void grow_expandable(Pool p, std::size_t rounded, Stream stream);
   // Synchronises the device, completes pending frees, then gives back up to `want` bytes of
   // cached memory (oldest first when asked). Returns bytes given back.

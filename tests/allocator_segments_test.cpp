@@ -193,6 +193,28 @@ TEST(AllocatorSegments, MaxSplitSizeKeepsBigBlocksWhole) {
   EXPECT_THROW(parse_allocator_options("max_split_size_mb:20"), ParseError);
 }
 
+TEST(AllocatorSegments, MaxSplitSizeServesARequestWhoseSegmentRoundsPastIt) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.max_split_size = 25 * MiB;
+  CachingAllocator a(*dev, o);
+  const std::size_t just_under = 24 * MiB + 1;  // its segment is 26 MiB, past max_split
+  void* p = a.allocate(just_under);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(a.block_size(p), 26 * MiB);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(26 * MiB));
+  a.deallocate(p);
+  void* again = a.allocate(just_under);  // the cached segment serves it: no second one
+  EXPECT_EQ(again, p);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(26 * MiB));
+  a.deallocate(again);
+  void* small = a.allocate(2 * MiB);  // a 20 MiB segment of its own: the 26 MiB block stays whole
+  EXPECT_NE(small, p);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(46 * MiB));
+  a.deallocate(small);
+  EXPECT_EQ(a.stats().num_alloc_retries, 0);
+}
+
 TEST(AllocatorSegments, EmptyCacheWaitsForPendingBlocks) {
   auto dev = small_device();
   CachingAllocator a(*dev, classic_options());
