@@ -11,6 +11,15 @@ namespace stowage {
 using detail::Block;
 using detail::BlockUse;
 
+namespace {
+
+// A positive fraction caps at one byte at least: a cap of 0 would mean no cap at all.
+std::size_t cap_of(double fraction, std::size_t capacity) {
+  return std::max<std::size_t>(1, static_cast<std::size_t>(fraction * static_cast<double>(capacity)));
+}
+
+}  // namespace
+
 CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
     : device(d),
       opts(o),
@@ -33,7 +42,7 @@ CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
   mode = opts.segments == SegmentMode::expandable && vmm ? SegmentMode::expandable : SegmentMode::classic;
   if (opts.memory_cap_bytes > 0) cap = opts.memory_cap_bytes;
   if (opts.memory_cap_fraction > 0.0) {
-    const auto frac = static_cast<std::size_t>(opts.memory_cap_fraction * static_cast<double>(props.capacity));
+    const std::size_t frac = cap_of(opts.memory_cap_fraction, props.capacity);
     cap = cap > 0 ? std::min(cap, frac) : frac;
   }
 }
@@ -362,6 +371,13 @@ void CachingAllocator::empty_cache() {
 void CachingAllocator::set_memory_cap(std::size_t bytes) {
   std::lock_guard lock(impl_->mu);  // the cap is read under mu alone
   impl_->cap = bytes;
+}
+
+void CachingAllocator::set_memory_fraction(double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    throw InvalidArgument(fmt::format("stowage: memory fraction {} is not in (0, 1]", fraction));
+  }
+  set_memory_cap(cap_of(fraction, impl_->device.capacity()));
 }
 
 std::size_t CachingAllocator::memory_cap() const {

@@ -180,7 +180,9 @@ std::string to_json(const Snapshot& snap) {
                      {"tag", t.tag}});
   }
   j["trace"] = std::move(trace);
-  return j.dump(1);
+  // Tags are the caller's bytes: one cut mid-character must not make every snapshot fail, so
+  // bytes that are not UTF-8 are written as U+FFFD.
+  return j.dump(1, ' ', false, json::error_handler_t::replace);
 }
 
 namespace {

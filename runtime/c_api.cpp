@@ -32,10 +32,53 @@ namespace {
 
 // The message is written only on failure: a call that succeeds touches the code alone (a plain
 // int, no thread-local constructor to run), and stowage_last_error() reads "" while it is OK.
-thread_local std::string last_error;
 thread_local int last_error_code = STOWAGE_OK;
-thread_local std::vector<std::unique_ptr<ScopedTag>> tags;  // stowage_push_tag's, innermost last
 std::atomic<bool> first_error_said{false};
+
+// What a thread keeps between calls: its last error's message and the tags it pushed.
+struct ThreadState {
+  std::string last_error;
+  std::vector<std::unique_ptr<ScopedTag>> tags;  // stowage_push_tag's, innermost last
+};
+
+// A client's thread-local destructor may call in after this thread's state is gone (thread-locals
+// die in reverse order of construction). So the state is reached through a memo with no
+// destructor, which then says `exited`, and an error message is kept, cut short, in a buffer.
+struct ThreadMemo {
+  ThreadState* state;
+  bool exited;
+  char exit_message[256];
+};
+thread_local ThreadMemo thread_memo{};
+
+struct ThreadStateOwner {
+  std::unique_ptr<ThreadState> state;
+  ~ThreadStateOwner() {
+    thread_memo.state = nullptr;
+    thread_memo.exited = true;
+    if (state) {
+      std::snprintf(thread_memo.exit_message, sizeof thread_memo.exit_message, "%s", state->last_error.c_str());
+      while (!state->tags.empty()) state->tags.pop_back();  // innermost first, as they were pushed
+    }
+  }
+};
+thread_local ThreadStateOwner thread_state_owner;
+
+// This thread's state, made on first use; nullptr once the thread's thread-locals are being destroyed.
+ThreadState* thread_state() {
+  ThreadMemo& memo = thread_memo;
+  if (memo.state != nullptr || memo.exited) return memo.state;
+  thread_state_owner.state = std::make_unique<ThreadState>();
+  memo.state = thread_state_owner.state.get();
+  return memo.state;
+}
+
+std::string tags_gone(const char* what) {
+  return fmt::format(
+      "{}: this thread's tags are gone (called from a thread-local destructor that runs after "
+      "stowage's own)",
+      what);
+}
 
 // A device's resources: the caching allocator, and what callers allocate through (the caching
 // allocator itself, or a LoggingResource over it when STOWAGE_EVENT_LOG names a file).
@@ -111,7 +154,11 @@ int code_of(const std::exception& e) {
 
 void fail(const char* message, int code) noexcept {
   try {
-    last_error = message;
+    if (ThreadState* state = thread_state()) {
+      state->last_error = message;
+    } else {
+      std::snprintf(thread_memo.exit_message, sizeof thread_memo.exit_message, "%s", message);
+    }
   } catch (...) {
   }
   last_error_code = code;
@@ -240,8 +287,7 @@ int stowage_set_memory_fraction(int device, double fraction) {
   return guarded(-1, [&] {
     if (!(fraction > 0.0 && fraction <= 1.0))
       throw InvalidArgument(fmt::format("stowage_set_memory_fraction: {} is not in (0, 1]", fraction));
-    CachingAllocator& a = *allocators().get(device).allocator;
-    a.set_memory_cap(static_cast<std::size_t>(fraction * static_cast<double>(a.device().capacity())));
+    allocators().get(device).allocator->set_memory_fraction(fraction);
     return 0;
   });
 }
@@ -254,15 +300,19 @@ ssize_t stowage_device_capacity(int device) {
 int stowage_push_tag(const char* tag) {
   return guarded(-1, [&] {
     if (tag == nullptr) throw InvalidArgument("stowage_push_tag: null tag");
-    tags.push_back(std::make_unique<ScopedTag>(tag));
+    ThreadState* state = thread_state();
+    if (state == nullptr) throw InvalidArgument(tags_gone("stowage_push_tag"));
+    state->tags.push_back(std::make_unique<ScopedTag>(tag));
     return 0;
   });
 }
 
 int stowage_pop_tag(void) {
   return guarded(-1, [&] {
-    if (tags.empty()) throw InvalidArgument("stowage_pop_tag: no tag was pushed on this thread");
-    tags.pop_back();
+    ThreadState* state = thread_state();
+    if (state == nullptr) throw InvalidArgument(tags_gone("stowage_pop_tag"));
+    if (state->tags.empty()) throw InvalidArgument("stowage_pop_tag: no tag was pushed on this thread");
+    state->tags.pop_back();
     return 0;
   });
 }
@@ -286,7 +336,11 @@ int stowage_using_cuda(void) {
   return guarded(-1, [] { return using_cuda() ? 1 : 0; });
 }
 
-const char* stowage_last_error(void) { return last_error_code == STOWAGE_OK ? "" : last_error.c_str(); }
+const char* stowage_last_error(void) {
+  if (last_error_code == STOWAGE_OK) return "";
+  const ThreadState* state = thread_memo.state;
+  return state != nullptr ? state->last_error.c_str() : thread_memo.exit_message;
+}
 
 int stowage_last_error_code(void) { return last_error_code; }
 

@@ -62,6 +62,22 @@ TEST(AllocatorErrors, ClassicSuggestsExpandableSegments) {
   a.deallocate(x);
 }
 
+TEST(AllocatorErrors, APositiveFractionCapsAtOneByteAtLeast) {
+  auto dev = small_device();
+  AllocatorOptions o;
+  o.memory_cap_fraction = 1e-12;  // 256 MiB x 1e-12 rounds down to 0 bytes, which would mean no cap
+  CachingAllocator a(*dev, o);
+  EXPECT_EQ(a.memory_cap(), 1u);
+  EXPECT_THROW(a.allocate(512), OutOfMemory);
+  a.set_memory_fraction(0.5);
+  EXPECT_EQ(a.memory_cap(), 128 * MiB);
+  a.set_memory_fraction(1e-12);
+  EXPECT_EQ(a.memory_cap(), 1u);
+  EXPECT_THROW(a.set_memory_fraction(0.0), InvalidArgument);
+  EXPECT_THROW(a.set_memory_fraction(1.5), InvalidArgument);
+  EXPECT_EQ(a.memory_cap(), 1u);  // a refused fraction changes nothing
+}
+
 TEST(AllocatorErrors, RetryAfterFreeingTheCache) {
   auto dev = small_device();
   AllocatorOptions o = classic_options();

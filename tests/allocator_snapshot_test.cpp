@@ -135,6 +135,27 @@ TEST(AllocatorSnapshot, JsonRoundTrip) {
   dev->destroy_stream(s1);
 }
 
+TEST(AllocatorSnapshot, ATagThatIsNotUtf8IsWrittenWithReplacementCharacters) {
+  auto dev = small_device();
+  AllocatorOptions o;
+  o.trace_entries = 16;
+  CachingAllocator a(*dev, o);
+  void* x = nullptr;
+  {
+    ScopedTag tag("attn.\xC3");  // "attn.é" cut after its first byte
+    x = a.allocate(4096);
+  }
+  a.deallocate(x);  // the trace still holds the tag
+  const Snapshot back = snapshot_from_json(to_json(a.snapshot()));
+  int tagged = 0;
+  for (const TraceEntry& t : back.trace) {
+    if (t.tag.empty()) continue;
+    EXPECT_EQ(t.tag, "attn.\xEF\xBF\xBD");  // U+FFFD
+    ++tagged;
+  }
+  EXPECT_GE(tagged, 1);
+}
+
 TEST(AllocatorSnapshot, MalformedJsonNamesTheField) {
   auto dev = small_device();
   CachingAllocator a(*dev, classic_options());
