@@ -39,8 +39,8 @@ DLDataType to_dl(DType t) {
 
 }  // namespace
 
-DType dtype_from_dlpack(DLDataType t) {
-  if (t.lanes != 1) throw Unsupported(fmt::format("from_dlpack: vector dtypes ({} lanes) are not supported", t.lanes));
+DType dtype_from_dlpack(DLDataType t, const char* what) {
+  if (t.lanes != 1) throw Unsupported(fmt::format("{}: vector dtypes ({} lanes) are not supported", what, t.lanes));
   switch (t.code) {
     case kDLFloat:
       if (t.bits == 32) return DType::f32;
@@ -65,7 +65,7 @@ DType dtype_from_dlpack(DLDataType t) {
       break;
     default: break;
   }
-  throw Unsupported(fmt::format("from_dlpack: dtype code {} with {} bits has no stowage dtype", t.code, t.bits));
+  throw Unsupported(fmt::format("{}: dtype code {} with {} bits has no stowage dtype", what, t.code, t.bits));
 }
 
 DLManagedTensor* to_dlpack(const TensorView& view) {

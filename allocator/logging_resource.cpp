@@ -24,8 +24,7 @@ void LoggingResource::do_deallocate(void* ptr, std::size_t bytes) {
   upstream_->deallocate(ptr, bytes);  // throws for a foreign pointer: nothing is logged
   std::pair<std::size_t, Stream> info{bytes, kDefaultStream};
   if (auto it = live_.find(ptr); it != live_.end()) {
-    if (bytes == 0) info.first = it->second.first;
-    info.second = it->second.second;
+    info = it->second;  // the size it was allocated with: a free may give 0 or the rounded size
     live_.erase(it);
   }
   log_->record(EventAction::free, ptr, info.first, info.second);

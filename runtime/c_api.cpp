@@ -122,7 +122,13 @@ struct Allocators {
     made->allocator = std::make_shared<CachingAllocator>(device(ordinal), c.allocator);
     made->top = made->allocator;
     if (!c.event_log.empty()) {
-      if (!event_log) event_log = std::make_shared<EventLog>(c.event_log);
+      if (!event_log) {
+        try {
+          event_log = std::make_shared<EventLog>(c.event_log);
+        } catch (const InvalidArgument& e) {  // a file that cannot be made or opened: the setting's fault
+          throw ParseError(fmt::format("STOWAGE_EVENT_LOG: {}", e.what()));
+        }
+      }
       made->top = std::make_shared<LoggingResource>(made->allocator, event_log);
     }
     log().info("C ABI: caching allocator for device {} ({})", ordinal, device(ordinal).name());
@@ -320,7 +326,7 @@ int stowage_pop_tag(void) {
 DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code, uint8_t bits,
                                       void* stream) {
   return guarded<DLManagedTensor*>(nullptr, [&] {
-    const DType dtype = dtype_from_dlpack(DLDataType{code, bits, 1});
+    const DType dtype = dtype_from_dlpack(DLDataType{code, bits, 1}, "stowage_dlpack_empty");
     capi::tensor_bytes(shape, ndim, dtype, "stowage_dlpack_empty");
     DeviceAllocator& a = allocators().get(device);
     return to_dlpack(

@@ -110,7 +110,8 @@ int stowage_host_free(void* ptr, int device) {
 DLManagedTensor* stowage_dlpack_host_empty(int device, const int64_t* shape, int ndim, uint8_t code, uint8_t bits) {
   return guarded<DLManagedTensor*>(nullptr, [&] {
     const DLDataType type{code, bits, 1};
-    const std::size_t bytes = capi::tensor_bytes(shape, ndim, dtype_from_dlpack(type), "stowage_dlpack_host_empty");
+    const std::size_t bytes = capi::tensor_bytes(shape, ndim, dtype_from_dlpack(type, "stowage_dlpack_host_empty"),
+                                                 "stowage_dlpack_host_empty");
     HostPool& pool = host_pools().get(device);
     auto e = std::make_unique<HostExport>();
     e->pool = &pool;

@@ -3,6 +3,8 @@
 
 #include "common/text.hpp"
 #include "stowage/backends.hpp"
+#include "stowage/error.hpp"
+#include "stowage/event_log.hpp"
 
 #include <unistd.h>
 #include <algorithm>
@@ -72,7 +74,14 @@ Config load_config(const EnvLookup& lookup) {
       throw ParseError(fmt::format("STOWAGE_ALLOC_CONF: {}", e.what()));
     }
   }
-  if (auto v = get("STOWAGE_EVENT_LOG")) c.event_log = std::string(trim(*v));
+  if (auto v = get("STOWAGE_EVENT_LOG")) {
+    c.event_log = std::string(trim(*v));
+    try {
+      (void)expand_event_log_path(c.event_log);  // its placeholders checked now, not at the first allocation
+    } catch (const InvalidArgument& e) {
+      throw ParseError(fmt::format("STOWAGE_EVENT_LOG: {}", e.what()));
+    }
+  }
   if (auto v = get("STOWAGE_FAULTS")) c.faults = parse_fault_plan(std::string(*v));  // names the variable
   return c;
 }

@@ -101,7 +101,8 @@ TEST(Config, MalformedValuesNameTheirVariable) {
       {{"STOWAGE_EMULATED_CAPACITY", "lots"}},    {{"STOWAGE_EMULATED_CAPACITY", "0"}},
       {{"STOWAGE_EMULATED_LINK_GBPS", "-4"}},     {{"STOWAGE_EMULATED_LINK_GBPS", "fast"}},
       {{"STOWAGE_EMULATED_LINK_GBPS", "1e-300"}}, {{"STOWAGE_EMULATED_LINK_GBPS", "1e9"}},
-      {{"STOWAGE_EMULATED_CAPACITY", "200TiB"}},  {{"STOWAGE_ALLOC_CONF", "expandable_segments:maybe"}}};
+      {{"STOWAGE_EMULATED_CAPACITY", "200TiB"}},  {{"STOWAGE_ALLOC_CONF", "expandable_segments:maybe"}},
+      {{"STOWAGE_EVENT_LOG", "/tmp/x%q.csv"}}};
   for (const auto& env : bad) {
     const std::string& name = env.begin()->first;
     EXPECT_NE(parse_error_of(env).find(name), std::string::npos) << name << " -> " << parse_error_of(env);

@@ -55,8 +55,8 @@ TEST_F(EventLogTest, OneLinePerAllocationAndFreeInRmmColumns) {
     LoggingResource logging(allocator, std::make_shared<EventLog>(path));
     void* a = logging.allocate(1000);
     void* b = logging.allocate(70000, side);
-    EXPECT_EQ(logging.allocate(0), nullptr);  // nothing to log
-    logging.deallocate(a);
+    EXPECT_EQ(logging.allocate(0), nullptr);         // nothing to log
+    logging.deallocate(a, allocator.block_size(a));  // the rounded size is accepted; 1000 is logged
     logging.deallocate(b, 70000);
     EXPECT_THROW(logging.deallocate(b), InvalidArgument);  // double free: not logged
     const auto records = read_event_log(path);

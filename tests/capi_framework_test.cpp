@@ -117,6 +117,7 @@ TEST(CApiFramework, DlpackExportOwnsItsBlockUntilTheDeleter) {
   // Refused: a type without a stowage dtype, a negative or overflowing shape, a bad device.
   EXPECT_EQ(stowage_dlpack_empty(0, shape, 2, kDLComplex, 64, nullptr), nullptr);
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_UNSUPPORTED);
+  EXPECT_EQ(error().rfind("stowage_dlpack_empty: dtype code 5 with 64 bits", 0), 0u) << error();
   const std::int64_t negative[] = {4, -1};
   EXPECT_EQ(stowage_dlpack_empty(0, negative, 2, kDLFloat, 32, nullptr), nullptr);
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);

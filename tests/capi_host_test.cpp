@@ -100,6 +100,7 @@ TEST(CApiHost, DlpackExportIsRowMajorHostDataGivenBackByItsDeleter) {
   // Refused before anything is taken: a type without a stowage dtype, bad shapes, a bad device.
   EXPECT_EQ(stowage_dlpack_host_empty(0, shape, 3, kDLComplex, 64), nullptr);
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_UNSUPPORTED);
+  EXPECT_EQ(error().rfind("stowage_dlpack_host_empty: dtype code 5 with 64 bits", 0), 0u) << error();
   const std::int64_t negative[] = {4, -1};
   EXPECT_EQ(stowage_dlpack_host_empty(0, negative, 2, kDLFloat, 32), nullptr);
   EXPECT_NE(error().find("negative dimension -1"), std::string::npos) << error();

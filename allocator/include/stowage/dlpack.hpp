@@ -12,7 +12,7 @@ DLManagedTensor* to_dlpack(const TensorView& view);
 // Takes ownership of `tensor` (its deleter runs when the last storage handle goes). The device
 // is the stowage device the data lives on (ignored for kDLCPU data, which becomes host memory).
 TensorView from_dlpack(DLManagedTensor* tensor, Device& device);
-// The stowage dtype of a DLPack data type; Unsupported when there is none.
-DType dtype_from_dlpack(DLDataType type);
+// The stowage dtype of a DLPack data type; Unsupported, naming `what`, when there is none.
+DType dtype_from_dlpack(DLDataType type, const char* what = "from_dlpack");
 
 }  // namespace stowage
