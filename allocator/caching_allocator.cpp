@@ -245,6 +245,9 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
       if (void* cached = m.hand_out_cached(bytes, rounded, stream)) return cached;
     }
   }
+  // Frees whose streams have arrived go back first (as PyTorch's malloc does), so their blocks
+  // serve this request before another block is split.
+  if (!m.pending.empty()) m.process_events();
   Block* b = m.pool(p).find(rounded, stream, m.max_split());
   if (!b) b = m.slow_find(bytes, rounded, p, stream);
   return m.hand_out(b, bytes, rounded, stream);

@@ -117,6 +117,24 @@ TEST(AllocatorStreams, PendingBlockBecomesFreeWhenEventCompletes) {
   dev->destroy_stream(s2);
 }
 
+TEST(AllocatorStreams, APendingBlockWhoseStreamsArrivedIsReusedBeforeAnotherIsSplit) {
+  auto dev = small_device();
+  CachingAllocator a(*dev, classic_options());
+  Stream s1 = dev->create_stream(), s2 = dev->create_stream();
+  void* x = a.allocate(4096, s1);  // its 2 MiB segment keeps a free remainder that would also fit
+  a.record_stream(x, s2);
+  a.deallocate(x);
+  dev->synchronize(s2);
+  void* z = a.allocate(4096, s1);  // as PyTorch: finished frees are completed before the search
+  EXPECT_EQ(z, x);
+  const AllocatorStats st = a.stats();
+  EXPECT_EQ(st.active_bytes.all.current, 4096);
+  EXPECT_EQ(st.allocation.all.current, 1);
+  a.deallocate(z);
+  dev->destroy_stream(s1);
+  dev->destroy_stream(s2);
+}
+
 TEST(AllocatorStreams, FreshMemoryOnAnotherStreamNeedsNoWait) {
   auto dev = small_device();
   CachingAllocator a(*dev, classic_options());
