@@ -154,15 +154,17 @@ def test_apply_keeps_param_groups_and_a_resumed_optimizers_state():
     data, vocab = gpt.batches(gpt.corpus(), 16, 2, 3)
     torch.manual_seed(0)
     model = gpt.GPT(vocab, 16)
+    rest = [*model.tokens.parameters(), *model.positions.parameters(), *model.norm.parameters()]
     adamw = torch.optim.AdamW([{"params": model.blocks.parameters(), "lr": 1e-2},
-                               {"params": model.head.parameters(), "weight_decay": 0.0}], lr=1e-3, weight_decay=0.1)
+                               {"params": model.head.parameters(), "weight_decay": 0.0},
+                               {"params": rest}], lr=1e-3, weight_decay=0.1)
     # One plain fp32 step, then the switch: the moments and the step count come along.
     x, y = data[0]
     torch.nn.functional.cross_entropy(model(x).view(-1, vocab), y.view(-1)).backward()
     adamw.step()
     m = adamw.state[model.head.weight]["exp_avg"].clone()
     opt = apply(model, adamw).optimizer
-    assert [(g["lr"], g["weight_decay"]) for g in opt.param_groups] == [(1e-2, 0.1), (1e-3, 0.0)]
+    assert [(g["lr"], g["weight_decay"]) for g in opt.param_groups] == [(1e-2, 0.1), (1e-3, 0.0), (1e-3, 0.1)]
     assert torch.equal(opt.state[model.head.weight]["exp_avg"], m)
     assert float(opt.state[model.head.weight]["step"]) == 1.0
     assert model.head.weight.dtype == torch.bfloat16

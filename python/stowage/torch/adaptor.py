@@ -25,35 +25,82 @@ class Applied:
         self.recompute = self.swap = None
 
 
+# torch.optim's own switches, not hyper-parameters: the fused optimizers take none of them. Those that
+# change the numbers or the step's nature are refused when on; foreach and fused only pick torch's
+# implementation, which the fused step replaces.
+_REFUSED_SWITCHES = ("amsgrad", "maximize", "capturable", "differentiable")
+_IMPLEMENTATION_SWITCHES = ("foreach", "fused")
+
+
+def _groups(optimizer):
+    """The optimizer's param groups as the shared-storage optimizer takes them: every key kept (the
+    user's own too: a name, an lr scale a scheduler reads), torch.optim's switches left out."""
+    groups = []
+    for g in optimizer.param_groups:
+        on = [k for k in _REFUSED_SWITCHES if g.get(k)]
+        if on:
+            raise UnsupportedError(f"shared storage: {', '.join(on)} {'is' if len(on) == 1 else 'are'} not "
+                                   "supported (the fused step has no such form)")
+        groups.append({k: v for k, v in g.items() if k not in _REFUSED_SWITCHES + _IMPLEMENTATION_SWITCHES})
+    return groups
+
+
 def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite, state_offload, state_device_budget):
-    groups = [dict(g) for g in optimizer.param_groups]
     common = dict(rounding=rounding, max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite,
                   state_offload=state_offload, state_device_budget=state_device_budget)
     if type(optimizer) in (torch.optim.AdamW, torch.optim.Adam):
-        if any(g.get("amsgrad") or g.get("maximize") for g in groups):
-            raise UnsupportedError("shared storage: amsgrad and maximize are not supported")
-        keep = ("params", "lr", "betas", "eps", "weight_decay")
-        decoupled = type(optimizer) is torch.optim.AdamW
+        groups = _groups(optimizer)
+        for g in groups:  # torch's Adam(decoupled_weight_decay=True) (newer torch) is AdamW: it becomes ours
+            g["decoupled"] = bool(g.pop("decoupled_weight_decay", type(optimizer) is torch.optim.AdamW))
         _check_resumable(optimizer, SharedStorageAdamW)
-        made = SharedStorageAdamW([{**{k: g[k] for k in keep}, "decoupled": decoupled} for g in groups], **common)
+        made = SharedStorageAdamW(groups, **common)
     elif type(optimizer) is torch.optim.SGD:
-        if any(g.get("maximize") for g in groups):
-            raise UnsupportedError("shared storage: maximize is not supported")
-        keep = ("params", "lr", "momentum", "dampening", "weight_decay", "nesterov")
+        groups = _groups(optimizer)
         _check_resumable(optimizer, SharedStorageSGD)
-        made = SharedStorageSGD([{k: g[k] for k in keep} for g in groups], **common)
+        made = SharedStorageSGD(groups, **common)
     else:
         raise UnsupportedError(f"shared storage: {type(optimizer).__name__} has no fused form; give torch.optim."
                                "AdamW, Adam or SGD")
     if optimizer.state:  # a resumed optimizer: its moments and step carry over, the master is the fp32 weights
-        made.load_state_dict(optimizer.state_dict())
+        saved = optimizer.state_dict()
+        # Only the state: the groups are already made's (torch's switches left out, decoupled added).
+        saved["param_groups"] = [{**{k: v for k, v in g.items() if k != "params"}, "params": s["params"]}
+                                 for g, s in zip(made.param_groups, saved["param_groups"])]
+        made.load_state_dict(saved)
     return made
 
 
 def _check_resumable(optimizer, kind):
     """A resumed optimizer's state must fit before any parameter moves (a refusal changes nothing)."""
     for p, entry in optimizer.state.items():  # checked only: no copy (the state may be meant to leave the device)
-        checked_entry(entry, p, kind._state_keys, kind.__name__, home=lambda value: value)
+        checked_entry(entry, p, kind._state_keys, kind.__name__, home=lambda value: value,
+                      optional=kind._optional_keys)
+
+
+def _check_covered(model, optimizer):
+    """Shared storage makes the optimizer's parameters bf16; a floating parameter of the model it does
+    not hold (a frozen backbone left out of it) would stay as it is and the model would mix dtypes,
+    failing at the first forward. Refused before anything changes. Parameters already bf16 (cast by
+    the user, or held by another shared-storage optimizer) are fine."""
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    left = [(name, p) for name, p in model.named_parameters()
+            if id(p) not in held and p.is_floating_point() and p.dtype != torch.bfloat16]
+    if not left:
+        return
+    shown = ", ".join(f"{name} ({str(p.dtype).replace('torch.', '')}"
+                      f"{', requires_grad=False' if not p.requires_grad else ''})" for name, p in left[:8])
+    more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+    raise InvalidArgumentError(
+        f"apply(): the optimizer does not hold {len(left)} parameter{'s' if len(left) > 1 else ''} of the model: "
+        f"{shown}{more}. shared_storage=True makes the parameters it holds bf16, so these would keep their dtype "
+        "and the model would mix dtypes. Give them to the optimizer in a param group with lr=0 (frozen "
+        "parameters have no gradient and are never stepped), cast them to torch.bfloat16 yourself, or pass "
+        "apply() the submodule this optimizer trains. Nothing was changed")
+
+
+def _names(optimizer, model):
+    """Names the parameters in the optimizer's errors (the first name of a tied one)."""
+    optimizer._names = {id(p): name for name, p in model.named_parameters()}
 
 
 def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max_grad_norm=None,
@@ -85,6 +132,8 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
     if not shared_storage and state_offload != "none":
         raise InvalidArgumentError("apply(): state_offload moves the state of the shared-storage optimizers; give "
                                    "shared_storage=True with it")
+    if shared_storage:
+        _check_covered(model, optimizer)
     done = Applied(optimizer, None, None)
     try:  # a refusal anywhere leaves the model as it was
         if recompute:
@@ -95,6 +144,7 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
         if shared_storage:
             done.optimizer = _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite, state_offload,
                                                state_device_budget)
+            _names(done.optimizer, model)
     except Exception:
         done.remove()
         raise

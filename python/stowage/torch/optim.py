@@ -43,8 +43,8 @@ class _Bucket:
         self._made = {}
 
     def planes(self, index, numel):
-        """The C struct for parameter `index` (numel elements), in the bucket's memory (made once:
-        the planes never move)."""
+        """The C struct for parameter `index` (numel elements), in the bucket's memory, as the step
+        uses it (made once: its addresses are the ones step() checks each parameter's view against)."""
         key = (index, numel)
         made = self._made.get(key)
         if made is None:
@@ -63,10 +63,12 @@ class _Bucket:
 
     def split(self, index, value):
         """value (an fp32 tensor anywhere) becomes parameter `index`'s master, bit for bit. Device
-        planes are split on the host and copied: split and merge run on host memory only."""
+        planes are split on the host and copied: split and merge run on host memory only. Both
+        take the planes' addresses afresh (not the step's cached ones): they stay right where a
+        storage moved in place."""
         src = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
         if self.device.type == "cpu":
-            precision.split(src.data_ptr(), self.planes(index, src.numel()))
+            precision.split(src.data_ptr(), self._planes(*self._slices(index, src.numel()), src.numel()))
             return
         host = [torch.empty_like(t, device="cpu") for t in self._slices(index, src.numel())]
         precision.split(src.data_ptr(), self._planes(*host, src.numel()))
@@ -78,7 +80,7 @@ class _Bucket:
         numel = math.prod(shape)
         out = torch.empty(shape, dtype=torch.float32)
         if self.device.type == "cpu":
-            precision.merge(self.planes(index, numel), out.data_ptr())
+            precision.merge(self._planes(*self._slices(index, numel), numel), out.data_ptr())
             return out
         host = [t.cpu() for t in self._slices(index, numel)]
         precision.merge(self._planes(*host, numel), out.data_ptr())
@@ -188,6 +190,11 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self.loss_scale = loss_scale
         self.last_step_skipped = False
         self._buckets, self._flat, self._where, self._homes = [], [], {}, homes
+        # Per _flat entry: (address, shape) of the bf16 view the parameter was given, the address the
+        # step's planes hold. A storage moved in place (share_memory_()) leaves them pointing at freed
+        # memory and a replaced .data (model.float()) leaves them updating what the model no longer reads.
+        self._views = []
+        self._names = {}  # id(param) -> its name in the model, for errors (stowage.torch.adaptor.apply gives them)
         # Offloaded state sits in stowage's host pool, which hands freed bytes out again at once:
         # before the state goes with the optimizer, the steps queued on it end. (Weak references'
         # callbacks run before the optimizer's attributes are cleared.)
@@ -229,17 +236,45 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             bucket.split(i, p)
             p.data = bucket.view(i, p.shape)  # the model now computes with the bf16 plane itself
             p.grad = None
-            self._where[id(p)] = (bucket, i, p)
+            self._where[id(p)] = (bucket, i, p, len(self._flat))
             self._flat.append((group, bucket, i, p))
+            self._views.append((p.data_ptr(), p.shape))  # (0 for an empty one, which nothing writes)
         self._buckets.append(bucket)
         self._homes.commit(group["params"], placements, books)
 
+    # --- each parameter must stay the bf16 view of its plane ---
+    def _moved(self, k, what):
+        """The error for _flat entry k, whose parameter no longer is the view the optimizer gave it."""
+        group, _, i, p = self._flat[k]
+        address, shape = self._views[k]
+        g = next(n for n, candidate in enumerate(self.param_groups) if candidate is group)
+        name = self._names.get(id(p))
+        which = f"parameter '{name}'" if name else f"parameter {i} of param group {g}"
+        return InvalidArgumentError(
+            f"{what}: {which} is no longer the bf16 view of its shared-storage plane (it is {p.dtype} "
+            f"{tuple(p.shape)} at {p.data_ptr():#x}; it was torch.bfloat16 {tuple(shape)} at {address:#x}). "
+            "Its data was moved or replaced after the optimizer took it: model.float() / .half() / "
+            ".to(dtype or device), model.share_memory(), model.load_state_dict(..., assign=True) or an "
+            "assignment to .data do that. Nothing was written. Cast or move the model before the optimizer "
+            "takes its parameters, and load weights with opt.load_master_state_dict()")
+
+    def _check_views(self, what):
+        """Every parameter still views its plane (before a call writes through the planes)."""
+        for (_, _, _, p), (address, shape) in zip(self._flat, self._views):
+            if p.data_ptr() != address or p.dtype != torch.bfloat16 or p.shape != shape:
+                raise self._moved(self._where[id(p)][3], what)
+
     # --- the fp32 master ---
-    def _find(self, param, what):
+    def _find(self, param, what, writes=False):
         found = self._where.get(id(param))
         if found is None or found[2] is not param:
             raise InvalidArgumentError(f"{what}: that tensor is not one of this optimizer's parameters")
-        return found[0], found[1]
+        bucket, i, p, k = found
+        address, shape = self._views[k]
+        # A master written into the planes must reach the model: refused once the parameter is not their view.
+        if writes and (p.data_ptr() != address or p.dtype != torch.bfloat16 or p.shape != shape):
+            raise self._moved(k, what)
+        return bucket, i
 
     def master(self, param):
         """The fp32 master value of `param` (a new tensor, bit-exact)."""
@@ -248,22 +283,29 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
 
     def load_master(self, param, value):
         """Sets `param`'s fp32 master to `value` exactly (and its bf16 view to value's rounding)."""
-        bucket, i = self._find(param, "load_master()")
+        bucket, i = self._find(param, "load_master()", writes=True)
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(param.shape):
             raise InvalidArgumentError(f"load_master(): need a tensor of shape {tuple(param.shape)}")
         bucket.split(i, value)
 
     def master_state_dict(self, model):
         """model.state_dict() with every parameter of this optimizer replaced by its fp32 master:
-        what an fp32 model (and plain torch.optim) loads to continue with the same numbers."""
+        what an fp32 model (and plain torch.optim) loads to continue with the same numbers. Every key
+        that names such a parameter gets it, tied ones too (head.weight = emb.weight), as one tensor."""
         out = model.state_dict()
-        for name, p in model.named_parameters():
-            if id(p) in self._where:
-                out[name] = self.master(p)
+        masters = {}
+        # keep_vars: the parameters themselves, under every key (named_parameters() drops the aliases).
+        for name, p in model.state_dict(keep_vars=True).items():
+            found = self._where.get(id(p))
+            if found is not None and found[2] is p:
+                if id(p) not in masters:
+                    masters[id(p)] = self.master(p)
+                out[name] = masters[id(p)]
         return out
 
     def load_master_state_dict(self, model, state_dict):
         """The inverse: takes fp32 weights (e.g. a plain fp32 checkpoint) as the master."""
+        self._check_views("load_master_state_dict()")  # before the first master is written
         for name, p in model.named_parameters():
             if id(p) in self._where:
                 if name not in state_dict:
@@ -293,8 +335,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
 
     # --- the step ---
     def _grads(self):
+        """The gradients to apply, after checking that every parameter still views its plane: the
+        kernels write through the planes' cached addresses, so a parameter whose data was replaced
+        (model.float()) would no longer train, and a storage moved in place (share_memory()) would
+        be written after it was freed."""
         out = []
-        for group, bucket, i, p in self._flat:
+        for (group, bucket, i, p), (address, shape) in zip(self._flat, self._views):
+            if p.data_ptr() != address or p.dtype != torch.bfloat16 or p.shape != shape:
+                raise self._moved(self._where[id(p)][3], "step()")
             g = p.grad
             if g is None:
                 continue
@@ -419,6 +467,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self._homes.synchronize()  # queued steps may still use the state about to be replaced
         groups, states = self._checked_state(state_dict)
         masters = state_dict.get("stowage_master")
+        if masters is not None:
+            self._check_views("load_state_dict()")  # the masters are written last: refuse before the state changes
         for saved, group in zip(groups, self.param_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self.state.clear()
@@ -460,15 +510,19 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
 
     def _checked_entry(self, entry, p):
         return self._completed(checked_entry(entry, p, self._state_keys, type(self).__name__,
-                                             lambda value: self._homes.new(p, value)))
+                                             lambda value: self._homes.new(p, value), self._optional_keys))
+
+    _optional_keys = ()  # state keys torch.optim saves as None for "none yet"
 
 
-def checked_entry(entry, p, state_keys, owner, home=None):
+def checked_entry(entry, p, state_keys, owner, home=None, optional=()):
     """One parameter's saved optimizer state as this module keeps it (fp32, contiguous, p's
     shape, in home(value) or on p's device; step a tensor), or InvalidArgumentError naming what
-    does not fit."""
+    does not fit. A key of `optional` saved as None is left out, as torch.optim reads it."""
     out = {}
     for key, value in entry.items():
+        if key in optional and value is None:
+            continue
         if key == "step":
             one = isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1)
             step = float(value) if one else -1.0
@@ -550,6 +604,9 @@ class SharedStorageSGD(_SharedStorageOptimizer):
                          state_device_budget)
 
     _state_keys = ("momentum_buffer",)
+    # torch.optim.SGD without momentum saves {"momentum_buffer": None} (1.13), and any SGD reads None
+    # as "no buffer yet".
+    _optional_keys = ("momentum_buffer",)
 
     def _completed(self, state):
         # torch.optim.SGD keeps no step: a saved momentum buffer means at least one step was taken,
@@ -563,8 +620,23 @@ class SharedStorageSGD(_SharedStorageOptimizer):
         if "step" not in state:
             state["step"] = torch.tensor(0.0)
         if group["momentum"] != 0 and "momentum_buffer" not in state:
+            # As torch.optim.SGD, a parameter without a buffer starts it afresh (buf = g), which the
+            # kernel does at count 0: a count kept from steps without momentum must not carry over.
+            if float(state["step"]) != 0:
+                state["step"] = torch.tensor(0.0)
             state["momentum_buffer"] = self._homes.new(p)
         return state
+
+    def state_dict(self):
+        """As the shared-storage optimizers', and a parameter stepped without momentum has
+        "momentum_buffer": None, as torch.optim.SGD saves it."""
+        sd = super().state_dict()
+        for group in sd["param_groups"]:
+            if group["momentum"] == 0:
+                for i in group["params"]:
+                    if i in sd["state"]:
+                        sd["state"][i] = {"momentum_buffer": None, **sd["state"][i]}
+        return sd
 
     @staticmethod
     def _stepped(group, state):
