@@ -187,6 +187,19 @@ using capi::checked_size;
 using capi::copy_out;
 using capi::guarded;
 
+// The device whose allocator gave `ptr` out, or -1 (off the hot path: after a refusal).
+int owner_of(Allocators& all, const void* ptr) {
+  for (int d = 0; d < all.count; ++d)
+    if (DeviceAllocator* a = all.created(d); a != nullptr && a->allocator->owns(ptr)) return d;
+  return -1;
+}
+
+// A refusal of `ptr` on `device`, when another device owns it: a message that says so.
+void name_the_owner(Allocators& all, const void* ptr, int device, const char* what) {
+  if (const int owner = owner_of(all, ptr); owner != -1 && owner != device)
+    throw InvalidArgument(fmt::format("{}: {} belongs to device {}, not device {}", what, ptr, owner, device));
+}
+
 }  // namespace
 }  // namespace stowage
 
@@ -209,11 +222,7 @@ void stowage_free(void* ptr, ssize_t size, int device, void* stream) {
     try {
       all.get(device).top->deallocate(ptr, bytes);  // InvalidArgument for foreign pointers, double frees, wrong sizes
     } catch (const InvalidArgument&) {
-      // Only now, off the hot path: a block of another device gets a message that says so.
-      for (int other = 0; other < all.count; ++other)
-        if (DeviceAllocator* o = all.created(other); other != device && o != nullptr && o->allocator->owns(ptr))
-          throw InvalidArgument(
-              fmt::format("stowage_free: {} belongs to device {}, not device {}", ptr, other, device));
+      name_the_owner(all, ptr, device, "stowage_free");
       throw;
     }
     return 0;
@@ -238,12 +247,16 @@ int stowage_record_stream(void* ptr, int device, void* stream) {
     if (ptr == nullptr) throw InvalidArgument("stowage_record_stream: null pointer");
     Allocators& all = allocators();
     if (device == -1) {  // the owner's: PyTorch's record-stream hook names no device
-      for (int d = 0; d < all.count && device == -1; ++d)
-        if (DeviceAllocator* a = all.created(d); a != nullptr && a->allocator->owns(ptr)) device = d;
+      device = owner_of(all, ptr);
       if (device == -1)
         throw InvalidArgument(fmt::format("stowage_record_stream: {} is not a live stowage block", ptr));
     }
-    all.get(device).top->record_stream(ptr, stream_from_native(stream));
+    try {
+      all.get(device).top->record_stream(ptr, stream_from_native(stream));
+    } catch (const InvalidArgument&) {
+      name_the_owner(all, ptr, device, "stowage_record_stream");
+      throw;
+    }
     return 0;
   });
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -27,6 +28,12 @@ namespace {
 const bool env_set = [] { return setenv("STOWAGE_EMULATED_DEVICES", "2", 0) == 0; }();
 
 constexpr ssize_t kMiB = 1 << 20;
+
+std::string pointer_text(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", p);
+  return text;
+}
 
 nlohmann::json stats(int device) { return stowage::test::capi_json(stowage_get_stats, device); }
 
@@ -155,14 +162,19 @@ TEST_F(CApiTest, BadInputChangesNothingAndAllocationContinues) {
   EXPECT_EQ(stats(0)["allocated_bytes.all.current"], 0);
 }
 
-TEST_F(CApiTest, FreeOnTheWrongDeviceNamesTheOwner) {
+TEST_F(CApiTest, FreeOrRecordStreamOnTheWrongDeviceNamesTheOwner) {
   if (stowage_device_count() < 2) GTEST_SKIP() << "needs two devices (emulated: STOWAGE_EMULATED_DEVICES=2)";
   void* p = stowage_malloc(8192, 1, nullptr);
   ASSERT_NE(p, nullptr) << error();
   void* q = stowage_malloc(8192, 0, nullptr);  // device 0's allocator exists too
   const nlohmann::json before0 = state_of(0), before1 = state_of(1);
   stowage_free(p, 8192, 0, nullptr);
-  EXPECT_NE(error().find("belongs to device 1"), std::string::npos) << error();
+  EXPECT_NE(error().find("stowage_free: " + pointer_text(p) + " belongs to device 1, not device 0"), std::string::npos)
+      << error();
+  EXPECT_EQ(stowage_record_stream(p, 0, nullptr), -1);
+  EXPECT_NE(error().find("stowage_record_stream: " + pointer_text(p) + " belongs to device 1, not device 0"),
+            std::string::npos)
+      << error();
   EXPECT_EQ(state_of(0), before0);
   EXPECT_EQ(state_of(1), before1);
   stowage_free(p, 8192, 1, nullptr);
