@@ -389,3 +389,70 @@ def test_activations_with_parameters_or_forward_hooks_are_refused_and_handles_un
     outer.remove()
     handle.remove()
     assert "forward" not in block.__dict__ and "forward" not in block.act.__dict__
+
+
+class FunctionalSwiGLU(nn.Module):
+    """As Llama's code writes it: the activation is a function call, no module."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w3, self.w2 = nn.Linear(HIDDEN, INTER), nn.Linear(HIDDEN, INTER), nn.Linear(INTER, HIDDEN)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def test_a_model_without_activation_modules_is_refused_as_swap_refuses_one_without_attention():
+    from stowage.torch.adaptor import apply
+    model = nn.Sequential(FunctionalSwiGLU(), FunctionalSwiGLU())
+    unchanged = [(m.__dict__.get("forward"), dict(m._forward_pre_hooks)) for m in model.modules()]
+    with pytest.raises(InvalidArgumentError, match=r"no module was chosen \(no instance of GELU, SiLU, no names "
+                                                   r"given\).*F.silu.*activation_types.*names"):
+        recompute_activations(model)
+    with pytest.raises(InvalidArgumentError, match=r"activation_types empty"):
+        recompute_activations(model, activation_types=())
+    # apply(recompute=True) passes the refusal on, and leaves the model as it was.
+    with pytest.raises(InvalidArgumentError, match="no module was chosen"):
+        apply(model, torch.optim.SGD(model.parameters(), lr=0.1), shared_storage=False, recompute=True)
+    assert [(m.__dict__.get("forward"), dict(m._forward_pre_hooks)) for m in model.modules()] == unchanged
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    # Named, the module-level activation the refusal asks for works.
+    handle = recompute_activations(make("swiglu"), names=("0.mlp.act",))
+    assert handle.modules == ["0.mlp.act"]
+
+
+def test_a_deep_copy_or_pickle_of_a_wrapped_model_is_a_plain_model_on_its_own_weights():
+    """EMA copies (copy.deepcopy) and torch.save(model): the copy computes with its own weights and
+    recomputes nothing; the original keeps recomputing, and its stats ("last forward") are not
+    reset by the copy's forwards."""
+    import io
+    import pickle
+    model = make("gelu")
+    handle = recompute_activations(model)
+    x = inputs(0, torch.float32)
+    loss = loss_of(model, x)  # the original's forward: its activations released, backward pending
+    assert handle.stats.activations_released == LAYERS
+    ema = copy.deepcopy(model)
+    assert b"stowage" not in pickle.dumps(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    for copied in (ema, loaded):
+        with torch.no_grad():
+            for p in copied.parameters():
+                p.mul_(0.5)
+        reference = make("gelu", seed=1)
+        reference.load_state_dict(copied.state_dict())
+        copy_loss, ref_loss = loss_of(copied, x), loss_of(reference, x)
+        copy_loss.backward()
+        ref_loss.backward()
+        assert torch.equal(copy_loss, ref_loss) and not torch.equal(copy_loss, loss)
+        assert_same_grads(copied, reference)
+        assert handle.stats.activations_released == LAYERS and handle.stats.recomputations == 0
+    loss.backward()  # the original's backward recomputes its own activations
+    assert handle.stats.recomputations == LAYERS
+    plain = make("gelu")
+    assert torch.equal(loss, loss_of(plain, x))
+    handle.remove()
+    assert all("forward" not in m.__dict__ for m in model.modules())

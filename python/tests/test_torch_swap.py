@@ -1,11 +1,17 @@
 """stowage.torch.swap on the CPU: what attention saves for backward leaves PyTorch's memory for
 stowage's (the host side) after forward and comes back, prefetched, in backward; the losses and
 gradients stay bit-identical. On a GPU the same code copies on side streams into pinned memory."""
+import copy
+import inspect
+import io
+import pickle
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import stowage  # noqa: E402
+from stowage.torch._wrapping import storage_of  # noqa: E402
 from stowage import InvalidArgumentError  # noqa: E402
 from stowage.torch import demo, gpt  # noqa: E402
 from stowage.torch.swap import SwapStats, swap_activations  # noqa: E402
@@ -183,3 +189,259 @@ def test_on_cuda_the_copies_run_on_side_streams_and_report_what_compute_hid():
     assert s.d2h_ms > 0 and s.h2d_ms > 0 and s.compute_wait_ms >= 0 and 0.0 <= s.overlap_fraction <= 1.0
     assert s.overlap_fraction == max(0.0, 1.0 - s.compute_wait_ms / (s.d2h_ms + s.h2d_ms))
     handle.remove()
+
+
+class KTransposedAttention(torch.nn.Module):
+    """softmax(q kᵀ) v with 3-d tensors: the matmul saves kᵀ as the transposed view it is."""
+
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(hidden, hidden) for _ in range(3))
+
+    def forward(self, x):
+        return (self.q(x) @ self.k(x).transpose(-1, -2) / 4).softmax(-1) @ self.v(x)
+
+
+def attention_grads(model, x, w):
+    model.zero_grad()
+    out = model(x)
+    (out * w).sum().backward()
+    return out, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_a_transposed_saved_tensor_keeps_its_strides_so_bf16_gradients_stay_bit_identical(prefetch):
+    """A contiguous copy of kᵀ would send bf16 backward down another matmul path, which rounds
+    differently: the q projection's gradients differed when swap brought kᵀ back contiguous."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(KTransposedAttention(), KTransposedAttention()).to(torch.bfloat16)
+    x = torch.randn(3, 7, 16, dtype=torch.bfloat16)
+    w = torch.randn(3, 7, 16, dtype=torch.bfloat16)
+    base_out, base_grads = attention_grads(model, x, w)
+    handle = swap_activations(model, prefetch=prefetch)
+    out, grads = attention_grads(model, x, w)
+    assert handle.stats.swapped > 0
+    assert torch.equal(out, base_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads, base_grads))
+
+
+class Saves(torch.autograd.Function):
+    """Saves the given tensors for backward; backward records what autograd hands it."""
+    seen = []
+
+    @staticmethod
+    def forward(ctx, x, *saved):
+        ctx.save_for_backward(*saved)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        Saves.seen[:] = ctx.saved_tensors
+        return (grad,) + (None,) * len(Saves.seen)
+
+
+class SavesEveryLayout(torch.nn.Module):
+    def layouts(self):
+        g = torch.Generator().manual_seed(3)
+        base = torch.randn(6, 10, generator=g)
+        row = torch.randn(10, generator=g)
+        return {
+            "transposed (dense, permuted)": base.t(),
+            "every other column (gaps)": base[:, ::2],
+            "a column slice at an offset": base[:, 2:5],
+            "gaps, transposed": base[:, ::2].t(),
+            "expanded (stride 0)": row.expand(6, 10),
+            "dense at an unaligned offset": base.view(-1)[3:43].view(4, 10),
+            "bool, transposed": (base > 0).t(),
+            "empty": base[:0],
+        }
+
+    def forward(self, x):
+        self.saved = self.layouts()
+        return Saves.apply(x, *self.saved.values())
+
+
+# What each layout comes back as: its own strides without gaps; with gaps, dense in its own order
+# of dimensions (the innermost first), only its numel elements copied.
+COMES_BACK = {
+    "transposed (dense, permuted)": ((1, 10), 60),
+    "every other column (gaps)": ((5, 1), 30),
+    "a column slice at an offset": ((3, 1), 18),
+    "gaps, transposed": ((1, 5), 30),
+    "expanded (stride 0)": ((0, 1), 10),
+    "dense at an unaligned offset": ((10, 1), 40),
+    "bool, transposed": ((1, 10), 60),
+    "empty": ((10, 1), 0),
+}
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_every_saved_layout_comes_back_with_its_shape_strides_alignment_and_bits(prefetch):
+    """Layouts without gaps keep their strides, their span copied (numel elements when dense,
+    fewer for stride 0); ones with gaps come back dense in their own order of dimensions, numel
+    elements copied, the gaps not."""
+    model = torch.nn.Sequential(SavesEveryLayout())
+    handle = swap_activations(model, prefetch=prefetch, names=["0"])
+    x = torch.randn(4, requires_grad=True)
+    model(x).sum().backward()
+    saved = model[0].saved
+    assert len(Saves.seen) == len(saved)
+    for (name, before), after in zip(saved.items(), Saves.seen):
+        if before.numel():  # a copy came back, not the tensor itself (an empty one has no address)
+            assert after.data_ptr() != before.data_ptr(), name
+        assert (after.shape, after.stride(), after.dtype) == (before.shape, COMES_BACK[name][0], before.dtype), name
+        assert after.data_ptr() % 64 == before.data_ptr() % 64, name
+        assert torch.equal(after, before), name
+    s = handle.stats
+    assert s.swapped == s.on_demand == len(saved) and s.prefetched == 0
+    assert s.bytes_to_host == s.bytes_to_device == sum(
+        COMES_BACK[name][1] * t.element_size() for name, t in saved.items())
+    assert s.bytes_to_host == (60 + 30 + 18 + 30 + 10 + 40) * 4 + 60
+
+
+class FusedQkvAttention(torch.nn.Module):
+    """GPT-2's layout: one qkv projection split into heads, so q, k and v are views with gaps."""
+
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.qkv, self.heads = torch.nn.Linear(hidden, 3 * hidden), heads
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        att = (q @ k.transpose(-2, -1) / 4).softmax(-1)
+        return (att @ v).transpose(1, 2).reshape(b, t, c)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_views_with_gaps_of_a_fused_qkv_come_back_dense_with_bf16_gradients_bit_identical(prefetch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(FusedQkvAttention(), FusedQkvAttention()).to(torch.bfloat16)
+    x = torch.randn(2, 9, 32, dtype=torch.bfloat16)
+    w = torch.randn(2, 9, 32, dtype=torch.bfloat16)
+    params = {storage_of(p).data_ptr() for p in model.parameters()}
+    saved = []  # the bytes of what autograd saves, parameters aside
+
+    def pack(t):
+        if storage_of(t).data_ptr() not in params:
+            saved.append(t.numel() * t.element_size())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)  # the model's own saves (attention_grads' loss saves too)
+    base_out, base_grads = attention_grads(model, x, w)
+    handle = swap_activations(model, prefetch=prefetch)
+    out, grads = attention_grads(model, x, w)
+    assert torch.equal(out, base_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads, base_grads))
+    # q, k and v each move their own elements, not the whole qkv they are views of.
+    assert handle.stats.swapped == len(saved) and handle.stats.bytes_to_host == sum(saved)
+
+
+def test_a_deep_copy_of_a_swapped_model_is_a_plain_model_on_its_own_weights():
+    """An EMA model is made by copy.deepcopy: it must compute with its own weights (not the
+    original's), and swapping (stats, remove) stays with the original."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(KTransposedAttention(), torch.nn.Linear(16, 16))
+    plain, reference = copy.deepcopy(model), copy.deepcopy(model)  # before wrapping
+    handle = swap_activations(model, prefetch=1)
+    ema = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.mul_(0.5)
+        for p in reference.parameters():
+            p.mul_(0.5)
+    x, w = torch.randn(3, 7, 16), torch.randn(3, 7, 16)
+    # The copy runs its own (halved) weights, unwrapped: the same numbers as a plain model, nothing swapped.
+    out, grads = attention_grads(ema, x, w)
+    ref_out, ref_grads = attention_grads(reference, x, w)
+    assert torch.equal(out, ref_out) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    assert handle.stats.swapped == 0
+    assert all(type(m).forward.__get__(m)(x[:1]).equal(m(x[:1])) for m in (ema[0], ema))
+    # The original still swaps, on its own (unchanged) weights.
+    model_out, model_grads = attention_grads(model, x, w)
+    plain_out, plain_grads = attention_grads(plain, x, w)
+    assert torch.equal(model_out, plain_out) and all(torch.equal(a, b) for a, b in zip(model_grads, plain_grads))
+    assert handle.stats.swapped > 0 and handle.stats.bytes_to_device == handle.stats.bytes_to_host
+    handle.remove()
+    assert "forward" not in model.__dict__ and "forward" not in model[0].__dict__
+
+
+def test_a_pickled_swapped_model_loads_as_a_plain_model_without_stowage():
+    """torch.save(model) of a wrapped model works, and what loads is a plain model: no closure of
+    the original's, nothing of stowage's needed to load it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(KTransposedAttention(), torch.nn.Linear(16, 16))
+    handle = swap_activations(model)
+    assert b"stowage" not in pickle.dumps(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    with torch.no_grad():
+        for p in loaded.parameters():
+            p.mul_(0.5)
+    reference = torch.nn.Sequential(KTransposedAttention(), torch.nn.Linear(16, 16))
+    reference.load_state_dict(loaded.state_dict())
+    x, w = torch.randn(3, 7, 16), torch.randn(3, 7, 16)
+    out, grads = attention_grads(loaded, x, w)
+    ref_out, ref_grads = attention_grads(reference, x, w)
+    assert torch.equal(out, ref_out) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    assert handle.stats.swapped == 0  # the loaded model swapped nothing; the original still does
+    attention_grads(model, x, w)
+    assert handle.stats.swapped > 0 and handle.stats.bytes_to_device == handle.stats.bytes_to_host
+
+
+def test_a_refused_remove_changes_nothing():
+    """remove() checks every restore before it undoes any: a refusal found at the handle's first
+    module (after its model-level wrapper passed the check) leaves that wrapper in place."""
+    from stowage.torch.recompute import recompute_activations
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(KTransposedAttention(), torch.nn.Linear(16, 16), torch.nn.GELU(),
+                                torch.nn.Linear(16, 16))
+    recompute = recompute_activations(model)
+    swap = swap_activations(model, names=["0"])
+    inner = model[0].forward
+    model[0].forward = lambda *a, **k: inner(*a, **k)  # someone else's wrapper, over swap's
+
+    def state():
+        return {name: (m.__dict__.get("forward"), dict(m._forward_pre_hooks), dict(m._forward_hooks))
+                for name, m in model.named_modules()}
+
+    before = state()
+    for handle in (swap, recompute):  # recompute: swap's model wrapper is over its own
+        with pytest.raises(InvalidArgumentError, match="reverse order"):
+            handle.remove()
+        assert state() == before
+    # Both still work: swap's per-forward state and recompute's stats are still reset per forward.
+    x = torch.randn(3, 7, 16, requires_grad=True)
+    for _ in range(2):
+        model(x).sum().backward()
+    assert recompute.stats.activations_released == 1 and recompute.stats.recomputations == 2
+    assert swap.stats.swapped > 0 and swap.stats.swapped % 2 == 0
+    assert swap.stats.bytes_to_device == swap.stats.bytes_to_host > 0
+    model[0].forward = inner
+    swap.remove()
+    recompute.remove()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_the_models_forward_keeps_its_signature_for_code_that_reads_it():
+    """Hugging Face's Trainer keeps the dataset columns named by inspect.signature(model.forward):
+    a wrapped model must still name its own parameters."""
+    from stowage.torch.recompute import recompute_activations
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.fc, self.act = KTransposedAttention(), torch.nn.Linear(16, 16), torch.nn.GELU()
+
+        def forward(self, input_embeds, attention_mask=None, *, labels=None):
+            return self.act(self.fc(self.attn(input_embeds)))
+
+    model = Net()
+    expected = inspect.signature(Net.forward.__get__(model))
+    assert list(expected.parameters) == ["input_embeds", "attention_mask", "labels"]
+    with recompute_activations(model), swap_activations(model):
+        assert inspect.signature(model.forward) == expected
+        assert inspect.signature(model.attn.forward) == inspect.signature(KTransposedAttention.forward.__get__(
+            model.attn))

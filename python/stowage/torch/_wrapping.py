@@ -1,12 +1,78 @@
 """What the techniques that wrap an unmodified model's modules share: replacing a module's
-forward so it can be put back, and the handle that puts everything back."""
-from ..errors import InvalidArgumentError
+forward so it can be put back, and the handle that puts everything back.
+
+A wrapped forward belongs to the module it was put on and to its handle. A deep copy of the
+model (copy.deepcopy: an EMA model, e.g. timm's ModelEmaV2, torch.optim.swa_utils.AveragedModel)
+and a pickle of it (torch.save(model)) are plain models: each module of the copy has the forward
+it had before wrapping, running on the copy's own weights, and the technique (its statistics, its
+remove()) stays with the original, which goes on as before."""
+import copy
+import operator
+import weakref
+
+from ..errors import InvalidArgumentError, StowageError
 
 
 def storage_of(t):
     """The tensor's bytes as an untyped storage: untyped_storage() from torch 2.0; 1.13 has only
     the TypedStorage view of the same StorageImpl."""
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
+
+
+class _ClassForward:
+    """The forward of a module copied from a wrapped one whose class's forward was in use: the
+    copy's __dict__ needs a value under "forward", and this one holds the copy weakly (a bound
+    method would make a cycle, and a copy of a large model on a GPU would then wait for the
+    garbage collector to give its memory back)."""
+
+    def __init__(self, module):
+        self._module = weakref.ref(module)
+
+    def _target(self):
+        module = self._module()
+        if module is None:
+            raise StowageError("this forward belongs to a copy of a wrapped module, and that copy has been freed")
+        return module
+
+    def __call__(self, *args, **kwargs):
+        module = self._target()
+        return type(module).forward.__get__(module, type(module))(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        twin = memo.get(id(self._module()))
+        return _ClassForward(twin) if twin is not None else self
+
+    def __reduce__(self):
+        # Loads as the class's forward bound to the loaded module (getattr before the module's
+        # state is set finds the class's): nothing of stowage's is needed to load it.
+        return getattr, (self._target(), "forward")
+
+
+class _Wrapped:
+    """A technique's forward on one module: calls `forward`; remembers what it replaced."""
+
+    def __init__(self, module, forward, had, old):
+        self.module, self.forward, self.had, self.old = module, forward, had, old
+        # inspect.signature(model.forward) follows __wrapped__ to the forward this one calls: code
+        # that reads the parameters' names (Hugging Face's Trainer picks dataset columns by them)
+        # sees the model's own.
+        self.__wrapped__ = module.forward
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        twin = memo.get(id(self.module))
+        if twin is None:  # copied on its own, not as part of its module: kept, as deepcopy keeps functions
+            return self
+        if self.had:  # what was there before (another technique's wrapper peels the same way)
+            return copy.deepcopy(self.old, memo)
+        return _ClassForward(twin)
+
+    def __reduce__(self):
+        if self.had:
+            return operator.itemgetter(0), ((self.old,),)  # loads as the forward it replaced
+        return getattr, (self.module, "forward")  # as _ClassForward.__reduce__
 
 
 class WrapHandle:
@@ -17,9 +83,23 @@ class WrapHandle:
         self.stats, self.modules, self._undo = stats, modules, undo
 
     def remove(self):
+        """Puts back every forward this handle replaced, newest first. Refused (InvalidArgumentError)
+        when another wrapper was put on one of those modules after this handle's: then nothing is
+        undone (the check runs before anything changes)."""
+        top = {}  # id(module) -> what its forward will be after the restores checked so far
+        for w in reversed(self._undo):
+            current = top[id(w.module)] if id(w.module) in top else w.module.__dict__.get("forward")
+            if current is not w:
+                raise InvalidArgumentError(f"remove(): another wrapper was put on the forward of a "
+                                           f"{type(w.module).__name__} after this one; remove the handles in the "
+                                           "reverse order of their creation (nothing was undone)")
+            top[id(w.module)] = w.old if w.had else None
         while self._undo:
-            self._undo[-1]()  # may refuse (another wrapper on top): then nothing more is undone
-            self._undo.pop()
+            w = self._undo.pop()
+            if w.had:
+                w.module.forward = w.old
+            else:
+                del w.module.forward
 
     def __enter__(self):
         return self
@@ -29,18 +109,10 @@ class WrapHandle:
 
 
 def set_forward(module, forward, undo):
-    """module.forward = forward, with a restore appended to `undo` (a forward set on the instance
-    before is put back; otherwise the class's shows through again)."""
+    """module.forward = forward (wrapped, see the module's docstring), with its restore appended to
+    `undo` (a forward set on the instance before is put back; otherwise the class's shows through
+    again)."""
     had = "forward" in module.__dict__
-    old = module.__dict__.get("forward")
-
-    def restore():
-        if module.__dict__.get("forward") is not forward:
-            raise InvalidArgumentError("remove(): another wrapper was put on this module's forward after this "
-                                       "one; remove the handles in the reverse order of their creation")
-        if had:
-            module.forward = old
-        else:
-            del module.forward
-    module.forward = forward
-    undo.append(restore)
+    wrapped = _Wrapped(module, forward, had, module.__dict__.get("forward"))
+    module.forward = wrapped
+    undo.append(wrapped)

@@ -283,12 +283,24 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
 
     Rules: the activation's value must leave the parent only through the parent's outputs (a
     tensor stashed elsewhere would read released bytes), and backward must enter through them.
-    Under no_grad / inference_mode nothing is saved and nothing is released."""
+    Under no_grad / inference_mode nothing is saved and nothing is released.
+
+    No module chosen (an activation called as a function, e.g. a SwiGLU written F.silu(gate) * up)
+    is refused with InvalidArgumentError, as swap_activations refuses it. A deep copy or a pickle of
+    the model is a plain model (stowage.torch._wrapping)."""
     modules = dict(model.named_modules())
     missing = [n for n in names if n not in modules]
     if missing:
         raise InvalidArgumentError(f"recompute_activations: no module named {', '.join(missing)}")
     chosen = [n for n, m in modules.items() if n in names or isinstance(m, tuple(activation_types))]
+    if not chosen:
+        # Nothing to release would leave the caller believing recomputation is on.
+        looked_for = (f"no instance of {', '.join(t.__name__ for t in activation_types)}" if activation_types
+                      else "activation_types empty")
+        raise InvalidArgumentError(f"recompute_activations: no module was chosen ({looked_for}, no names "
+                                   "given); an activation called as a function (F.silu(gate) * up) is no "
+                                   "module: make it one and pass its class in activation_types, or name the "
+                                   "modules in names (e.g. \"layers.0.mlp.act\")")
     stats, undo, stacks = RecomputeStats(), [], {}
     for name in chosen:
         module = modules[name]
@@ -303,9 +315,15 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
             stacks[id(parent)] = _wrap_parent(parent, stats, undo)
         _wrap_activation(module, name, stacks[id(parent)], stats, undo)
 
-    # "Last forward": reset at each call of the model.
-    reset = model.register_forward_pre_hook(lambda module, args: stats.reset())
-    undo.append(reset.remove)
+    # "Last forward": reset at each call of the model. A wrapper, as the modules' (not a forward
+    # pre-hook): a deep copy or a pickle of the model drops it with theirs (_wrapping).
+    model_forward = model.forward
+
+    def new_forward(*args, **kwargs):
+        stats.reset()
+        return model_forward(*args, **kwargs)
+
+    set_forward(model, new_forward, undo)
     return RecomputeHandle(stats, chosen, undo)
 
 

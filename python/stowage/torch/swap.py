@@ -112,13 +112,52 @@ class SwapStats:
                 f"overlap_fraction={self.overlap_fraction:.3f})")
 
 
-class _Packed:
-    """One saved tensor in host memory, and its way back."""
-    __slots__ = ("host", "device", "ready", "back", "back_ready", "call", "__weakref__")
+def _span(t):
+    """Elements of t's storage from its first element to its last: numel for a non-overlapping and
+    dense tensor (contiguous, or permuted as k.transpose(-1, -2)), fewer for an expanded one
+    (stride 0), more for one with gaps (a slice, a chunk of a fused qkv)."""
+    return 0 if t.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
 
-    def __init__(self, host, device, ready, call):
-        self.host, self.device, self.ready, self.call = host, device, ready, call
+
+def _layout(t):
+    """The strides t comes back with, and so what is copied. Without gaps (span <= numel): its own,
+    and its span is copied as it lies, so it comes back as it was saved (a transposed kᵀ stays
+    transposed: another layout would send bf16 matmuls down another path, which rounds
+    differently). With gaps: dense strides in t's own order of dimensions, as
+    clone(memory_format=torch.preserve_format) makes them, so numel elements move, not the gaps
+    (q, k and v of a fused qkv would each copy nearly all of it); kernels see the same order of
+    dimensions, only a matmul's leading dimension changes, which its arithmetic does not read."""
+    if _span(t) <= t.numel():
+        return tuple(t.stride())
+    strides, step = [0] * t.dim(), 1
+    for d in sorted(range(t.dim() - 1, -1, -1), key=t.stride):  # innermost first; ties: the later dimension
+        strides[d] = step
+        step *= t.shape[d]
+    return tuple(strides)
+
+
+# Byte alignment that the tensor coming back keeps from the saved one: kernels pick vectorized
+# paths (and CUDA reductions their order of summation) by the data pointer's alignment.
+_ALIGN = 64
+
+
+class _Packed:
+    """One saved tensor in host memory (`host`: its bytes in `stride`'s order, flat), its layout,
+    and its way back."""
+    __slots__ = ("host", "device", "shape", "stride", "lead", "ready", "back", "back_ready", "call", "__weakref__")
+
+    def __init__(self, host, t, stride, ready, call):
+        self.host, self.device, self.ready, self.call = host, t.device, ready, call
+        self.shape, self.stride = t.shape, stride
+        self.lead = t.data_ptr() % _ALIGN // t.element_size()
         self.back = self.back_ready = None
+
+    def empty_back(self):
+        """Where the copy back goes (the host's elements, `lead` elements in) and the tensor it
+        becomes: the saved tensor's shape, `stride`, at the saved data pointer's alignment.
+        Autograd's formulas do not read the storage offset (lead here, not the saved tensor's)."""
+        flat = torch.empty(self.lead + self.host.numel(), dtype=self.host.dtype, device=self.device)
+        return flat[self.lead:], flat.as_strided(self.shape, self.stride, self.lead)
 
 
 class _Copier:
@@ -136,39 +175,54 @@ class _Copier:
         return self.streams[device]
 
     def to_host(self, t):
+        """t's elements in host memory, flat in the order of _layout(t)'s strides; those strides;
+        and the event of the copy (None: done)."""
+        t = t.detach()
+        stride = _layout(t)
+        own = stride == tuple(t.stride())
+        size = _span(t) if own else t.numel()
         if t.device.type != "cuda":
             start = time.perf_counter()
-            host = self._host_copy(t)
+            host = self._host_empty(size, t.dtype)
+            if own:
+                host.copy_(t.as_strided((size,), (1,)))  # the span as it lies (stride 0 cannot be written to)
+            else:
+                host.as_strided(t.shape, stride).copy_(t)
             self.stats._inline("d2h", time.perf_counter() - start)
-            return host, None
+            return host, stride, None
         d2h, _ = self._pair(t.device)
-        host = pinned_empty(t.shape, t.dtype, t.device)
+        host = pinned_empty((size,), t.dtype, t.device)
         d2h.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(d2h):
             start, ready = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(d2h)
-            host.copy_(t.detach(), non_blocking=True)
+            # One flat copy over the link: with gaps, the elements are first gathered on the device
+            # (on this stream, whose order then guards the scratch's reuse).
+            dense = t if own else torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+            host.copy_(dense.as_strided((size,), (1,)), non_blocking=True)
             ready.record(d2h)
         self.stats._time("d2h", start, ready)
         t.record_stream(d2h)  # its memory is reused only after the copy read it
         self.holds.hold(ready, host)  # and the host buffer only after the copy wrote it
-        return host, ready
+        return host, stride, ready
 
     @staticmethod
-    def _host_copy(t):
+    def _host_empty(size, dtype):
         if memory.using_cuda():
-            # stowage's memory is a GPU's here, which CPU tensors cannot use: a plain CPU copy keeps
+            # stowage's memory is a GPU's here, which CPU tensors cannot use: plain CPU memory keeps
             # the numbers and the bookkeeping (PyTorch's CPU bytes then do not drop).
-            return t.detach().clone()
+            return torch.empty(size, dtype=dtype)
         # bool as uint8 bytes: older PyTorch reads no DLPack bool.
-        as_bytes = t.dtype == torch.bool
-        host = torch.from_dlpack(stowage_memory.empty(tuple(t.shape), torch.uint8 if as_bytes else t.dtype))
-        return (host.view(torch.bool) if as_bytes else host).copy_(t.detach())
+        as_bytes = dtype == torch.bool
+        host = torch.from_dlpack(stowage_memory.empty((size,), torch.uint8 if as_bytes else dtype))
+        return host.view(torch.bool) if as_bytes else host
 
     def to_device(self, p):
+        """The saved tensor again (same shape and strides), and the event of its copy back (None: done)."""
         if p.device.type != "cuda":
             start = time.perf_counter()
-            back = p.host.clone()
+            into, back = p.empty_back()
+            into.copy_(p.host)
             self.stats._inline("h2d", time.perf_counter() - start)
             return back, None
         _, h2d = self._pair(p.device)
@@ -176,7 +230,8 @@ class _Copier:
             h2d.wait_event(p.ready)
             start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(h2d)
-            back = p.host.to(p.device, non_blocking=True)
+            into, back = p.empty_back()
+            into.copy_(p.host, non_blocking=True)
             done.record(h2d)
         self.stats._time("h2d", start, done)
         self.holds.hold(done, p.host)
@@ -202,7 +257,13 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     """Swaps what the chosen modules save for backward to host memory. modules: a predicate on a
     module (default: classes named *Attention), or `names` (qualified module names). prefetch:
     how many swapped module calls before the current one are brought back when backward reaches
-    it (0: each comes back only when it is read). Tensors under min_bytes and parameters stay."""
+    it (0: each comes back only when it is read). Tensors under min_bytes and parameters stay.
+
+    A tensor comes back with the shape and strides it was saved with (a transposed k saved by a
+    matmul stays transposed: another layout could round differently in bf16), at its data
+    pointer's alignment; one with gaps (a chunk of a fused qkv) comes back dense in its own order
+    of dimensions, and the gaps are not copied (_layout). A deep copy or a pickle of the model is a
+    plain model (stowage.torch._wrapping)."""
     if not isinstance(prefetch, int) or prefetch < 0:
         raise InvalidArgumentError(f"swap_activations: prefetch must be an int >= 0 (got {prefetch!r})")
     found = dict(model.named_modules())
@@ -237,8 +298,8 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         def pack(t):
             if storage_of(t).data_ptr() in params or t.numel() * t.element_size() < min_bytes:
                 return t
-            host, ready = copier.to_host(t)
-            p = _Packed(host, t.device, ready, call)
+            host, stride, ready = copier.to_host(t)
+            p = _Packed(host, t, stride, ready, call)
             calls[call].append(weakref.ref(p))
             stats.swapped += 1
             stats.bytes_to_host += host.numel() * host.element_size()
@@ -271,10 +332,16 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
                 return __original(*args, **kwargs)
 
         set_forward(module, forward, undo)
-    def new_forward(m, args):
+    # Each forward of the model starts its own list of calls and takes the parameters' storages
+    # again. A wrapper, as the modules' (not a forward pre-hook): a deep copy or a pickle of the
+    # model drops it with theirs (_wrapping).
+    model_forward = model.forward
+
+    def new_forward(*args, **kwargs):
         forward_calls[0] = []
         params.clear()
         params.update(storage_of(p).data_ptr() for p in model.parameters())
-    reset = model.register_forward_pre_hook(new_forward)
-    undo.append(reset.remove)
+        return model_forward(*args, **kwargs)
+
+    set_forward(model, new_forward, undo)
     return SwapHandle(stats, chosen, undo)
