@@ -13,6 +13,7 @@
 #include "tools/estimate/deepspeed_config.hpp"
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/memory_size.hpp"
+#include "tools/estimate/model_config.hpp"
 #include "tools/estimate/report.hpp"
 
 using namespace stowage;
@@ -311,3 +312,65 @@ TEST(EstimateInput, MegatronArgumentsModelledOrWarned) {
   EXPECT_TRUE(te.training.flash_attention);
   EXPECT_EQ(te.framework.te_workspace, std::int64_t{32} << 20);
 }
+
+namespace {
+
+// A preset (or a config.json) refined by Megatron arguments keeps what they leave out: the
+// arguments' own defaults (tied embeddings, LayerNorm, biases, GeLU) shape only a model they define.
+TEST(EstimateInput, MegatronArgumentsRefineAGivenModelWithoutItsDefaults) {
+  for (const char* name : {"llama2-7b", "mixtral-8x7b", "gpt3-175b"}) {
+    RunConfig c;
+    c.model = preset(name);
+    const ModelConfig before = c.model;
+    apply_megatron_args("--tensor-model-parallel-size 4 --bf16 --lr 1e-4", c);
+    EXPECT_EQ(count_parameters(c.model, c.model.vocab_size).total(c.model.num_layers),
+              count_parameters(before, before.vocab_size).total(before.num_layers))
+        << name;
+    EXPECT_EQ(c.model.kv_heads(), before.kv_heads()) << name;
+    EXPECT_EQ(c.parallel.tp, 4);
+  }
+  RunConfig r;  // what is given does change it
+  r.model = preset("llama2-7b");
+  apply_megatron_args("--untie-embeddings-and-output-weights --num-layers 16 --group-query-attention", r);
+  EXPECT_EQ(r.model.num_layers, 16);
+  EXPECT_EQ(r.model.kv_heads(), 1);  // arguments.py: --num-query-groups defaults to 1
+  EXPECT_TRUE(r.model.gated_mlp && r.model.rms_norm && !r.model.linear_bias && !r.model.tie_embeddings);
+}
+
+TEST(EstimateInput, MegatronSizesWhoseZeroWouldMeanUnsetAreRefused) {
+  for (const char* args : {"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 0",
+                           "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention "
+                           "--num-query-groups 0",
+                           "--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                           "--recompute-activation-function --recompute-activation-function-num-layers -1"}) {
+    RunConfig c;
+    EXPECT_THROW(apply_megatron_args(args, c), InvalidArgument) << args;
+  }
+}
+
+// Its own count is not modelled: the full recompute keeps --recompute-num-layers, and a warning says so.
+TEST(EstimateInput, ActivationFunctionRecomputeLayersLeaveFullRecomputesCount) {
+  RunConfig c;
+  apply_megatron_args(
+      "--num-layers 32 --hidden-size 512 --num-attention-heads 8 --recompute-granularity full --recompute-method "
+      "block --recompute-num-layers 4 --recompute-activation-function --recompute-activation-function-num-layers 16",
+      c);
+  EXPECT_EQ(c.recompute.num_layers, 4);
+  EXPECT_TRUE(c.techniques.act_fn_recompute);
+  ASSERT_FALSE(c.warnings.empty());
+  EXPECT_NE(c.warnings.back().find("--recompute-activation-function-num-layers 16"), std::string::npos);
+}
+
+TEST(EstimateInput, IntegersFrom2To63UpAreTooLargeNotNegative) {
+  try {
+    (void)model_from_hf_json(
+        R"({"hidden_size": 18446744073709551615, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 64, "vocab_size": 100})",
+        "big.json");
+    FAIL() << "accepted";
+  } catch (const ParseError& e) {
+    EXPECT_NE(std::string(e.what()).find("big.json: field 'hidden_size' is too large"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

@@ -52,13 +52,14 @@ const nlohmann::json* field_of(const nlohmann::json& obj, const std::string& fie
 std::int64_t get_int(const nlohmann::json& obj, const std::string& field, const std::string& what) {
   const auto* v = field_of(obj, field, what);
   if (!v) throw ParseError(fmt::format("{}: field '{}' is missing", what, field));
-  if (v->is_number_integer()) return v->get<std::int64_t>();
+  // Unsigned first: is_number_integer() holds for unsigned numbers too, and 2^63 and above would wrap.
   if (v->is_number_unsigned()) {
     auto u = v->get<std::uint64_t>();
     if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       throw ParseError(fmt::format("{}: field '{}' is too large", what, field));
     return static_cast<std::int64_t>(u);
   }
+  if (v->is_number_integer()) return v->get<std::int64_t>();
   if (v->is_number_float()) {
     double d = v->get<double>();
     if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) return static_cast<std::int64_t>(d);

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "stowage/error.hpp"
@@ -49,6 +50,13 @@ std::int64_t to_int(const std::string& arg, const std::string& value) {
   auto [ptr, ec] = std::from_chars(value.data(), end, v);
   if (ec != std::errc() || ptr != end)
     throw InvalidArgument(fmt::format("megatron-args: {} expects an integer, got '{}'", arg, value));
+  return v;
+}
+
+// A size whose 0 would read as "not given" (then Megatron's default would replace it silently).
+std::int64_t to_positive(const std::string& arg, const std::string& value) {
+  const std::int64_t v = to_int(arg, value);
+  if (v <= 0) throw InvalidArgument(fmt::format("megatron-args: {} must be positive, got {}", arg, v));
   return v;
 }
 
@@ -114,23 +122,28 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   auto& p = c.parallel;
   // Megatron-LM's defaults where a launch line leaves something out (arguments.py): LayerNorm,
   // GeLU, tied embeddings, biases, learned absolute positions, dropout 0.1, TransformerEngine.
+  // They shape the model only when the arguments define it: a model already given (a preset, a
+  // config.json) is refined by the arguments given, and keeps what they leave out.
+  const bool model_given = m.hidden_size > 0;
   if (m.name.empty()) m.name = "megatron-args";
-  bool gqa = false, untie = false, swiglu = false, rmsnorm = false, no_bias = false, rope = false;
+  bool gqa = false, untie = false, swiglu = false, no_bias = false;
+  std::optional<bool> rmsnorm, rope;
   bool bf16 = false, fp16 = false, fp32_grads = false, local_impl = false, flash = false, gpt2_bpe = false;
   std::string attention_backend = "auto", ce_impl = "native";
   bool ce_fusion = false, defer_wgrad = false;
   std::int64_t wgrad_limit = 0;
-  double attn_dropout = 0.1, hidden_dropout = 0.1;
-  std::int64_t query_groups = 0, global_batch = 0, layers_per_virtual = 0, max_positions = 0;
+  std::optional<double> attn_dropout, hidden_dropout;
+  std::optional<std::int64_t> max_positions;
+  std::int64_t query_groups = 0, global_batch = 0, layers_per_virtual = 0;
   MegatronArgsReport report;
 
   using Handler = std::function<void(const std::string& arg, const std::string& value)>;
   const std::map<std::string, Handler> with_value{
       {"--num-layers", [&](auto& a, auto& v) { m.num_layers = to_int(a, v); }},
       {"--hidden-size", [&](auto& a, auto& v) { m.hidden_size = to_int(a, v); }},
-      {"--ffn-hidden-size", [&](auto& a, auto& v) { m.ffn_hidden_size = to_int(a, v); }},
+      {"--ffn-hidden-size", [&](auto& a, auto& v) { m.ffn_hidden_size = to_positive(a, v); }},
       {"--num-attention-heads", [&](auto& a, auto& v) { m.num_heads = to_int(a, v); }},
-      {"--num-query-groups", [&](auto& a, auto& v) { query_groups = to_int(a, v); }},
+      {"--num-query-groups", [&](auto& a, auto& v) { query_groups = to_positive(a, v); }},
       {"--kv-channels", [&](auto& a, auto& v) { m.head_dim = to_int(a, v); }},
       {"--vocab-size", [&](auto& a, auto& v) { m.vocab_size = to_int(a, v); }},
       {"--padded-vocab-size",
@@ -161,7 +174,12 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--recompute-granularity", [&](auto&, auto& v) { c.recompute.granularity = parse_recompute(v); }},
       {"--recompute-method", [&](auto&, auto& v) { c.recompute.method = parse_recompute_method(v); }},
       {"--recompute-num-layers", [&](auto& a, auto& v) { c.recompute.num_layers = to_int(a, v); }},
-      {"--recompute-activation-function-num-layers", [&](auto& a, auto& v) { c.recompute.num_layers = to_int(a, v); }},
+      {"--recompute-activation-function-num-layers",
+       [&](auto& a, auto& v) {
+         (void)to_positive(a, v);  // checked; the estimate recomputes the activation function in every layer
+         c.warnings.push_back(
+             fmt::format("{} {}: the activation function is taken as recomputed in every layer", a, v));
+       }},
       {"--attention-dropout", [&](auto& a, auto& v) { attn_dropout = to_double(a, v); }},
       {"--hidden-dropout", [&](auto& a, auto& v) { hidden_dropout = to_double(a, v); }},
       {"--optimizer", [&](auto&, auto& v) { t.optimizer = parse_optimizer(v); }},
@@ -237,15 +255,26 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
                       name, near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
     }
   }
-  if (gqa && query_groups > 0) m.num_kv_heads = query_groups;
-  else if (!gqa) m.num_kv_heads = 0;
-  m.tie_embeddings = !untie;
-  m.gated_mlp = swiglu;
-  m.rms_norm = rmsnorm;
-  m.linear_bias = !no_bias;
-  m.learned_positions = rope ? 0 : max_positions;
-  m.dropout = hidden_dropout > 0;
-  m.attention_dropout = attn_dropout > 0;
+  if (gqa) m.num_kv_heads = query_groups > 0 ? query_groups : 1;  // arguments.py: --num-query-groups defaults to 1
+  if (model_given) {                                              // only what the arguments say
+    if (untie) m.tie_embeddings = false;
+    if (swiglu) m.gated_mlp = true;
+    if (rmsnorm) m.rms_norm = *rmsnorm;
+    if (no_bias) m.linear_bias = false;
+    if (rope) m.learned_positions = *rope ? 0 : max_positions.value_or(m.learned_positions);
+    else if (max_positions && m.learned_positions > 0) m.learned_positions = *max_positions;
+    if (hidden_dropout) m.dropout = *hidden_dropout > 0;
+    if (attn_dropout) m.attention_dropout = *attn_dropout > 0;
+  } else {
+    if (!gqa) m.num_kv_heads = 0;
+    m.tie_embeddings = !untie;
+    m.gated_mlp = swiglu;
+    m.rms_norm = rmsnorm.value_or(false);
+    m.linear_bias = !no_bias;
+    m.learned_positions = rope.value_or(false) ? 0 : max_positions.value_or(0);
+    m.dropout = hidden_dropout.value_or(0.1) > 0;
+    m.attention_dropout = attn_dropout.value_or(0.1) > 0;
+  }
   // Megatron-LM arguments.py: without --ffn-hidden-size, 4h, or for SwiGLU int(4h·2/3 / 64)·64
   // (two fc1 projections; a multiple of 64 keeps parameters near the 4h MLP's).
   if (m.ffn_hidden_size == 0 && m.hidden_size > 0)
