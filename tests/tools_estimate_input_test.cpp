@@ -14,6 +14,8 @@
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/memory_size.hpp"
 #include "tools/estimate/model_config.hpp"
+
+#include <nlohmann/json.hpp>
 #include "tools/estimate/report.hpp"
 
 using namespace stowage;
@@ -334,7 +336,7 @@ TEST(EstimateInput, MegatronArgumentsRefineAGivenModelWithoutItsDefaults) {
   apply_megatron_args("--untie-embeddings-and-output-weights --num-layers 16 --group-query-attention", r);
   EXPECT_EQ(r.model.num_layers, 16);
   EXPECT_EQ(r.model.kv_heads(), 1);  // arguments.py: --num-query-groups defaults to 1
-  EXPECT_TRUE(r.model.gated_mlp && r.model.rms_norm && !r.model.linear_bias && !r.model.tie_embeddings);
+  EXPECT_TRUE(r.model.gated_mlp && r.model.rms_norm && !r.model.linear_bias() && !r.model.tie_embeddings);
 }
 
 TEST(EstimateInput, MegatronSizesWhoseZeroWouldMeanUnsetAreRefused) {
@@ -371,6 +373,54 @@ TEST(EstimateInput, IntegersFrom2To63UpAreTooLargeNotNegative) {
   } catch (const ParseError& e) {
     EXPECT_NE(std::string(e.what()).find("big.json: field 'hidden_size' is too large"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+
+namespace {
+
+nlohmann::json hf_configs() {
+  std::ifstream in(std::string(STOWAGE_SOURCE_DIR) + "/tests/data/hf_configs.json");
+  return nlohmann::json::parse(in);
+}
+
+// Released checkpoints' config.json files: each family's architecture (the biases, norms and
+// tying its config does not spell out) gives the checkpoint's exact parameter count, with no warning.
+TEST(EstimateInput, HuggingFaceConfigsCountTheirCheckpointsParametersExactly) {
+  const nlohmann::json all = hf_configs();
+  ASSERT_GE(all.at("counted").size(), 18u);
+  for (const auto& c : all.at("counted")) {
+    const std::string name = c.at("name").get<std::string>();
+    std::vector<std::string> warnings;
+    const ModelConfig m = model_from_hf_json(c.at("config").dump(), name, &warnings);
+    EXPECT_EQ(count_parameters(m, m.vocab_size).total(m.num_layers), c.at("parameters").get<std::int64_t>()) << name;
+    EXPECT_TRUE(warnings.empty()) << name << ": " << (warnings.empty() ? "" : warnings[0]);
+  }
+}
+
+TEST(EstimateInput, MixtureOfExpertsLayoutsNotModelledAreRefused) {
+  for (const auto& c : hf_configs().at("refused")) {
+    const std::string name = c.at("name").get<std::string>();
+    try {
+      (void)model_from_hf_json(c.at("config").dump(), name);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const ParseError& e) {
+      EXPECT_NE(std::string(e.what()).find("mixture-of-experts layout"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(EstimateInput, AnUnknownModelTypeIsReadWithAWarningThatSaysHow) {
+  std::vector<std::string> warnings;
+  const ModelConfig m = model_from_hf_json(
+      R"({"model_type": "newarch", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "intermediate_size": 128, "vocab_size": 100, "hidden_act": "gelu", "layer_norm_eps": 1e-5})",
+      "new.json", &warnings);
+  EXPECT_FALSE(m.gated_mlp);
+  EXPECT_FALSE(m.rms_norm);  // layer_norm_eps, as GPT-NeoX and Phi spell it
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("model_type 'newarch' is not one the estimate knows"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("a plain MLP, LayerNorm, untied embeddings"), std::string::npos) << warnings[0];
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ void write_file(const std::string& path, const std::string& text) {
 
 RunConfig build_config(const Options& o) {
   RunConfig c;
-  if (!o.model_json.empty()) c.model = model_from_hf_json(tools::read_file(o.model_json), o.model_json);
+  if (!o.model_json.empty()) c.model = model_from_hf_json(tools::read_file(o.model_json), o.model_json, &c.warnings);
   else if (!o.model.empty()) c.model = preset(o.model);
   else if (!o.megatron_args) c.model = preset("llama2-7b");
   if (o.megatron_args)

@@ -126,7 +126,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   // config.json) is refined by the arguments given, and keeps what they leave out.
   const bool model_given = m.hidden_size > 0;
   if (m.name.empty()) m.name = "megatron-args";
-  bool gqa = false, untie = false, swiglu = false, no_bias = false;
+  bool gqa = false, untie = false, swiglu = false, no_bias = false, qkv_bias = false;
   std::optional<bool> rmsnorm, rope;
   bool bf16 = false, fp16 = false, fp32_grads = false, local_impl = false, flash = false, gpt2_bpe = false;
   std::string attention_backend = "auto", ce_impl = "native";
@@ -196,6 +196,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--untie-embeddings-and-output-weights", [&] { untie = true; }},
       {"--swiglu", [&] { swiglu = true; }},
       {"--disable-bias-linear", [&] { no_bias = true; }},
+      {"--add-qkv-bias", [&] { qkv_bias = true; }},
       {"--use-rotary-position-embeddings", [&] { rope = true; }},
       {"--sequence-parallel", [&] { p.sequence_parallel = true; }},
       {"--use-distributed-optimizer", [&] { p.zero_stage = std::max(p.zero_stage, 1); }},
@@ -260,7 +261,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     if (untie) m.tie_embeddings = false;
     if (swiglu) m.gated_mlp = true;
     if (rmsnorm) m.rms_norm = *rmsnorm;
-    if (no_bias) m.linear_bias = false;
+    if (no_bias) m.set_linear_bias(false);
     if (rope) m.learned_positions = *rope ? 0 : max_positions.value_or(m.learned_positions);
     else if (max_positions && m.learned_positions > 0) m.learned_positions = *max_positions;
     if (hidden_dropout) m.dropout = *hidden_dropout > 0;
@@ -270,11 +271,12 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     m.tie_embeddings = !untie;
     m.gated_mlp = swiglu;
     m.rms_norm = rmsnorm.value_or(false);
-    m.linear_bias = !no_bias;
+    m.set_linear_bias(!no_bias);
     m.learned_positions = rope.value_or(false) ? 0 : max_positions.value_or(0);
     m.dropout = hidden_dropout.value_or(0.1) > 0;
     m.attention_dropout = attn_dropout.value_or(0.1) > 0;
   }
+  if (qkv_bias) m.qkv_bias = true;  // with --disable-bias-linear, q, k and v keep theirs (Qwen2)
   // Megatron-LM arguments.py: without --ffn-hidden-size, 4h, or for SwiGLU int(4h·2/3 / 64)·64
   // (two fc1 projections; a multiple of 64 keeps parameters near the 4h MLP's).
   if (m.ffn_hidden_size == 0 && m.hidden_size > 0)

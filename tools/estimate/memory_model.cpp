@@ -117,9 +117,10 @@ StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bo
   // embeddings replicated on every TP rank. The first stage holds the embedding, the last the
   // output layer (a copy of the tied embedding when PP > 1).
   // An MoE layer's dense MLP part is its router, replicated too.
-  const double bias = m.linear_bias ? h : 0.0;
-  const double replicated_layer = double(pc.norms) + bias + (m.moe() ? double(pc.mlp_dense) : bias);
-  double sharded = (double(pc.attention) - bias + (m.moe() ? 0.0 : double(pc.mlp_dense) - bias)) * double(layers);
+  const double proj_bias = m.proj_bias ? h : 0.0, fc2_bias = m.mlp_bias ? h : 0.0;
+  const double replicated_layer = double(pc.norms) + proj_bias + (m.moe() ? double(pc.mlp_dense) : fc2_bias);
+  double sharded =
+      (double(pc.attention) - proj_bias + (m.moe() ? 0.0 : double(pc.mlp_dense) - fc2_bias)) * double(layers);
   double replicated = replicated_layer * double(layers);
   if (first) {
     sharded += double(vocab) * h;
@@ -128,6 +129,7 @@ StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bo
   if (last) {
     replicated += double(pc.final_norm);
     if (!m.tie_embeddings || p.pp > 1) sharded += double(vocab) * h;
+    if (m.output_bias) sharded += double(vocab);
   }
   s.dense = sharded / t + replicated;
   s.expert = double(pc.mlp_experts) * double(layers) / (t * double(p.ep));

@@ -13,20 +13,20 @@ namespace stowage::estimate {
 ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
   ParameterCounts p;
   const std::int64_t h = m.hidden_size, q = m.num_heads * m.head_size(), kv = m.kv_heads() * m.head_size();
-  p.attention = h * q + 2 * h * kv + q * h + (m.linear_bias ? q + 2 * kv + h : 0);
+  p.attention = h * q + 2 * h * kv + q * h + (m.qkv_bias ? q + 2 * kv : 0) + (m.proj_bias ? h : 0);
   const std::int64_t fc1_out = m.ffn_hidden_size * (m.gated_mlp ? 2 : 1);
-  const std::int64_t mlp = h * fc1_out + m.ffn_hidden_size * h + (m.linear_bias ? fc1_out + h : 0);
+  const std::int64_t mlp = h * fc1_out + m.ffn_hidden_size * h + (m.mlp_bias ? fc1_out + h : 0);
   if (m.moe()) {
     p.mlp_dense = h * m.num_experts;  // router
     p.mlp_experts = mlp * m.num_experts;
   } else {
     p.mlp_dense = mlp;
   }
-  const std::int64_t norm = m.rms_norm ? h : 2 * h;
-  p.norms = 2 * norm + (m.qk_layernorm ? 2 * (m.rms_norm ? 1 : 2) * m.head_size() : 0);
+  const std::int64_t norm = !m.norm_weights ? 0 : m.rms_norm ? h : 2 * h;
+  p.norms = m.norms_per_layer * norm + (m.qk_layernorm ? 2 * (m.rms_norm ? 1 : 2) * m.head_size() : 0);
   p.final_norm = norm;
   p.embedding = vocab * h + m.learned_positions * h;
-  p.output = m.tie_embeddings ? 0 : vocab * h;
+  p.output = (m.tie_embeddings ? 0 : vocab * h) + (m.output_bias ? vocab : 0);
   return p;
 }
 
@@ -91,7 +91,7 @@ std::vector<ModelConfig> presets() {
   gpt3.tie_embeddings = true;
   gpt3.gated_mlp = false;
   gpt3.rms_norm = false;
-  gpt3.linear_bias = true;
+  gpt3.set_linear_bias(true);
   gpt3.dropout = true;
   gpt3.attention_dropout = true;
   gpt3.learned_positions = 2048;
@@ -124,7 +124,45 @@ ModelConfig preset(std::string_view name) {
   throw InvalidArgument(fmt::format("unknown model preset '{}' (known: {})", name, fmt::join(preset_names(), ", ")));
 }
 
-ModelConfig model_from_hf_json(const std::string& text, const std::string& name) {
+namespace {
+
+// What a Hugging Face model_type says that its config.json does not (transformers'
+// modeling_*.py, and the released checkpoints' parameter counts, checked in the tests).
+struct Family {
+  const char* type;
+  bool tied_by_default;          // its config class's tie_word_embeddings default
+  bool gated;                    // SwiGLU, or GeGLU for Gemma whatever hidden_act says
+  bool layer_norm;               // LayerNorm (weight and bias) instead of RMSNorm
+  bool weightless_norm;          // OLMo: LayerNorm without parameters
+  std::int64_t norms_per_layer;  // Phi: one, shared by attention and MLP; Gemma 2: four
+  bool qkv_bias;                 // Qwen2: q, k and v carry biases with no key saying so
+  bool linear_bias;              // every linear layer has a bias (GPT-2, GPT-NeoX, Phi)
+  bool output_bias;              // the output projection has a bias (Phi)
+  bool qk_norm;                  // Qwen3: RMSNorm on each head's queries and keys
+};
+constexpr Family kFamilies[] = {
+    // type      tied   gated  LN     no-w   norms  qkv-b  bias   out-b  qk-norm
+    {"llama", false, true, false, false, 2, false, false, false, false},
+    {"mistral", false, true, false, false, 2, false, false, false, false},
+    {"mixtral", false, true, false, false, 2, false, false, false, false},
+    {"qwen2", false, true, false, false, 2, true, false, false, false},
+    {"qwen3", false, true, false, false, 2, false, false, false, true},
+    {"gemma", true, true, false, false, 2, false, false, false, false},
+    {"gemma2", true, true, false, false, 4, false, false, false, false},
+    {"olmo", false, true, true, true, 2, false, false, false, false},
+    {"gpt2", true, false, true, false, 2, false, true, false, false},
+    {"gpt_neox", false, false, true, false, 2, false, true, false, false},
+    {"phi", false, false, true, false, 1, false, true, true, false},
+};
+
+// Keys of MoE layouts the estimate does not model: experts of their own size, shared experts,
+// dense first layers (Qwen-MoE, DeepSeek-MoE and V2/V3).
+constexpr const char* kUnmodelledMoeKeys[] = {"moe_intermediate_size", "shared_expert_intermediate_size",
+                                              "n_shared_experts", "n_routed_experts", "first_k_dense_replace"};
+
+}  // namespace
+
+ModelConfig model_from_hf_json(const std::string& text, const std::string& name, std::vector<std::string>* warnings) {
   using tools::get_bool_or;
   using tools::get_int;
   using tools::get_int_or;
@@ -134,22 +172,64 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name)
   if (!j.is_object()) throw ParseError(fmt::format("{}: expected a JSON object", what));
   ModelConfig m;
   m.name = get_string_or(j, "_name_or_path", name, what);
-  m.hidden_size = get_int(j, "hidden_size", what);
-  m.num_layers = get_int(j, "num_hidden_layers", what);
-  m.num_heads = get_int(j, "num_attention_heads", what);
+  // GPT-2's config names its sizes n_embd, n_layer, n_head, n_inner (null: 4h), n_positions.
+  const bool gpt2_keys = j.contains("n_embd");
+  m.hidden_size = get_int(j, gpt2_keys ? "n_embd" : "hidden_size", what);
+  m.num_layers = get_int(j, gpt2_keys ? "n_layer" : "num_hidden_layers", what);
+  m.num_heads = get_int(j, gpt2_keys ? "n_head" : "num_attention_heads", what);
   m.num_kv_heads = get_int_or(j, "num_key_value_heads", m.num_heads, what);
-  m.ffn_hidden_size = get_int(j, "intermediate_size", what);
+  m.ffn_hidden_size =
+      gpt2_keys ? get_int_or(j, "n_inner", 4 * m.hidden_size, what) : get_int(j, "intermediate_size", what);
+  if (gpt2_keys) m.learned_positions = get_int(j, "n_positions", what);
   m.vocab_size = get_int(j, "vocab_size", what);
   m.head_dim = get_int_or(j, "head_dim", 0, what);
-  m.tie_embeddings = get_bool_or(j, "tie_word_embeddings", false, what);
+  for (const char* key : kUnmodelledMoeKeys)
+    if (j.contains(key))
+      throw ParseError(
+          fmt::format("{}: '{}': this mixture-of-experts layout (experts of their own size, shared "
+                      "experts or dense first layers) is not modelled; describe it with "
+                      "--megatron-args, or use a dense or Mixtral-style config",
+                      what, key));
+  const std::string type = get_string_or(j, "model_type", "", what);
+  const Family* family = nullptr;
+  for (const Family& f : kFamilies)
+    if (type == f.type) family = &f;
+  m.tie_embeddings = get_bool_or(j, "tie_word_embeddings", family != nullptr && family->tied_by_default, what);
   m.num_experts = get_int_or(j, "num_local_experts", get_int_or(j, "num_experts", 0, what), what);
   m.experts_per_token = get_int_or(j, "num_experts_per_tok", m.num_experts > 0 ? 2 : 0, what);
   const std::string act = get_string_or(j, "hidden_act", "silu", what);
-  m.gated_mlp = act == "silu" || act == "swiglu" || act == "swish";
-  m.rms_norm = j.contains("rms_norm_eps") || !j.contains("layer_norm_epsilon");
   m.attention_dropout = tools::get_number_or(j, "attention_dropout", 0.0, what) > 0.0;
   m.dropout = tools::get_number_or(j, "hidden_dropout", 0.0, what) > 0.0;
-  m.linear_bias = get_bool_or(j, "attention_bias", false, what) || get_bool_or(j, "mlp_bias", false, what);
+  const bool attention_bias = get_bool_or(j, "attention_bias", false, what);
+  m.qkv_bias = attention_bias;  // transformers' attention_bias: q, k, v and the output projection
+  m.proj_bias = attention_bias;
+  m.mlp_bias = get_bool_or(j, "mlp_bias", false, what);
+  if (family != nullptr) {
+    m.gated_mlp = family->gated;
+    m.rms_norm = !family->layer_norm;
+    m.norm_weights = !family->weightless_norm;
+    m.norms_per_layer = family->norms_per_layer;
+    if (family->linear_bias) m.set_linear_bias(true);
+    m.qkv_bias = m.qkv_bias || family->qkv_bias;
+    m.output_bias = family->output_bias;
+    m.qk_layernorm = family->qk_norm;
+  } else {
+    m.gated_mlp = act == "silu" || act == "swiglu" || act == "swish";
+    m.rms_norm = j.contains("rms_norm_eps") || !(j.contains("layer_norm_epsilon") || j.contains("layer_norm_eps"));
+    if (warnings != nullptr)
+      warnings->push_back(fmt::format(
+          "{}: model_type '{}' is not one the estimate knows ({}): read as a decoder with {} MLP, {}, {} "
+          "embeddings and biases only where attention_bias / mlp_bias say; its parameter count is not "
+          "checked against its architecture",
+          what, type,
+          [] {
+            std::string known;
+            for (const Family& f : kFamilies) known += std::string(known.empty() ? "" : ", ") + f.type;
+            return known;
+          }(),
+          m.gated_mlp ? "a gated" : "a plain", m.rms_norm ? "RMSNorm" : "LayerNorm",
+          m.tie_embeddings ? "tied" : "untied"));
+  }
   validate(m);
   return m;
 }

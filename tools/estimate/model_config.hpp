@@ -20,7 +20,12 @@ struct ModelConfig {
   bool tie_embeddings = false;
   bool gated_mlp = true;               // SwiGLU: fc1 has 2·ffn outputs
   bool rms_norm = true;                // RMSNorm (1 vector) or LayerNorm (weight + bias)
-  bool linear_bias = false;            // biases in the linear layers (GPT-3)
+  bool norm_weights = true;            // false: norms without parameters (OLMo's LayerNorm)
+  std::int64_t norms_per_layer = 2;    // before attention and MLP; Gemma 2 also after each: 4
+  bool qkv_bias = false;               // biases on q, k and v (GPT-3, Megatron's default, Qwen2)
+  bool proj_bias = false;              // a bias on the attention's output projection
+  bool mlp_bias = false;               // biases on the MLP's two linear layers
+  bool output_bias = false;            // a bias on the output projection (Phi)
   bool dropout = false;                // hidden dropout after attention and MLP (stores 1-byte masks)
   bool attention_dropout = false;      // dropout on the attention probabilities (unfused: a 1-byte s×s mask)
   bool qk_layernorm = false;           // norms on queries and keys (Megatron --qk-layernorm)
@@ -29,6 +34,8 @@ struct ModelConfig {
   std::int64_t num_experts = 0;
   std::int64_t experts_per_token = 0;
 
+  void set_linear_bias(bool on) { qkv_bias = proj_bias = mlp_bias = on; }  // every linear layer (Megatron)
+  bool linear_bias() const { return qkv_bias && proj_bias && mlp_bias; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   std::int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
   bool moe() const { return num_experts > 0; }
@@ -39,7 +46,7 @@ struct ParameterCounts {
   std::int64_t attention = 0;    // per layer: q, k, v, o (+ biases)
   std::int64_t mlp_dense = 0;    // per layer: the MLP of a dense model, or the router of an MoE
   std::int64_t mlp_experts = 0;  // per layer: all experts together (0 for dense)
-  std::int64_t norms = 0;        // per layer: the two norms
+  std::int64_t norms = 0;        // per layer: the norms (and the q/k norms)
   std::int64_t embedding = 0;    // vocab × hidden (+ learned positions)
   std::int64_t output = 0;       // untied output projection (0 when tied)
   std::int64_t final_norm = 0;
@@ -58,7 +65,11 @@ ModelConfig preset(std::string_view name);
 
 // Reads the fields of a Hugging Face config.json (hidden_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings,
-// num_local_experts, num_experts_per_tok, hidden_act, head_dim). ParseError naming the field.
-ModelConfig model_from_hf_json(const std::string& text, const std::string& name = "config.json");
+// num_local_experts, num_experts_per_tok, hidden_act, head_dim, attention_bias, mlp_bias) with
+// the architecture its model_type names (docs/estimate.md). ParseError naming the field; an MoE
+// with shared or differently sized experts is refused; a model_type the estimate does not know
+// is read as a Llama-style decoder with a line in `warnings` saying so.
+ModelConfig model_from_hf_json(const std::string& text, const std::string& name = "config.json",
+                               std::vector<std::string>* warnings = nullptr);
 
 }  // namespace stowage::estimate

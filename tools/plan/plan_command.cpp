@@ -36,7 +36,8 @@ std::int64_t positive(const std::optional<std::int64_t>& v, const char* option) 
 PlanRequest build_request(const Options& o) {
   PlanRequest r;
   auto& c = r.base;
-  if (!o.model_json.empty()) c.model = estimate::model_from_hf_json(tools::read_file(o.model_json), o.model_json);
+  if (!o.model_json.empty())
+    c.model = estimate::model_from_hf_json(tools::read_file(o.model_json), o.model_json, &c.warnings);
   else if (!o.model.empty()) c.model = estimate::preset(o.model);
   else if (!o.megatron_args) throw InvalidArgument("plan: give the model: --model, --model-json or --megatron-args");
   if (o.megatron_args) {
