@@ -174,6 +174,26 @@ TEST(EstimateInput, DeepSpeedConfig) {
   EXPECT_THROW(apply_deepspeed_config("[1, 2", c), ParseError);
 }
 
+// Values that once read as "not given" (0, -1), and options that contradict each other.
+TEST(EstimateCommand, GivenValuesAreCheckedNotTakenForUnset) {
+  const std::pair<const char*, const char*> refused[] = {
+      {"--zero -1", "--zero must be 0 to 3"},
+      {"--swap-attention --prefetch-window -1", "prefetch-window must not be negative"},
+      {"--recompute full --recompute-num-layers -1", "recompute-num-layers must not be negative"},
+      {"--optimizer-offload streamed --stream-window 0", "--stream-window must be a positive integer"},
+      {"--grad-bytes 0", "--grad-bytes must be 2 or 4"},
+      {"--model llama2-7b --model-json /dev/null", "--model and --model-json both name the model"},
+      {"--model-json /tmp", "it is a directory"},
+      {"--megatron-args \"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --bf16 --fp16\"",
+       "--bf16 and --fp16 together"},
+  };
+  for (const auto& [args, message] : refused) {
+    const auto r = run_cli(std::string("estimate ") + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
+}
+
 TEST(EstimateCommand, ExitCodesAndMessages) {
   auto ok = run_cli("estimate --model llama2-7b --tp 4 --dp 2 --distributed-optimizer --json");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;

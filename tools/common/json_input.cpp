@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -29,6 +30,9 @@ nlohmann::json parse_json(const std::string& text, const std::string& what, std:
 }
 
 std::string read_file(const std::string& path, std::size_t max_bytes) {
+  std::error_code ec;  // a directory opens, then reads as nothing: say what it is
+  if (std::filesystem::is_directory(path, ec))
+    throw ParseError(fmt::format("cannot read '{}': it is a directory", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ParseError(fmt::format("cannot open '{}'", path));
   std::string text;

@@ -26,10 +26,11 @@ struct Options {
   std::optional<std::string> megatron_args;
   std::optional<std::int64_t> seq, micro_batch, grad_accum, global_batch, tp, pp, vpp, dp, cp, ep, stage;
   std::string precision, optimizer, recompute, recompute_method, accounting, offload, rounding;
-  std::int64_t recompute_layers = -1, zero = -1, grad_bytes = 0;
+  // Optional, so that a value given (0, -1) reaches the checks instead of reading as "not given".
+  std::optional<std::int64_t> recompute_layers, zero, grad_bytes;
   bool sp = false, no_flash = false, unfused_swiglu = false, dist_opt = false, ignore_unknown = false;
   bool shared = false, act_fn = false, swap = false;
-  std::int64_t prefetch_window = -1, stream_window = 0;
+  std::optional<std::int64_t> prefetch_window, stream_window;
   std::optional<double> overhead;
   std::string cublas_workspace, te_workspace;
   bool json = false;
@@ -49,6 +50,8 @@ void write_file(const std::string& path, const std::string& text) {
 
 RunConfig build_config(const Options& o) {
   RunConfig c;
+  if (!o.model_json.empty() && !o.model.empty())
+    throw InvalidArgument("--model and --model-json both name the model: give one");
   if (!o.model_json.empty()) c.model = model_from_hf_json(tools::read_file(o.model_json), o.model_json, &c.warnings);
   else if (!o.model.empty()) c.model = preset(o.model);
   else if (!o.megatron_args) c.model = preset("llama2-7b");
@@ -64,7 +67,11 @@ RunConfig build_config(const Options& o) {
   if (o.global_batch) t.global_batch = positive(o.global_batch, "--global-batch");
   if (!o.precision.empty()) t.precision = parse_precision(o.precision);
   if (!o.optimizer.empty()) t.optimizer = parse_optimizer(o.optimizer);
-  if (o.grad_bytes) t.grad_bytes = static_cast<int>(o.grad_bytes);
+  if (o.grad_bytes) {
+    if (*o.grad_bytes != 2 && *o.grad_bytes != 4)
+      throw InvalidArgument(fmt::format("--grad-bytes must be 2 or 4, got {}", *o.grad_bytes));
+    t.grad_bytes = static_cast<int>(*o.grad_bytes);
+  }
   if (o.no_flash) t.flash_attention = false;
   if (o.unfused_swiglu) t.fused_swiglu = false;
   if (o.tp) p.tp = positive(o.tp, "--tp");
@@ -74,20 +81,23 @@ RunConfig build_config(const Options& o) {
   if (o.cp) p.cp = positive(o.cp, "--cp");
   if (o.ep) p.ep = positive(o.ep, "--ep");
   if (o.sp) p.sequence_parallel = true;
-  if (o.zero >= 0) p.zero_stage = static_cast<int>(o.zero);
+  if (o.zero) {
+    if (*o.zero < 0 || *o.zero > 3) throw InvalidArgument(fmt::format("--zero must be 0 to 3, got {}", *o.zero));
+    p.zero_stage = static_cast<int>(*o.zero);
+  }
   if (o.dist_opt) p.zero_stage = std::max(p.zero_stage, 1);
   if (!o.accounting.empty()) p.accounting = parse_accounting(o.accounting);
   if (!o.recompute.empty()) c.recompute.granularity = parse_recompute(o.recompute);
   if (!o.recompute_method.empty()) c.recompute.method = parse_recompute_method(o.recompute_method);
-  if (o.recompute_layers >= 0) c.recompute.num_layers = o.recompute_layers;
+  if (o.recompute_layers) c.recompute.num_layers = *o.recompute_layers;
   auto& k = c.techniques;
   if (o.shared) k.shared_storage = true;
   if (!o.rounding.empty()) k.rounding = parse_rounding(o.rounding);
   if (o.act_fn) k.act_fn_recompute = true;
   if (o.swap) k.swap_attention = true;
-  if (o.prefetch_window >= 0) k.prefetch_window = o.prefetch_window;
+  if (o.prefetch_window) k.prefetch_window = *o.prefetch_window;
   if (!o.offload.empty()) k.optimizer_offload = parse_offload(o.offload);
-  if (o.stream_window) k.stream_window_layers = o.stream_window;
+  if (o.stream_window) k.stream_window_layers = positive(o.stream_window, "--stream-window");
   if (o.overhead) {
     if (!std::isfinite(*o.overhead) || *o.overhead < 0.0 || *o.overhead > 4.0)
       throw InvalidArgument(

@@ -292,6 +292,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   } else if (layers_per_virtual < 0) {
     throw InvalidArgument("megatron-args: --num-layers-per-virtual-pipeline-stage must be positive");
   }
+  if (fp16 && bf16) throw InvalidArgument("megatron-args: --bf16 and --fp16 together (Megatron-LM refuses them too)");
   if (fp16) t.precision = Precision::fp16;
   if (bf16) t.precision = Precision::bf16;
   if (!bf16 && !fp16) t.precision = Precision::fp32;

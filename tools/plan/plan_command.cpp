@@ -36,6 +36,8 @@ std::int64_t positive(const std::optional<std::int64_t>& v, const char* option) 
 PlanRequest build_request(const Options& o) {
   PlanRequest r;
   auto& c = r.base;
+  if (!o.model_json.empty() && !o.model.empty())
+    throw InvalidArgument("plan: --model and --model-json both name the model: give one");
   if (!o.model_json.empty())
     c.model = estimate::model_from_hf_json(tools::read_file(o.model_json), o.model_json, &c.warnings);
   else if (!o.model.empty()) c.model = estimate::preset(o.model);
