@@ -419,7 +419,9 @@ TEST(EstimateInput, HuggingFaceConfigsCountTheirCheckpointsParametersExactly) {
 }
 
 TEST(EstimateInput, MixtureOfExpertsLayoutsNotModelledAreRefused) {
-  for (const auto& c : hf_configs().at("refused")) {
+  const nlohmann::json all = hf_configs();  // kept: a range over a temporary's member would dangle
+  ASSERT_EQ(all.at("refused").size(), 2u);
+  for (const auto& c : all.at("refused")) {
     const std::string name = c.at("name").get<std::string>();
     try {
       (void)model_from_hf_json(c.at("config").dump(), name);

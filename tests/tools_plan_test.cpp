@@ -177,6 +177,27 @@ TEST(PlanReport, MegatronArgumentsParseBack) {
   EXPECT_NE(why.find("beats"), std::string::npos);
 }
 
+// A plan's launch line, given back to `stowage estimate` with the data-parallel size, predicts
+// what the plan printed: Megatron-FSDP's sharding strategy (optim_grads_params: ZeRO-3) included.
+TEST(PlanCommand, EveryPlansLaunchLineEstimatesTheSameAgainFsdpIncluded) {
+  const auto planned = run_cli("plan --model llama2-7b --gpus 8 --global-batch 64 --json --quiet");
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
+  int fsdp = 0;
+  const auto plans = nlohmann::json::parse(planned.output).at("plans");
+  ASSERT_EQ(plans.size(), 5u);
+  for (const auto& p : plans) {
+    const std::string args = p.at("megatron_args").get<std::string>();
+    const auto back =
+        run_cli("estimate --megatron-args '" + args + "' --dp " + std::to_string(p.at("dp").get<int>()) + " --json");
+    ASSERT_EQ(back.exit_code, 0) << back.output;
+    const auto e = nlohmann::json::parse(back.output);
+    EXPECT_EQ(e.at("parallelism").at("zero_stage"), p.at("zero_stage")) << args;
+    EXPECT_EQ(e.at("baseline").at("peak_reserved"), p.at("memory").at("peak_reserved")) << args;
+    fsdp += p.at("zero_stage").get<int>() == 3 ? 1 : 0;
+  }
+  EXPECT_GE(fsdp, 1);  // the layout that did not round-trip before
+}
+
 TEST(PlanCommand, OutputsAndErrors) {
   auto ok = run_cli("plan --model llama2-7b --gpus 8 --global-batch 64 --json --quiet");
   ASSERT_EQ(ok.exit_code, 0) << ok.output;

@@ -77,7 +77,6 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--fp8-param-gather", "fp8 parameter all-gather buffers"},
     {"--fp4-format", "fp4 copies of linear inputs and weights"},
     {"--tp-comm-overlap", "TransformerEngine userbuffers for overlapped TP communication"},
-    {"--use-megatron-fsdp", "FSDP shards weights and gradients and gathers them per layer"},
     {"--use-torch-fsdp2", "FSDP shards weights and gradients and gathers them per layer"},
     {"--multi-latent-attention", "MLA's compressed key/value projections"},
     {"--pipeline-model-parallel-layout", "an uneven pipeline split"},
@@ -126,7 +125,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   // config.json) is refined by the arguments given, and keeps what they leave out.
   const bool model_given = m.hidden_size > 0;
   if (m.name.empty()) m.name = "megatron-args";
-  bool gqa = false, untie = false, swiglu = false, no_bias = false, qkv_bias = false;
+  bool gqa = false, untie = false, swiglu = false, no_bias = false, qkv_bias = false, megatron_fsdp = false;
+  std::string sharding = "no_shard";  // --data-parallel-sharding-strategy (arguments.py's default)
   std::optional<bool> rmsnorm, rope;
   bool bf16 = false, fp16 = false, fp32_grads = false, local_impl = false, flash = false, gpt2_bpe = false;
   std::string attention_backend = "auto", ce_impl = "native";
@@ -183,6 +183,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--attention-dropout", [&](auto& a, auto& v) { attn_dropout = to_double(a, v); }},
       {"--hidden-dropout", [&](auto& a, auto& v) { hidden_dropout = to_double(a, v); }},
       {"--optimizer", [&](auto&, auto& v) { t.optimizer = parse_optimizer(v); }},
+      {"--data-parallel-sharding-strategy", [&](auto&, auto& v) { sharding = v; }},
       {"--transformer-impl", [&](auto&, auto& v) { local_impl = v == "local"; }},
       {"--attention-backend", [&](auto&, auto& v) { attention_backend = v; }},
       {"--cross-entropy-fusion-impl", [&](auto&, auto& v) { ce_impl = v; }},
@@ -196,6 +197,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--untie-embeddings-and-output-weights", [&] { untie = true; }},
       {"--swiglu", [&] { swiglu = true; }},
       {"--disable-bias-linear", [&] { no_bias = true; }},
+      {"--use-megatron-fsdp", [&] { megatron_fsdp = true; }},
       {"--add-qkv-bias", [&] { qkv_bias = true; }},
       {"--use-rotary-position-embeddings", [&] { rope = true; }},
       {"--sequence-parallel", [&] { p.sequence_parallel = true; }},
@@ -276,7 +278,20 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     m.dropout = hidden_dropout.value_or(0.1) > 0;
     m.attention_dropout = attn_dropout.value_or(0.1) > 0;
   }
-  if (qkv_bias) m.qkv_bias = true;  // with --disable-bias-linear, q, k and v keep theirs (Qwen2)
+  if (qkv_bias) m.qkv_bias = true;
+  // Megatron-FSDP shards what its strategy names across the data-parallel ranks, as ZeRO's stages
+  // do (its documentation: optim_grads_params is ZeRO-3), gathering each layer's weights in turn.
+  if (megatron_fsdp) {
+    static const std::map<std::string, int> stages{
+        {"no_shard", 0}, {"optim", 1}, {"optim_grads", 2}, {"optim_grads_params", 3}};
+    const auto it = stages.find(sharding);
+    if (it == stages.end())
+      throw InvalidArgument(
+          fmt::format("megatron-args: --data-parallel-sharding-strategy '{}' is not no_shard, optim, "
+                      "optim_grads or optim_grads_params",
+                      sharding));
+    p.zero_stage = std::max(p.zero_stage, it->second);
+  }  // with --disable-bias-linear, q, k and v keep theirs (Qwen2)
   // Megatron-LM arguments.py: without --ffn-hidden-size, 4h, or for SwiGLU int(4h·2/3 / 64)·64
   // (two fc1 projections; a multiple of 64 keeps parameters near the 4h MLP's).
   if (m.ffn_hidden_size == 0 && m.hidden_size > 0)
