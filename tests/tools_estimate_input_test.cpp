@@ -184,6 +184,7 @@ TEST(EstimateCommand, GivenValuesAreCheckedNotTakenForUnset) {
       {"--grad-bytes 0", "--grad-bytes must be 2 or 4"},
       {"--model llama2-7b --model-json /dev/null", "--model and --model-json both name the model"},
       {"--model-json /tmp", "it is a directory"},
+      {"--global-batch 64 --grad-accum 3 --dp 4", "--global-batch 64 is 16 micro-batches of 1 on 4 data-parallel"},
       {"--megatron-args \"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --bf16 --fp16\"",
        "--bf16 and --fp16 together"},
   };

@@ -114,6 +114,11 @@ RunConfig build_config(const Options& o) {
   if (k.shared_storage && k.optimizer_offload != OffloadMode::none)
     c.notes.push_back("shared storage needs the fp32 master on the device; with optimizer offload it saves nothing");
   finalize(c);
+  if (o.global_batch && o.grad_accum && t.grad_accumulation != *o.grad_accum)
+    throw InvalidArgument(
+        fmt::format("--global-batch {} is {} micro-batches of {} on {} data-parallel ranks, not "
+                    "--grad-accum {}: give one of the two",
+                    t.global_batch, t.grad_accumulation, t.micro_batch, p.dp, *o.grad_accum));
   validate(c);
   return c;
 }
