@@ -433,6 +433,13 @@ TEST(EstimateInput, MixtureOfExpertsLayoutsNotModelledAreRefused) {
   }
 }
 
+TEST(EstimateInput, ZeroKeyValueHeadsAreRefusedNotReadAsMultiHead) {
+  EXPECT_THROW((void)model_from_hf_json(
+                   R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 0, "intermediate_size": 128, "vocab_size": 100})"),
+               ParseError);
+}
+
 TEST(EstimateInput, AnUnknownModelTypeIsReadWithAWarningThatSaysHow) {
   std::vector<std::string> warnings;
   const ModelConfig m = model_from_hf_json(
