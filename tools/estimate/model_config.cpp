@@ -178,7 +178,8 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name,
   m.num_layers = get_int(j, gpt2_keys ? "n_layer" : "num_hidden_layers", what);
   m.num_heads = get_int(j, gpt2_keys ? "n_head" : "num_attention_heads", what);
   m.num_kv_heads = get_int_or(j, "num_key_value_heads", m.num_heads, what);
-  if (m.num_kv_heads == 0)  // 0 would read as "as many as the query heads"
+  if (j.contains("num_key_value_heads") && !j.at("num_key_value_heads").is_null() &&
+      m.num_kv_heads == 0)  // 0 would read as "as many as the query heads"
     throw ParseError(fmt::format("{}: field 'num_key_value_heads' must be positive, got 0", what));
   m.ffn_hidden_size =
       gpt2_keys ? get_int_or(j, "n_inner", 4 * m.hidden_size, what) : get_int(j, "intermediate_size", what);
