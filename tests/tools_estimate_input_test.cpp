@@ -360,6 +360,24 @@ TEST(EstimateInput, MegatronArgumentsRefineAGivenModelWithoutItsDefaults) {
   EXPECT_TRUE(r.model.gated_mlp && r.model.rms_norm && !r.model.linear_bias() && !r.model.tie_embeddings);
 }
 
+// What a launch line decides whatever the checkpoint: dropout (Megatron's 0.1 unless given), and
+// the sizes Megatron derives from what the line sets (heads without GQA, an ffn from the hidden size).
+TEST(EstimateInput, MegatronArgumentsDecideTheRunsDropoutAndWhatTheyDerive) {
+  RunConfig c;
+  c.model = preset("llama2-7b");
+  apply_megatron_args("--bf16", c);
+  EXPECT_TRUE(c.model.dropout && c.model.attention_dropout);
+  RunConfig off;
+  off.model = preset("llama2-7b");
+  apply_megatron_args("--hidden-dropout 0 --attention-dropout 0", off);
+  EXPECT_FALSE(off.model.dropout || off.model.attention_dropout);
+  RunConfig d;
+  d.model = preset("llama2-70b");  // GQA 8, ffn 28672
+  apply_megatron_args("--num-attention-heads 32 --hidden-size 4096", d);
+  EXPECT_EQ(d.model.kv_heads(), 32);          // heads without --group-query-attention: multi-head
+  EXPECT_EQ(d.model.ffn_hidden_size, 10880);  // SwiGLU's ffn for h 4096 (the model stays gated)
+}
+
 TEST(EstimateInput, MegatronSizesWhoseZeroWouldMeanUnsetAreRefused) {
   for (const char* args : {"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 0",
                            "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention "

@@ -177,6 +177,18 @@ TEST(PlanReport, MegatronArgumentsParseBack) {
   EXPECT_NE(why.find("beats"), std::string::npos);
 }
 
+// Queries' and keys' norms (Qwen3) are on the launch line, so it parses back to the same model.
+TEST(PlanReport, QkNormsAreOnTheLaunchLine) {
+  RunConfig c;
+  c.model = estimate::preset("llama2-7b");
+  c.model.qk_layernorm = true;
+  const std::string line = megatron_arguments(c);
+  EXPECT_NE(line.find("--qk-layernorm"), std::string::npos) << line;
+  RunConfig back;
+  estimate::apply_megatron_args(line, back);
+  EXPECT_TRUE(back.model.qk_layernorm);
+}
+
 // A plan's launch line, given back to `stowage estimate` with the data-parallel size, predicts
 // what the plan printed: Megatron-FSDP's sharding strategy (optim_grads_params: ZeRO-3) included.
 TEST(PlanCommand, EveryPlansLaunchLineEstimatesTheSameAgainFsdpIncluded) {

@@ -126,6 +126,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   const bool model_given = m.hidden_size > 0;
   if (m.name.empty()) m.name = "megatron-args";
   bool gqa = false, untie = false, swiglu = false, no_bias = false, qkv_bias = false, megatron_fsdp = false;
+  bool hidden_given = false, ffn_given = false, heads_given = false;
   std::string sharding = "no_shard";  // --data-parallel-sharding-strategy (arguments.py's default)
   std::optional<bool> rmsnorm, rope;
   bool bf16 = false, fp16 = false, fp32_grads = false, local_impl = false, flash = false, gpt2_bpe = false;
@@ -140,9 +141,21 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   using Handler = std::function<void(const std::string& arg, const std::string& value)>;
   const std::map<std::string, Handler> with_value{
       {"--num-layers", [&](auto& a, auto& v) { m.num_layers = to_int(a, v); }},
-      {"--hidden-size", [&](auto& a, auto& v) { m.hidden_size = to_int(a, v); }},
-      {"--ffn-hidden-size", [&](auto& a, auto& v) { m.ffn_hidden_size = to_positive(a, v); }},
-      {"--num-attention-heads", [&](auto& a, auto& v) { m.num_heads = to_int(a, v); }},
+      {"--hidden-size",
+       [&](auto& a, auto& v) {
+         m.hidden_size = to_int(a, v);
+         hidden_given = true;
+       }},
+      {"--ffn-hidden-size",
+       [&](auto& a, auto& v) {
+         m.ffn_hidden_size = to_positive(a, v);
+         ffn_given = true;
+       }},
+      {"--num-attention-heads",
+       [&](auto& a, auto& v) {
+         m.num_heads = to_int(a, v);
+         heads_given = true;
+       }},
       {"--num-query-groups", [&](auto& a, auto& v) { query_groups = to_positive(a, v); }},
       {"--kv-channels", [&](auto& a, auto& v) { m.head_dim = to_int(a, v); }},
       {"--vocab-size", [&](auto& a, auto& v) { m.vocab_size = to_int(a, v); }},
@@ -259,15 +272,20 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     }
   }
   if (gqa) m.num_kv_heads = query_groups > 0 ? query_groups : 1;  // arguments.py: --num-query-groups defaults to 1
-  if (model_given) {                                              // only what the arguments say
+  // Dropout is the run's, not the checkpoint's: Megatron trains with 0.1 unless the line says.
+  m.dropout = hidden_dropout.value_or(0.1) > 0;
+  m.attention_dropout = attn_dropout.value_or(0.1) > 0;
+  if (model_given) {  // only what the arguments say
+    // A line that sets the heads without grouped-query attention is multi-head in Megatron, and
+    // one that sets the hidden size or SwiGLU without an ffn size gets Megatron's (below).
+    if (heads_given && !gqa) m.num_kv_heads = 0;
+    if ((hidden_given || swiglu) && !ffn_given) m.ffn_hidden_size = 0;
     if (untie) m.tie_embeddings = false;
     if (swiglu) m.gated_mlp = true;
     if (rmsnorm) m.rms_norm = *rmsnorm;
     if (no_bias) m.set_linear_bias(false);
     if (rope) m.learned_positions = *rope ? 0 : max_positions.value_or(m.learned_positions);
     else if (max_positions && m.learned_positions > 0) m.learned_positions = *max_positions;
-    if (hidden_dropout) m.dropout = *hidden_dropout > 0;
-    if (attn_dropout) m.attention_dropout = *attn_dropout > 0;
   } else {
     if (!gqa) m.num_kv_heads = 0;
     m.tie_embeddings = !untie;
@@ -275,10 +293,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     m.rms_norm = rmsnorm.value_or(false);
     m.set_linear_bias(!no_bias);
     m.learned_positions = rope.value_or(false) ? 0 : max_positions.value_or(0);
-    m.dropout = hidden_dropout.value_or(0.1) > 0;
-    m.attention_dropout = attn_dropout.value_or(0.1) > 0;
   }
-  if (qkv_bias) m.qkv_bias = true;
+  if (qkv_bias) m.qkv_bias = true;  // with --disable-bias-linear, q, k and v keep theirs (Qwen2)
   // Megatron-FSDP shards what its strategy names across the data-parallel ranks, as ZeRO's stages
   // do (its documentation: optim_grads_params is ZeRO-3), gathering each layer's weights in turn.
   if (megatron_fsdp) {
@@ -291,12 +307,12 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
                       "optim_grads or optim_grads_params",
                       sharding));
     p.zero_stage = std::max(p.zero_stage, it->second);
-  }  // with --disable-bias-linear, q, k and v keep theirs (Qwen2)
+  }
   // Megatron-LM arguments.py: without --ffn-hidden-size, 4h, or for SwiGLU int(4h·2/3 / 64)·64
   // (two fc1 projections; a multiple of 64 keeps parameters near the 4h MLP's).
   if (m.ffn_hidden_size == 0 && m.hidden_size > 0)
-    m.ffn_hidden_size =
-        swiglu ? static_cast<std::int64_t>(4.0 * double(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64 : 4 * m.hidden_size;
+    m.ffn_hidden_size = m.gated_mlp ? static_cast<std::int64_t>(4.0 * double(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64
+                                    : 4 * m.hidden_size;
   if (layers_per_virtual > 0 && p.pp > 0) {
     // arguments.py: layers per pipeline rank (the embedding and loss counted when asked) ÷ this.
     const std::int64_t layers = m.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0);

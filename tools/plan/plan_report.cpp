@@ -114,6 +114,7 @@ std::string megatron_arguments(const RunConfig& c) {
   if (m.head_dim > 0) a.push_back(fmt::format("--kv-channels {}", m.head_dim));
   if (m.gated_mlp) a.push_back("--swiglu");
   if (m.rms_norm) a.push_back("--normalization RMSNorm");
+  if (m.qk_layernorm) a.push_back("--qk-layernorm");
   if (!m.linear_bias()) a.push_back("--disable-bias-linear");
   if (!m.linear_bias() && m.qkv_bias) a.push_back("--add-qkv-bias");
   if (!m.tie_embeddings) a.push_back("--untie-embeddings-and-output-weights");
