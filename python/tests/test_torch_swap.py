@@ -253,6 +253,7 @@ class SavesEveryLayout(torch.nn.Module):
             "expanded (stride 0)": row.expand(6, 10),
             "dense at an unaligned offset": base.view(-1)[3:43].view(4, 10),
             "bool, transposed": (base > 0).t(),
+            "complex": torch.complex(base[:2], base[2:4]),
             "empty": base[:0],
         }
 
@@ -271,6 +272,7 @@ COMES_BACK = {
     "expanded (stride 0)": ((0, 1), 10),
     "dense at an unaligned offset": ((10, 1), 40),
     "bool, transposed": ((1, 10), 60),
+    "complex": ((10, 1), 20),
     "empty": ((10, 1), 0),
 }
 
@@ -296,7 +298,7 @@ def test_every_saved_layout_comes_back_with_its_shape_strides_alignment_and_bits
     assert s.swapped == s.on_demand == len(saved) and s.prefetched == 0
     assert s.bytes_to_host == s.bytes_to_device == sum(
         COMES_BACK[name][1] * t.element_size() for name, t in saved.items())
-    assert s.bytes_to_host == (60 + 30 + 18 + 30 + 10 + 40) * 4 + 60
+    assert s.bytes_to_host == (60 + 30 + 18 + 30 + 10 + 40) * 4 + 60 + 20 * 8
 
 
 class FusedQkvAttention(torch.nn.Module):
@@ -445,3 +447,5 @@ def test_the_models_forward_keeps_its_signature_for_code_that_reads_it():
         assert inspect.signature(model.forward) == expected
         assert inspect.signature(model.attn.forward) == inspect.signature(KTransposedAttention.forward.__get__(
             model.attn))
+        ema = copy.deepcopy(model)  # a plain model, whose forward still names its parameters
+        assert inspect.signature(ema.forward) == inspect.signature(Net.forward.__get__(ema))

@@ -38,13 +38,22 @@ class _ClassForward:
         module = self._target()
         return type(module).forward.__get__(module, type(module))(*args, **kwargs)
 
+    @property
+    def __wrapped__(self):
+        # inspect.signature(copy.forward) names the model's own parameters, as _Wrapped's does
+        # (made on each access: a reference kept here would make the cycle the weak one avoids).
+        module = self._target()
+        return type(module).forward.__get__(module, type(module))
+
     def __deepcopy__(self, memo):
         twin = memo.get(id(self._module()))
         return _ClassForward(twin) if twin is not None else self
 
     def __reduce__(self):
         # Loads as the class's forward bound to the loaded module (getattr before the module's
-        # state is set finds the class's): nothing of stowage's is needed to load it.
+        # state is set finds the class's): nothing of stowage's is needed to load it. That bound
+        # method in the module's __dict__ is a reference cycle: a loaded model's memory goes back
+        # when the garbage collector runs, not at its last `del` (docs/pytorch.md).
         return getattr, (self._target(), "forward")
 
 

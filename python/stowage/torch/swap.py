@@ -212,10 +212,10 @@ class _Copier:
             # stowage's memory is a GPU's here, which CPU tensors cannot use: plain CPU memory keeps
             # the numbers and the bookkeeping (PyTorch's CPU bytes then do not drop).
             return torch.empty(size, dtype=dtype)
-        # bool as uint8 bytes: older PyTorch reads no DLPack bool.
-        as_bytes = dtype == torch.bool
-        host = torch.from_dlpack(stowage_memory.empty((size,), torch.uint8 if as_bytes else dtype))
-        return host.view(torch.bool) if as_bytes else host
+        # Bytes viewed as the dtype, as _pinned.pool_tensor does: any dtype (bool, complex, float8),
+        # whatever DLPack types this PyTorch reads.
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return torch.from_dlpack(stowage_memory.empty((size * itemsize,), torch.uint8)).view(dtype)
 
     def to_device(self, p):
         """The saved tensor again (same shape and strides), and the event of its copy back (None: done)."""
