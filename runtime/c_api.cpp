@@ -73,11 +73,13 @@ ThreadState* thread_state() {
   return memo.state;
 }
 
-std::string tags_gone(const char* what) {
-  return fmt::format(
-      "{}: this thread's tags are gone (called from a thread-local destructor that runs after "
-      "stowage's own)",
-      what);
+// The thread's state for a tag call; InvalidArgument naming `what` once it is gone.
+ThreadState& tag_state(const char* what) {
+  ThreadState* state = thread_state();
+  if (state == nullptr)
+    throw InvalidArgument(fmt::format(
+        "{}: this thread's tags are gone (called from a thread-local destructor that runs after stowage's own)", what));
+  return *state;
 }
 
 // A device's resources: the caching allocator, and what callers allocate through (the caching
@@ -319,19 +321,16 @@ ssize_t stowage_device_capacity(int device) {
 int stowage_push_tag(const char* tag) {
   return guarded(-1, [&] {
     if (tag == nullptr) throw InvalidArgument("stowage_push_tag: null tag");
-    ThreadState* state = thread_state();
-    if (state == nullptr) throw InvalidArgument(tags_gone("stowage_push_tag"));
-    state->tags.push_back(std::make_unique<ScopedTag>(tag));
+    tag_state("stowage_push_tag").tags.push_back(std::make_unique<ScopedTag>(tag));
     return 0;
   });
 }
 
 int stowage_pop_tag(void) {
   return guarded(-1, [&] {
-    ThreadState* state = thread_state();
-    if (state == nullptr) throw InvalidArgument(tags_gone("stowage_pop_tag"));
-    if (state->tags.empty()) throw InvalidArgument("stowage_pop_tag: no tag was pushed on this thread");
-    state->tags.pop_back();
+    auto& tags = tag_state("stowage_pop_tag").tags;
+    if (tags.empty()) throw InvalidArgument("stowage_pop_tag: no tag was pushed on this thread");
+    tags.pop_back();
     return 0;
   });
 }

@@ -258,21 +258,25 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             "assignment to .data do that. Nothing was written. Cast or move the model before the optimizer "
             "takes its parameters, and load weights with opt.load_master_state_dict()")
 
+    def _is_view(self, k):
+        """Whether _flat entry k's parameter is still the bf16 view of its plane the optimizer made."""
+        p, (address, shape) = self._flat[k][3], self._views[k]
+        return p.data_ptr() == address and p.dtype == torch.bfloat16 and p.shape == shape
+
     def _check_views(self, what):
         """Every parameter still views its plane (before a call writes through the planes)."""
-        for (_, _, _, p), (address, shape) in zip(self._flat, self._views):
-            if p.data_ptr() != address or p.dtype != torch.bfloat16 or p.shape != shape:
-                raise self._moved(self._where[id(p)][3], what)
+        for k in range(len(self._flat)):
+            if not self._is_view(k):
+                raise self._moved(k, what)
 
     # --- the fp32 master ---
     def _find(self, param, what, writes=False):
         found = self._where.get(id(param))
         if found is None or found[2] is not param:
             raise InvalidArgumentError(f"{what}: that tensor is not one of this optimizer's parameters")
-        bucket, i, p, k = found
-        address, shape = self._views[k]
+        bucket, i, _, k = found
         # A master written into the planes must reach the model: refused once the parameter is not their view.
-        if writes and (p.data_ptr() != address or p.dtype != torch.bfloat16 or p.shape != shape):
+        if writes and not self._is_view(k):
             raise self._moved(k, what)
         return bucket, i
 
@@ -340,9 +344,9 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         (model.float()) would no longer train, and a storage moved in place (share_memory()) would
         be written after it was freed."""
         out = []
-        for (group, bucket, i, p), (address, shape) in zip(self._flat, self._views):
-            if p.data_ptr() != address or p.dtype != torch.bfloat16 or p.shape != shape:
-                raise self._moved(self._where[id(p)][3], "step()")
+        for k, (group, bucket, i, p) in enumerate(self._flat):
+            if not self._is_view(k):
+                raise self._moved(k, "step()")
             g = p.grad
             if g is None:
                 continue
