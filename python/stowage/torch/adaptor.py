@@ -98,11 +98,6 @@ def _check_covered(model, optimizer):
         "apply() the submodule this optimizer trains. Nothing was changed")
 
 
-def _names(optimizer, model):
-    """Names the parameters in the optimizer's errors (the first name of a tied one)."""
-    optimizer._names = {id(p): name for name, p in model.named_parameters()}
-
-
 def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max_grad_norm=None,
           skip_nonfinite=True, recompute=False, recompute_activation_types=DEFAULT_ACTIVATIONS,
           recompute_names=(), swap=False, swap_prefetch=1, swap_names=(), state_offload="none",
@@ -144,7 +139,7 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
         if shared_storage:
             done.optimizer = _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite, state_offload,
                                                state_device_budget)
-            _names(done.optimizer, model)
+            done.optimizer.attach(model)
     except Exception:
         done.remove()
         raise

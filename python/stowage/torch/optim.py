@@ -18,6 +18,7 @@ import torch
 
 from .. import _lib, memory, precision
 from ..errors import InvalidArgumentError, UnsupportedError
+from .master_loading import route_loads
 from .offload import StateHomes
 
 _ALIGN = 64  # elements: every parameter starts a tie byte and a 128-byte line of the bf16 plane
@@ -194,7 +195,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         # step's planes hold. A storage moved in place (share_memory_()) leaves them pointing at freed
         # memory and a replaced .data (model.float()) leaves them updating what the model no longer reads.
         self._views = []
-        self._names = {}  # id(param) -> its name in the model, for errors (stowage.torch.adaptor.apply gives them)
+        self._names = {}  # id(param) -> its name in the model, for errors (attach() gives them)
+        self._routed = weakref.WeakSet()  # the modules whose load_state_dict writes masters (attach())
         # Offloaded state sits in stowage's host pool, which hands freed bytes out again at once:
         # before the state goes with the optimizer, the steps queued on it end. (Weak references'
         # callbacks run before the optimizer's attributes are cleared.)
@@ -262,6 +264,19 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         """Whether _flat entry k's parameter is still the bf16 view of its plane the optimizer made."""
         p, (address, shape) = self._flat[k][3], self._views[k]
         return p.data_ptr() == address and p.dtype == torch.bfloat16 and p.shape == shape
+
+    def holds_view(self, param):
+        """Whether `param` is one of this optimizer's parameters and still the bf16 view of its plane."""
+        found = self._where.get(id(param))
+        return found is not None and found[2] is param and self._is_view(found[3])
+
+    def attach(self, model):
+        """Ties this optimizer to `model`, the module its parameters came from: errors name each
+        parameter by its name in the model, and model.load_state_dict() (or that of any module in
+        it or around it) writes each loaded value into the fp32 master, bit for bit, as it would
+        become the weight of the fp32 model (docs/pytorch.md). apply() calls it."""
+        self._names = {id(p): name for name, p in model.named_parameters()}
+        route_loads(model, self, self._routed)
 
     def _check_views(self, what):
         """Every parameter still views its plane (before a call writes through the planes)."""
