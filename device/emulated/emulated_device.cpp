@@ -14,6 +14,7 @@
 #include <memory>
 #include <set>
 #include <shared_mutex>
+#include <vector>
 
 #include "device/emulated/copy_engine.hpp"
 #include "device/emulated/emulated_memory.hpp"
@@ -26,6 +27,17 @@ namespace {
 
 using emulated::Clock;
 using emulated::StreamWorker;
+
+// In a process forked from the one that made them, a stream's worker and an event cannot be
+// destroyed: their condition variables still count the waiters of the parent's threads, which
+// are not here, and destroying one would wait for them for ever. They are kept until the process
+// ends (reachable, so a leak checker does not count them).
+void keep_in_forked_child(std::shared_ptr<void> orphan) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();  // NOLINT(cppcoreguidelines-owning-memory)
+  std::lock_guard lock(mutex);
+  kept->push_back(std::move(orphan));
+}
 
 // Stream and event ids are unique across every emulated device, so one device can tell a
 // destroyed handle or another device's handle from its own.
@@ -94,6 +106,12 @@ class EmulatedDevice final : public Device {
   }
 
   ~EmulatedDevice() override {
+    if (forked()) {
+      std::unique_lock streams(streams_mutex_), events(events_mutex_);
+      for (auto& [id, w] : streams_) keep_in_forked_child(std::move(w));
+      for (auto& [id, ev] : events_) keep_in_forked_child(std::move(ev));
+      return;
+    }
     try {
       synchronize();
     } catch (...) {
@@ -160,6 +178,7 @@ class EmulatedDevice final : public Device {
   void synchronize(Stream s) override { worker(s)->synchronize(); }
 
   void synchronize() override {
+    check_not_forked();
     std::vector<std::shared_ptr<StreamWorker>> all;
     {
       std::shared_lock lock(streams_mutex_);
@@ -185,7 +204,10 @@ class EmulatedDevice final : public Device {
 
   void destroy_event(Event e) override {
     std::unique_lock lock(events_mutex_);
-    if (events_.erase(static_cast<std::uintptr_t>(e)) == 0) throw unknown("event", static_cast<std::uintptr_t>(e));
+    auto it = events_.find(static_cast<std::uintptr_t>(e));
+    if (it == events_.end()) throw unknown("event", static_cast<std::uintptr_t>(e));
+    if (forked()) keep_in_forked_child(std::move(it->second));
+    events_.erase(it);
   }
 
   void record(Event e, Stream s) override {
@@ -235,6 +257,7 @@ class EmulatedDevice final : public Device {
   }
 
   void synchronize(Event e) override {
+    check_not_forked();  // the streams that would complete its records are not in this process
     auto ev = event(e);
     std::unique_lock lock(ev->mutex);
     const auto target = ev->recorded;
@@ -304,7 +327,21 @@ class EmulatedDevice final : public Device {
         fmt::format("{}: {} {} is not one of this device's (destroyed, or another device's)", where(), what, id));
   }
 
+  bool forked() const { return generation_ != emulated::fork_generation(); }
+
+  // Stream work in a forked child would wait for ever for threads that are not there.
+  void check_not_forked() const {
+    if (forked())
+      throw DeviceError(
+          fmt::format("{}: used in a process forked from the one that made it; its streams are that process's "
+                      "threads, which fork() does not copy. Use stowage in a child process only after exec(), e.g. "
+                      "with Python multiprocessing's 'spawn' or 'forkserver' start method (CUDA contexts do not "
+                      "survive fork() either)",
+                      where()));
+  }
+
   std::shared_ptr<StreamWorker> worker(Stream s) {
+    check_not_forked();
     std::shared_lock lock(streams_mutex_);
     auto it = streams_.find(static_cast<std::uintptr_t>(s));
     if (it == streams_.end()) throw unknown("stream", static_cast<std::uintptr_t>(s));
@@ -318,6 +355,7 @@ class EmulatedDevice final : public Device {
     return it->second;
   }
 
+  unsigned generation_ = emulated::fork_generation();  // before the default stream's worker exists
   DeviceProperties props_;
   emulated::Memory memory_;
   emulated::CopyEngine h2d_, d2h_;
