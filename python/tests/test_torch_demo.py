@@ -134,6 +134,11 @@ def test_the_demo_command_prints_json_with_its_schema(capsys):
         out["results"][1])
     with pytest.raises(ValueError, match="'zero3' is not one of baseline, shared, recompute, swap, offload, all"):
         demo.run("zero3")
+    # The command names a misspelt or empty --configs as a usage error (exit 2), before running anything.
+    for bad, said in (("baseline,zero3", "--configs: zero3; choose from baseline, shared"), (",", "none given")):
+        with pytest.raises(SystemExit) as exit_:
+            demo.main(["--configs", bad])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
 
 
 def test_apply_refuses_what_it_cannot_do_and_leaves_the_model_as_it_was():

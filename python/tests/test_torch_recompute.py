@@ -456,3 +456,48 @@ def test_a_deep_copy_or_pickle_of_a_wrapped_model_is_a_plain_model_on_its_own_we
     assert torch.equal(loss, loss_of(plain, x))
     handle.remove()
     assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+class LoopedMLP(nn.Module):
+    """Activations held in an nn.ModuleList, which has no forward: the model's own forward loops
+    over them (their caller is the model, not the list)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fcs = nn.ModuleList([nn.Linear(HIDDEN, INTER), nn.Linear(INTER, HIDDEN), nn.Linear(HIDDEN, INTER)])
+        self.acts = nn.ModuleList([nn.GELU(), nn.GELU(), nn.GELU()])
+        self.out = nn.Linear(INTER, HIDDEN)
+
+    def forward(self, x):
+        for fc, act in zip(self.fcs, self.acts):
+            x = act(fc(x))
+        return self.out(x)
+
+
+def test_activations_in_a_module_list_are_released_by_the_module_that_loops_over_them():
+    torch.manual_seed(0)
+    plain = LoopedMLP()
+    wrapped = copy.deepcopy(plain)
+    handle = recompute_activations(wrapped)
+    assert handle.modules == ["acts.0", "acts.1", "acts.2"]
+    x = inputs(0, torch.float32)
+    loss, ref = loss_of(wrapped, x), loss_of(plain, x)
+    assert handle.stats.activations_released == 3
+    assert handle.stats.bytes_released == 4 * TOKENS * (INTER + HIDDEN + INTER)
+    loss.backward()
+    ref.backward()
+    assert torch.equal(loss, ref) and handle.stats.recomputations == 3
+    assert_same_grads(wrapped, plain)
+    handle.remove()
+    assert all("forward" not in m.__dict__ for m in wrapped.modules())
+
+
+def test_an_activation_run_outside_the_module_that_holds_it_warns_that_nothing_is_released():
+    torch.manual_seed(0)
+    holder = nn.Sequential(nn.Linear(HIDDEN, INTER), nn.GELU())
+    handle = recompute_activations(holder)
+    h = holder[0](inputs(0, torch.float32))
+    with pytest.warns(UserWarning, match="1 ran outside the forward of the module that holds it"):
+        holder[1](h)  # called by the user, not by holder's forward
+    assert handle.stats.activations_released == 0
+    handle.remove()

@@ -95,7 +95,19 @@ class WrapHandle:
         """Puts back every forward this handle replaced, newest first. Refused (InvalidArgumentError)
         when another wrapper was put on one of those modules after this handle's: then nothing is
         undone (the check runs before anything changes)."""
-        top = {}  # id(module) -> what its forward will be after the restores checked so far
+        self.check_removable()
+        while self._undo:
+            w = self._undo.pop()
+            if w.had:
+                w.module.forward = w.old
+            else:
+                del w.module.forward
+
+    def check_removable(self, top=None):
+        """Raises remove()'s refusal, changing nothing. `top` (id(module) -> what its forward will be
+        after the removals checked before this one) lets several handles be checked as one removal,
+        newest first; it is updated as if this one were removed."""
+        top = {} if top is None else top
         for w in reversed(self._undo):
             current = top[id(w.module)] if id(w.module) in top else w.module.__dict__.get("forward")
             if current is not w:
@@ -103,12 +115,6 @@ class WrapHandle:
                                            f"{type(w.module).__name__} after this one; remove the handles in the "
                                            "reverse order of their creation (nothing was undone)")
             top[id(w.module)] = w.old if w.had else None
-        while self._undo:
-            w = self._undo.pop()
-            if w.had:
-                w.module.forward = w.old
-            else:
-                del w.module.forward
 
     def __enter__(self):
         return self

@@ -19,9 +19,13 @@ class Applied:
         self.swap = swap
 
     def remove(self):
-        for handle in (self.swap, self.recompute):
-            if handle is not None:
-                handle.remove()
+        """Refused, with nothing undone, when a handle made after these wrapped the same modules."""
+        handles = [h for h in (self.swap, self.recompute) if h is not None]  # newest first
+        top = {}
+        for handle in handles:
+            handle.check_removable(top)
+        for handle in handles:
+            handle.remove()
         self.recompute = self.swap = None
 
 
@@ -32,35 +36,40 @@ _REFUSED_SWITCHES = ("amsgrad", "maximize", "capturable", "differentiable")
 _IMPLEMENTATION_SWITCHES = ("foreach", "fused")
 
 
-def _groups(optimizer):
-    """The optimizer's param groups as the shared-storage optimizer takes them: every key kept (the
-    user's own too: a name, an lr scale a scheduler reads), torch.optim's switches left out."""
-    groups = []
-    for g in optimizer.param_groups:
-        on = [k for k in _REFUSED_SWITCHES if g.get(k)]
-        if on:
-            raise UnsupportedError(f"shared storage: {', '.join(on)} {'is' if len(on) == 1 else 'are'} not "
-                                   "supported (the fused step has no such form)")
-        groups.append({k: v for k, v in g.items() if k not in _REFUSED_SWITCHES + _IMPLEMENTATION_SWITCHES})
-    return groups
+def _kept(settings, adam):
+    """A param group or the defaults as the shared-storage optimizer takes them: every key kept (the
+    user's own too: a name, an lr scale a scheduler reads), torch.optim's switches left out; for
+    Adam, torch's decoupled_weight_decay (newer torch; AdamW is Adam with it on) as `decoupled`."""
+    on = [k for k in _REFUSED_SWITCHES if settings.get(k)]
+    if on:
+        raise UnsupportedError(f"shared storage: {', '.join(on)} {'is' if len(on) == 1 else 'are'} not "
+                               "supported (the fused step has no such form)")
+    kept = {k: v for k, v in settings.items() if k not in _REFUSED_SWITCHES + _IMPLEMENTATION_SWITCHES}
+    if adam is not None:
+        kept["decoupled"] = bool(kept.pop("decoupled_weight_decay", adam is torch.optim.AdamW))
+    return kept
 
 
 def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite, state_offload, state_device_budget):
     common = dict(rounding=rounding, max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite,
                   state_offload=state_offload, state_device_budget=state_device_budget)
-    if type(optimizer) in (torch.optim.AdamW, torch.optim.Adam):
-        groups = _groups(optimizer)
-        for g in groups:  # torch's Adam(decoupled_weight_decay=True) (newer torch) is AdamW: it becomes ours
-            g["decoupled"] = bool(g.pop("decoupled_weight_decay", type(optimizer) is torch.optim.AdamW))
-        _check_resumable(optimizer, SharedStorageAdamW)
-        made = SharedStorageAdamW(groups, **common)
-    elif type(optimizer) is torch.optim.SGD:
-        groups = _groups(optimizer)
-        _check_resumable(optimizer, SharedStorageSGD)
-        made = SharedStorageSGD(groups, **common)
-    else:
+    if isinstance(optimizer, (SharedStorageAdamW, SharedStorageSGD)):
+        raise InvalidArgumentError(f"apply(): the optimizer is already a {type(optimizer).__name__} (an earlier "
+                                   "apply() made it); to add recompute or swap, call apply() with "
+                                   "shared_storage=False")
+    kinds = {torch.optim.AdamW: SharedStorageAdamW, torch.optim.Adam: SharedStorageAdamW,
+             torch.optim.SGD: SharedStorageSGD}
+    kind = kinds.get(type(optimizer))
+    if kind is None:
         raise UnsupportedError(f"shared storage: {type(optimizer).__name__} has no fused form; give torch.optim."
                                "AdamW, Adam or SGD")
+    adam = type(optimizer) if kind is SharedStorageAdamW else None
+    groups = [_kept(g, adam) for g in optimizer.param_groups]
+    defaults = _kept(optimizer.defaults, adam)
+    _check_resumable(optimizer, kind)
+    made = kind(groups, **common)
+    # A group added later (add_param_group: unfreezing) takes the user's defaults, as it would from torch's.
+    made.defaults.update(defaults)
     if optimizer.state:  # a resumed optimizer: its moments and step carry over, the master is the fp32 weights
         saved = optimizer.state_dict()
         # Only the state: the groups are already made's (torch's switches left out, decoupled added).

@@ -164,6 +164,9 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="JSON output (schema stowage.torch.demo/1)")
     args = ap.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs:
+        ap.error(f"--configs: {', '.join(unknown) or 'none given'}; choose from {', '.join(CONFIGS)}")
     if args.steps < 1 or args.layers < 1:
         ap.error("--steps and --layers must be at least 1")
     if args.offload_budget is not None and args.offload_budget < 0:

@@ -427,7 +427,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         """One parameter's step, its state in the tensors working() gives (streamed: copies)."""
         with self._homes.working(p, self._stepped(group, state)) as work:
             tensors = precision.step_tensors([(planes, g.data_ptr(), _grad_bits(g), *_pointers(work),
-                                               self._step_count(state))])
+                                               self._count_of(state))])
             self._step_multi(group, tensors, clip, where)
         state["step"].fill_(float(tensors[0].step))
 
@@ -462,7 +462,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         return {"device": device.index if device.index is not None else torch.cuda.current_device(),
                 "stream": torch.cuda.current_stream(device).cuda_stream}
 
-    def _step_count(self, state):
+    def _count_of(self, state):
         return int(state["step"].item()) if "step" in state else 0
 
     def state_dict(self):

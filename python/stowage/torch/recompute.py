@@ -15,6 +15,7 @@ or, on an unmodified model, `handle = recompute_activations(model)` ... `handle.
 Needs only torch (not libstowage). docs/recompute.md, "From PyTorch".
 """
 import contextlib
+import warnings
 import weakref
 
 import torch
@@ -310,7 +311,7 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
         if getattr(module, "inplace", False):
             raise InvalidArgumentError(f"recompute_activations: {name} is in-place; its output is its input's storage")
         _refuse_hooks(module, name)
-        parent = modules[name.rpartition(".")[0]]
+        parent = modules[_caller(modules, name)]
         if id(parent) not in stacks:
             stacks[id(parent)] = _wrap_parent(parent, stats, undo)
         _wrap_activation(module, name, stacks[id(parent)], stats, undo)
@@ -327,6 +328,17 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     return RecomputeHandle(stats, chosen, undo)
 
 
+def _caller(modules, name):
+    """The name of the module whose forward calls the activation `name`: its nearest ancestor that
+    has a forward. A ModuleList or ModuleDict holding activations has none (the module above it
+    loops over them), and a wrapper on it would never run."""
+    parent = name.rpartition(".")[0]
+    while parent and type(modules[parent]).forward is torch.nn.Module.forward and (
+            "forward" not in modules[parent].__dict__):
+        parent = parent.rpartition(".")[0]
+    return parent
+
+
 def _refuse_hooks(module, name):
     # A forward hook sees the output and may keep it; reading it after release would read freed memory.
     if module._forward_hooks or getattr(torch.nn.modules.module, "_global_forward_hooks", None):
@@ -337,9 +349,16 @@ def _refuse_hooks(module, name):
 def _wrap_activation(module, name, stack, stats, undo):
     original = module.forward
 
+    warned = []
+
     def forward(*args, **kwargs):
         # Nothing to save under no_grad; outside its parent's forward nobody would release it.
         if not torch.is_grad_enabled() or not stack:
+            if torch.is_grad_enabled() and not warned:
+                warned.append(True)
+                warnings.warn(f"recompute_activations: {name} ran outside the forward of the module that holds "
+                              "it, so its output is not released (called from elsewhere?); name the activations "
+                              "its caller runs", stacklevel=2)
             return original(*args, **kwargs)
         _refuse_hooks(module, name)
         if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args) and any(

@@ -274,6 +274,18 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     chosen = [n for n, m in found.items() if n in names or (not names and pick(m))]
     if not chosen:
         raise InvalidArgumentError("swap_activations: no module was chosen (no *Attention class; name them)")
+    # A chosen module inside another (Hugging Face's BertSelfAttention in BertAttention) would count
+    # as a call of its own between its parent's, and backward's prefetch, which counts calls back
+    # from the one it reaches, would bring back the wrong ones. The outermost is swapped whole.
+    def within(n, outer):
+        return n != outer and (outer == "" or n.startswith(outer + "."))  # "" is the model itself
+
+    inner = [n for n in chosen if any(within(n, outer) for outer in chosen)]
+    if names and inner:
+        outer = next(o for o in chosen if within(inner[0], o))
+        raise InvalidArgumentError(f"swap_activations: '{inner[0]}' is inside '{outer}', which is named too; "
+                                   "name one of them (the outer one swaps what both save)")
+    chosen = [n for n in chosen if n not in inner]
     # A parameter's storage, not the tensor: linear layers save views of their weights (weight.t()).
     # Taken again at every forward of the model: an optimizer made after this call may have given
     # the parameters new storage (a bf16 copy, shared-storage planes), and the old addresses may
