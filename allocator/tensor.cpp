@@ -63,8 +63,8 @@ TensorView::TensorView(Storage storage, DType dtype, std::vector<std::int64_t> s
   if (begin < 0 || end > static_cast<__int128>(storage_.nbytes()))
     throw InvalidArgument(fmt::format(
         "TensorView: {} shape [{}] strides [{}] at byte offset {} reaches bytes [{}, {}) of a {}-byte storage",
-        to_string(dtype_), fmt::join(shape_, ", "), fmt::join(strides_, ", "), byte_offset_,
-        static_cast<long long>(begin), static_cast<long long>(end), storage_.nbytes()));
+        to_string(dtype_), fmt::join(shape_, ", "), fmt::join(strides_, ", "), byte_offset_, begin, end,
+        storage_.nbytes()));  // in 128 bits: an extent past 2^63 is printed as it is, not wrapped
 }
 
 TensorView TensorView::empty(ResourceHandle resource, DType dtype, std::vector<std::int64_t> shape, Stream stream) {

@@ -1,7 +1,10 @@
 #include "stowage/byte_size.hpp"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -23,13 +26,33 @@ std::size_t parse_byte_size(std::string_view text, std::string_view what) {
   if (!number) throw fail("no number");
   static constexpr struct {
     const char* name;
-    double factor;
-  } units[] = {{"", 1},       {"b", 1},        {"k", 0x1p10},   {"kib", 0x1p10}, {"kb", 1e3},
-               {"m", 0x1p20}, {"mib", 0x1p20}, {"mb", 1e6},     {"g", 0x1p30},   {"gib", 0x1p30},
-               {"gb", 1e9},   {"t", 0x1p40},   {"tib", 0x1p40}, {"tb", 1e12}};
+    std::uint64_t factor;
+  } units[] = {{"", 1},
+               {"b", 1},
+               {"k", 1ULL << 10},
+               {"kib", 1ULL << 10},
+               {"kb", 1000},
+               {"m", 1ULL << 20},
+               {"mib", 1ULL << 20},
+               {"mb", 1000000},
+               {"g", 1ULL << 30},
+               {"gib", 1ULL << 30},
+               {"gb", 1000000000},
+               {"t", 1ULL << 40},
+               {"tib", 1ULL << 40},
+               {"tb", 1000000000000}};
   for (const auto& u : units) {
     if (unit != u.name) continue;
-    double bytes = *number * u.factor;
+    if (digits.find('.') == std::string_view::npos) {
+      // A whole number exactly: a double holds integers only up to 2^53.
+      std::uint64_t whole = 0;
+      const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), whole);
+      if (error == std::errc::result_out_of_range || (error == std::errc{} && whole > UINT64_MAX / u.factor))
+        throw fail("too large");
+      if (error != std::errc{} || end != digits.data() + digits.size()) throw fail("no number");
+      return static_cast<std::size_t>(whole * u.factor);
+    }
+    double bytes = *number * static_cast<double>(u.factor);
     if (u.factor > 1) bytes = std::nearbyint(bytes);  // a fraction of a unit: to the nearest byte
     if (bytes >= 0x1p64) throw fail("too large");
     if (bytes != std::floor(bytes)) throw fail("not a whole number of bytes");

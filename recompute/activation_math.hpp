@@ -157,7 +157,9 @@ struct HalfErfc {
 };
 template <class F>
 STOWAGE_HD HalfErfc<F> half_erfc_(const F& x) {
-  const F ax = fabs_(x);
+  // Phi(-100) is 0 in fp32; clamping keeps an infinite x's split (inf - inf) from making NaN.
+  F ax = fabs_(x);
+  ax = select(ax > 100.0f, splat<F>(100.0f), ax);
   const F xh = from_bits(bits(ax) & static_cast<std::int32_t>(0xFFFFF000u));
   const F xl = ax - xh;
   const F a = xh * xh * -0.5f;         // exact
@@ -182,7 +184,10 @@ STOWAGE_HD F gelu_erf_fwd(const F& x) {
   return x * select(x < 0.0f, h, 1.0f - h);
 }
 template <class F>
-STOWAGE_HD F gelu_erf_grad(const F& x) {  // Phi(x) + x phi(x)
+STOWAGE_HD F gelu_erf_grad(const F& x_in) {  // Phi(x) + x phi(x)
+  // Beyond |x| = 100 the gradient is exactly 1 or 0 in fp32 (as gelu_tanh_grad): inf * phi would be NaN.
+  F x = select(x_in > 100.0f, splat<F>(100.0f), x_in);
+  x = select(x < -100.0f, splat<F>(-100.0f), x);
   const auto h = half_erfc_(x);
   const F cdf = select(x < 0.0f, h.value, 1.0f - h.value);
   const F pdf = h.ea * exp_(h.b) * 0.398942280401432678f;  // exp(-x^2/2) / sqrt(2 pi)

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -155,6 +156,25 @@ TEST_P(ActivationKernels, BackwardF32MatchesDoubleReferenceAndFiniteDifferences)
       const double fd = dy[i] * (ref::f(a, xi + h) - ref::f(a, xi - h)) / (2 * h);
       ASSERT_NEAR(dx[i], fd, tol + 1e-8 * std::max(1.0, std::fabs(ref::f(a, xi))))
           << to_string(a) << " x=" << xi << " (finite difference)";
+    }
+  }
+}
+
+TEST_P(ActivationKernels, InfinitiesGiveTheLimits) {
+  // forward(+inf) = +inf for all four (gelu_erf gave NaN: inf - inf in its erfc's split); the GeLUs'
+  // gradients are 1 at +inf and 0 at -inf. (silu and the GeLUs at -inf are -inf * 0: NaN, as in PyTorch.)
+  const float inf = std::numeric_limits<float>::infinity();
+  for (Activation a : kAll) {
+    std::vector<float> x = {inf, -inf, 1e30f}, y(3), dy = {1.0f, 1.0f, 1.0f}, dx(3);
+    backend_->run([&](auto& p, void* s) { backend_->k().fwd(a, DType::f32, x.size(), p[0], p[1], s); }, x, y);
+    backend_->run([&](auto& p, void* s) { backend_->k().bwd(a, DType::f32, x.size(), p[0], p[1], p[2], s); }, x, dy,
+                  dx);
+    EXPECT_EQ(y[0], inf) << to_string(a);
+    EXPECT_EQ(y[2], 1e30f) << to_string(a);
+    if (a == Activation::relu) EXPECT_EQ(y[1], 0.0f);
+    if (a == Activation::gelu_erf || a == Activation::gelu_tanh) {
+      EXPECT_EQ(dx[0], 1.0f) << to_string(a);
+      EXPECT_EQ(dx[1], 0.0f) << to_string(a);
     }
   }
 }

@@ -1,4 +1,5 @@
 // TensorView over wrapped storage: shapes, strides, bounds, reshape/slice/view_as, ownership.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -67,6 +68,19 @@ TEST_F(TensorViewTest, OutOfBoundsViewsAreRejected) {
   EXPECT_THROW(TensorView(s, DType::f32, {-1}), InvalidArgument);
   EXPECT_THROW(TensorView(s, DType::f32, {2}, {-1}, 0), InvalidArgument);  // reaches below byte 0
   EXPECT_THROW(TensorView(Storage{}, DType::f32, {1}), InvalidArgument);
+  // An extent past 2^63 bytes is named as it is (it was printed wrapped, as a range inside the storage).
+  try {
+    TensorView(s, DType::f32, {2}, {std::int64_t{1} << 62});
+    ADD_FAILURE() << "a view reaching byte 2^64 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("reaches bytes [0, 18446744073709551620) of a 96-byte storage"));
+  }
+  try {
+    TensorView(s, DType::f32, {2}, {-(std::int64_t{1} << 62)}, 4);
+    ADD_FAILURE() << "a view reaching byte -2^64 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("reaches bytes [-18446744073709551612, 8)"));
+  }
   // Negative strides inside the storage are fine: a reversed view of the first 4 floats.
   TensorView reversed(s, DType::f32, {4}, {-1}, 12);
   EXPECT_EQ(reversed.data_as<float>()[0], 3.0f);
