@@ -159,3 +159,14 @@ def test_a_parameter_replaced_after_the_optimizer_took_it_is_loaded_by_torch_and
     assert torch.equal(bits(opt.master(model[0].weight)), bits(before))  # the master is not written
     with pytest.raises(InvalidArgumentError, match="parameter '0.weight' is no longer the bf16 view"):
         opt.step()
+
+
+def test_a_group_added_after_attach_is_loaded_into_its_masters_too():
+    model = make_model()
+    head = list(model[2].parameters())
+    opt = SharedStorageAdamW(model[0].parameters(), lr=1e-2)  # the head frozen at first (fp32, not held)
+    opt.attach(model)
+    opt.add_param_group({"params": head})  # unfrozen later
+    sd = fp32_weights(2)
+    model.load_state_dict(sd)
+    assert_masters_are(opt, model, sd)

@@ -197,6 +197,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self._views = []
         self._names = {}  # id(param) -> its name in the model, for errors (attach() gives them)
         self._routed = weakref.WeakSet()  # the modules whose load_state_dict writes masters (attach())
+        self._models = weakref.WeakSet()  # the models attach() was given
         # Offloaded state sits in stowage's host pool, which hands freed bytes out again at once:
         # before the state goes with the optimizer, the steps queued on it end. (Weak references'
         # callbacks run before the optimizer's attributes are cleared.)
@@ -243,6 +244,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             self._views.append((p.data_ptr(), p.shape))  # (0 for an empty one, which nothing writes)
         self._buckets.append(bucket)
         self._homes.commit(group["params"], placements, books)
+        for model in list(self._models):  # a model attached before holds them too (unfreezing a part of it)
+            route_loads(model, self, self._routed)
 
     # --- each parameter must stay the bf16 view of its plane ---
     def _moved(self, k, what):
@@ -275,7 +278,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         parameter by its name in the model, and model.load_state_dict() (or that of any module in
         it or around it) writes each loaded value into the fp32 master, bit for bit, as it would
         become the weight of the fp32 model (docs/pytorch.md). apply() calls it."""
-        self._names = {id(p): name for name, p in model.named_parameters()}
+        self._names.update({id(p): name for name, p in model.named_parameters()})
+        self._models.add(model)
         route_loads(model, self, self._routed)
 
     def _check_views(self, what):
