@@ -3,6 +3,7 @@ master, bit for bit, as the fp32 model it replaced would take it as its weight: 
 the model's weights, a pretrained checkpoint loaded after apply(), a load through a wrapper module
 or into a submodule. Values compared as bits (stowage.torch.optim, docs/pytorch.md)."""
 import copy
+import inspect
 import io
 import pickle
 
@@ -170,3 +171,39 @@ def test_a_group_added_after_attach_is_loaded_into_its_masters_too():
     sd = fp32_weights(2)
     model.load_state_dict(sd)
     assert_masters_are(opt, model, sd)
+
+
+def test_loading_the_models_own_state_dict_changes_nothing_as_in_torch():
+    """model.state_dict() gives the parameters themselves (bf16 views): loaded back, each master keeps
+    its low bits (they were rounded away to bf16 before)."""
+    model, opt = trained()
+    before = masters(opt, model)
+    assert any(torch.any(bits(m) & 0xFFFF != 0) for m in before.values())
+    model.load_state_dict(model.state_dict())
+    for name, p in model.named_parameters():
+        assert torch.equal(bits(opt.master(p)), bits(before[name])), name
+    # A copy of those values is a bf16 checkpoint like any other: its values become the masters.
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(sd)
+    assert_masters_are(opt, model, sd)
+
+
+def test_a_meta_value_is_torchs_error_and_the_master_stays():
+    model, opt = trained()
+    before = opt.master(model[0].weight)
+    sd = {**fp32_weights(3), "0.weight": torch.empty(40, 24, device="meta")}
+    with pytest.raises(RuntimeError, match="0.weight"):
+        model.load_state_dict(sd)
+    assert torch.equal(bits(opt.master(model[0].weight)), bits(before))
+
+
+@pytest.mark.skipif("assign" not in inspect.signature(nn.Module.load_state_dict).parameters,
+                    reason="load_state_dict(assign=True) is torch 2.1+")
+def test_assign_true_writes_the_master_and_keeps_the_parameter_the_optimizer_steps():
+    model, opt = trained()
+    params = list(model.parameters())
+    sd = fp32_weights(4)
+    model.load_state_dict(sd, assign=True)
+    assert all(p is q for p, q in zip(model.parameters(), params))
+    assert_masters_are(opt, model, sd)
+    train(model, opt, batches(1))  # the step still updates what the model computes with

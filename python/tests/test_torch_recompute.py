@@ -497,7 +497,8 @@ def test_an_activation_run_outside_the_module_that_holds_it_warns_that_nothing_i
     holder = nn.Sequential(nn.Linear(HIDDEN, INTER), nn.GELU())
     handle = recompute_activations(holder)
     h = holder[0](inputs(0, torch.float32))
-    with pytest.warns(UserWarning, match="1 ran outside the forward of the module that holds it"):
+    with pytest.warns(UserWarning, match="1 ran outside the forward of the module that holds it") as caught:
         holder[1](h)  # called by the user, not by holder's forward
+    assert caught[0].filename == __file__  # the warning points at the user's line
     assert handle.stats.activations_released == 0
     handle.remove()

@@ -21,18 +21,22 @@ class _MasterLoader:
     def __call__(self, module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                  error_msgs):
         opt = self._optimizer()
-        if opt is None or local_metadata.get("assign_to_params_buffers", False):
-            return  # assign=True replaces the parameter: step() then refuses it (docs/pytorch.md)
+        if opt is None:
+            return
         for name, p in module._parameters.items():
             value = state_dict.get(prefix + name)
-            if p is None or not isinstance(value, torch.Tensor) or value.is_complex() or not opt.holds_view(p):
+            if p is None or not isinstance(value, torch.Tensor) or value.is_complex() or value.is_meta or (
+                    not opt.holds_view(p)):
                 continue  # not a master to write; torch loads it, or names what is wrong with it
             if p.dim() == 0 and value.shape == (1,):
                 value = value[0]  # torch's own reading of a 1-element checkpoint for a 0-dim parameter
             if value.shape != p.shape:
                 continue  # torch reports the size mismatch
-            opt.load_master(p, value.detach().to(torch.float32))  # a float64 value rounds as torch's copy does
-            state_dict[prefix + name] = p.detach()  # torch copies the view onto itself: no bit changes
+            if not _aliases(value, p):  # model.load_state_dict(model.state_dict()) changes nothing, as in torch
+                opt.load_master(p, value)  # split converts to fp32 as torch's copy into an fp32 weight does
+            # torch then copies the parameter onto itself, or with assign=True (torch 2.1+) assigns it
+            # to itself: the optimizer keeps stepping the tensor the model computes with.
+            state_dict[prefix + name] = p
 
     def __deepcopy__(self, memo):
         return self  # a copy's parameters are its own, which the optimizer does not hold: nothing happens
@@ -41,6 +45,12 @@ class _MasterLoader:
         # A pickled model (torch.save(model)) is a plain one and loads without stowage: the hook
         # loads as "".format, which takes any arguments and does nothing.
         return getattr, ("", "format")
+
+
+def _aliases(value, p):
+    """value is the parameter's own bf16 view (model.state_dict() gives the parameters themselves)."""
+    return (value.dtype == p.dtype and value.device == p.device and value.data_ptr() == p.data_ptr()
+            and value.stride() == p.stride())
 
 
 def route_loads(model, optimizer, routed):

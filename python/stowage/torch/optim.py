@@ -259,9 +259,9 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             f"{what}: {which} is no longer the bf16 view of its shared-storage plane (it is {p.dtype} "
             f"{tuple(p.shape)} at {p.data_ptr():#x}; it was torch.bfloat16 {tuple(shape)} at {address:#x}). "
             "Its data was moved or replaced after the optimizer took it: model.float() / .half() / "
-            ".to(dtype or device), model.share_memory(), model.load_state_dict(..., assign=True) or an "
-            "assignment to .data do that. Nothing was written. Cast or move the model before the optimizer "
-            "takes its parameters, and load weights with opt.load_master_state_dict()")
+            ".to(dtype or device), model.share_memory() or an assignment to .data do that. Nothing was "
+            "written. Cast or move the model before the optimizer takes its parameters, and load weights "
+            "with model.load_state_dict() under apply() (or opt.attach(model)) or opt.load_master_state_dict()")
 
     def _is_view(self, k):
         """Whether _flat entry k's parameter is still the bf16 view of its plane the optimizer made."""

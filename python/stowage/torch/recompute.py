@@ -15,6 +15,8 @@ or, on an unmodified model, `handle = recompute_activations(model)` ... `handle.
 Needs only torch (not libstowage). docs/recompute.md, "From PyTorch".
 """
 import contextlib
+import os
+import sys
 import warnings
 import weakref
 
@@ -328,6 +330,16 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     return RecomputeHandle(stats, chosen, undo)
 
 
+def _callers_level():
+    """warnings.warn's stacklevel of the first frame outside torch.nn and this package: the line of
+    the user's code that called the module (how many frames torch puts between varies by version)."""
+    inside = (os.path.dirname(torch.nn.__file__), os.path.dirname(os.path.dirname(__file__)))
+    level, frame = 2, sys._getframe(2)  # 1: the forward that warns, whose caller is frame 2
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def _caller(modules, name):
     """The name of the module whose forward calls the activation `name`: its nearest ancestor that
     has a forward. A ModuleList or ModuleDict holding activations has none (the module above it
@@ -358,7 +370,7 @@ def _wrap_activation(module, name, stack, stats, undo):
                 warned.append(True)
                 warnings.warn(f"recompute_activations: {name} ran outside the forward of the module that holds "
                               "it, so its output is not released (called from elsewhere?); name the activations "
-                              "its caller runs", stacklevel=2)
+                              "its caller runs", stacklevel=_callers_level())
             return original(*args, **kwargs)
         _refuse_hooks(module, name)
         if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args) and any(
