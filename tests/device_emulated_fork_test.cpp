@@ -1,15 +1,21 @@
 // An emulated device used in a process forked from the one that made it: its streams are worker
-// threads that fork() does not copy, so stream work there is refused with an error that says so
-// (it used to wait for ever), memory still works, and the device can be destroyed there.
+// threads that fork() does not copy and its memory is the parent's, so every operation there is
+// refused with an error that names fork() (stream work used to wait for ever), destroying it (or
+// its streams and events) works, the parent's mapped memory cannot be written from the child,
+// and the parent goes on as before.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"
@@ -18,68 +24,34 @@
 namespace stowage {
 namespace {
 
-// Exit codes of the child, one per check, so a failure names the step.
-enum Step : int {
-  kPassed = 0,
-  kStreamSynchronized = 10,
-  kDeviceSynchronized,
-  kCopyQueued,
-  kEventWaited,
-  kWrongError,
-  kMemoryLost,
-  kThrew,
-};
+constexpr std::size_t kGranule = std::size_t{2} << 20;
 
-// The refusal: a DeviceError that names fork() (anything else, or no error, is the step's code).
-template <class F>
-int refused(F&& f, int step) {
-  try {
-    f();
-  } catch (const DeviceError& e) {
-    return std::strstr(e.what(), "fork()") != nullptr ? kPassed : kWrongError;
-  } catch (...) {
-    return kWrongError;
-  }
-  return step;
-}
-
-int in_child(Device& dev, Stream s, Event e, unsigned char* block) {
-  int code = kPassed;
-  auto check = [&code](int result) {
-    if (code == kPassed) code = result;
-  };
-  check(refused([&] { dev.synchronize(s); }, kStreamSynchronized));
-  check(refused([&] { dev.synchronize(); }, kDeviceSynchronized));
-  unsigned char byte = 0;
-  check(refused([&] { dev.copy_async(&byte, block, 1, CopyKind::device_to_host, s); }, kCopyQueued));
-  check(refused([&] { dev.synchronize(e); }, kEventWaited));
-  // The child's copy of device memory is there, as everything else the parent had.
-  void* more = dev.allocate(4096);
-  if (block[0] != 0x5A || more == nullptr) check(kMemoryLost);
-  dev.deallocate(more);
-  return code;
-}
-
-TEST(EmulatedFork, AForkedChildIsRefusedStreamWorkAndTheParentGoesOn) {
-  auto dev = make_emulated_device(0, EmulatedOptions{.capacity = 64 << 20});
-  const Stream s = dev->create_stream(0);
-  const Event e = dev->create_event(false);
-  auto* block = static_cast<unsigned char*>(dev->allocate(4096));
-  std::memset(block, 0x5A, 4096);
-  // Work in flight at the fork: the event's record is queued behind it, and in the child nothing
-  // will ever run it.
-  dev->launch_host(s, [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); });
-  dev->record(e, s);
-
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    int code = kThrew;
+// The child's exit status: 0, or 10 + the index of the first operation that was not refused as
+// it should be, or 100 + that index when it threw something else.
+int refusals(const std::vector<std::function<void()>>& operations) {
+  for (std::size_t i = 0; i < operations.size(); ++i) {
     try {
-      code = in_child(*dev, s, e, block);
-      dev.reset();  // the destructor lets go of the parent's threads instead of joining them
+      operations[i]();
+      return 10 + static_cast<int>(i);
+    } catch (const DeviceError& e) {
+      if (std::strstr(e.what(), "fork()") == nullptr) return 100 + static_cast<int>(i);
     } catch (...) {
-      code = kThrew;
+      return 100 + static_cast<int>(i);
+    }
+  }
+  return 0;
+}
+
+// Runs f in a forked child and returns its exit status (128 + the signal if one ended it), or
+// fails the test if the child does not end within 30 s.
+int in_child(const std::function<int()>& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 99;
+    try {
+      code = f();
+    } catch (...) {
+      code = 98;
     }
     ::_exit(code);
   }
@@ -91,16 +63,100 @@ TEST(EmulatedFork, AForkedChildIsRefusedStreamWorkAndTheParentGoesOn) {
   if (done == 0) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
-    FAIL() << "the forked child hung on stream work";
+    ADD_FAILURE() << "the forked child hung";
+    return -1;
   }
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
-  EXPECT_EQ(WEXITSTATUS(status), kPassed);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(EmulatedFork, EveryOperationIsRefusedInAForkedChildAndDestroyingWorks) {
+  auto dev = make_emulated_device(0, EmulatedOptions{.capacity = 64 << 20});
+  const Stream s = dev->create_stream(0);
+  const Stream other = dev->create_stream(0);
+  const Event e = dev->create_event(false);
+  const Event done = dev->create_event(false);
+  auto* block = static_cast<unsigned char*>(dev->allocate(4096));
+  std::memset(block, 0x5A, 4096);
+  dev->record(done, s);
+  dev->synchronize(s);
+  // Work in flight at the fork: the event's record is queued behind it, and in the child nothing
+  // will ever run it.
+  dev->launch_host(s, [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); });
+  dev->record(e, s);
+  void* va = dev->reserve(kGranule);
+  const PhysicalHandle chunk = dev->create_physical(kGranule);
+
+  const int status = in_child([&] {
+    unsigned char byte = 0;
+    const int code = refusals({
+        [&] { dev->synchronize(s); },
+        [&] { dev->synchronize(); },
+        [&] { dev->copy_async(&byte, block, 1, CopyKind::device_to_host, s); },
+        [&] { dev->fill_async(block, 0, 1, s); },
+        [&] { dev->launch_host(s, [] {}); },
+        [&] { dev->record(e, s); },
+        [&] { dev->wait(s, e); },
+        [&] { dev->query(e); },  // would stay false for ever
+        [&] { dev->synchronize(e); },
+        [&] { dev->elapsed_ms(done, e); },
+        [&] { dev->check_stream(s); },
+        [&] { dev->create_stream(0); },
+        [&] { dev->create_event(false); },
+        [&] { dev->allocate(4096); },
+        [&] { dev->deallocate(block); },
+        [&] { dev->map(va, kGranule, chunk); },
+        [&] { dev->create_physical(kGranule); },
+        [&] { dev->pin_host(&byte, 1); },
+    });
+    if (code != 0) return code;
+    // Destroying works: a stream, an event, the device (which keeps what the parent's threads
+    // still wait on instead of destroying it, and takes no lock they might have held).
+    dev->destroy_stream(other);
+    dev->destroy_event(e);
+    dev.reset();
+    return 0;
+  });
+  EXPECT_EQ(status, 0);
   // The parent's streams are untouched: its work runs and its event completes.
   dev->synchronize(s);
   EXPECT_TRUE(dev->query(e));
+  EXPECT_EQ(block[0], 0x5A);
+  dev->destroy_physical(chunk);
+  dev->unreserve(va, kGranule);
   dev->destroy_event(e);
+  dev->destroy_event(done);
   dev->deallocate(block);
   dev->destroy_stream(s);
+  dev->destroy_stream(other);
+}
+
+TEST(EmulatedFork, AChildCannotWriteTheParentsMappedMemory) {
+  // Mapped chunks are shared memory: a child's copy of the mapping would write the parent's. The
+  // child has no such mapping (mincore says ENOMEM: nothing is mapped there), while memory the
+  // device allocated privately is the child's own copy.
+  auto dev = make_emulated_device(0, EmulatedOptions{.capacity = 64 << 20});
+  void* va = dev->reserve(kGranule);
+  const PhysicalHandle chunk = dev->create_physical(kGranule);
+  dev->map(va, kGranule, chunk);
+  dev->set_access(va, kGranule);
+  static_cast<unsigned char*>(va)[0] = 0x5A;
+  void* own = dev->allocate(4096);
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  auto mapped = [page](void* p) {
+    unsigned char resident = 0;
+    return ::mincore(p, page, &resident) == 0;
+  };
+  ASSERT_TRUE(mapped(va));
+  const int status = in_child([&] {
+    if (mapped(va)) return 1;
+    return mapped(own) ? 0 : 2;
+  });
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(static_cast<unsigned char*>(va)[0], 0x5A);
+  dev->deallocate(own);
+  dev->unmap(va, kGranule);
+  dev->destroy_physical(chunk);
+  dev->unreserve(va, kGranule);
 }
 
 TEST(EmulatedFork, ADeviceMadeInTheChildWorksThere) {
@@ -108,29 +164,19 @@ TEST(EmulatedFork, ADeviceMadeInTheChildWorksThere) {
   GTEST_SKIP() << "ThreadSanitizer cannot start threads after a multi-threaded fork() (it exits the child with 66)";
 #endif
   auto parent = make_emulated_device(0, EmulatedOptions{.capacity = 64 << 20});
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    int code = kThrew;
-    try {
-      auto dev = make_emulated_device(1, EmulatedOptions{.capacity = 64 << 20});
-      const Stream s = dev->create_stream(0);
-      auto* block = static_cast<unsigned char*>(dev->allocate(4096));
-      unsigned char host = 0x11;
-      dev->copy_async(block, &host, 1, CopyKind::host_to_device, s);
-      dev->synchronize(s);
-      code = block[0] == 0x11 ? kPassed : kMemoryLost;
-      dev->deallocate(block);
-      dev->destroy_stream(s);
-    } catch (...) {
-      code = kThrew;
-    }
-    ::_exit(code);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), kPassed);
+  const int status = in_child([] {
+    auto dev = make_emulated_device(1, EmulatedOptions{.capacity = 64 << 20});
+    const Stream s = dev->create_stream(0);
+    auto* block = static_cast<unsigned char*>(dev->allocate(4096));
+    unsigned char host = 0x11;
+    dev->copy_async(block, &host, 1, CopyKind::host_to_device, s);
+    dev->synchronize(s);
+    const int code = block[0] == 0x11 ? 0 : 1;
+    dev->deallocate(block);
+    dev->destroy_stream(s);
+    return code;
+  });
+  EXPECT_EQ(status, 0);
 }
 
 }  // namespace

@@ -107,9 +107,10 @@ class EmulatedDevice final : public Device {
 
   ~EmulatedDevice() override {
     if (forked()) {
-      std::unique_lock streams(streams_mutex_), events(events_mutex_);
-      for (auto& [id, w] : streams_) keep_in_forked_child(std::move(w));
-      for (auto& [id, ev] : events_) keep_in_forked_child(std::move(ev));
+      // Nothing the parent's threads wait on is destroyed here, and no lock is taken: one a
+      // parent's thread held at the fork stays held in the child.
+      keep_in_forked_child(std::make_shared<decltype(streams_)>(std::move(streams_)));
+      keep_in_forked_child(std::make_shared<decltype(events_)>(std::move(events_)));
       return;
     }
     try {
@@ -130,22 +131,50 @@ class EmulatedDevice final : public Device {
     return c;
   }
 
-  void* allocate(std::size_t bytes) override { return memory_.allocate(bytes); }
-  void deallocate(void* ptr) override { memory_.deallocate(ptr); }
-  void* reserve(std::size_t bytes) override { return memory_.reserve(bytes); }
-  void unreserve(void* base, std::size_t bytes) override { memory_.unreserve(base, bytes); }
+  // Memory in a forked child: the parent's (its mapped chunks are not even there), so refused.
+  void* allocate(std::size_t bytes) override {
+    check_not_forked();
+    return memory_.allocate(bytes);
+  }
+  void deallocate(void* ptr) override {
+    check_not_forked();
+    memory_.deallocate(ptr);
+  }
+  void* reserve(std::size_t bytes) override {
+    check_not_forked();
+    return memory_.reserve(bytes);
+  }
+  void unreserve(void* base, std::size_t bytes) override {
+    check_not_forked();
+    memory_.unreserve(base, bytes);
+  }
   PhysicalHandle create_physical(std::size_t bytes, const PhysicalOptions& o) override {
+    check_not_forked();
     return memory_.create_physical(bytes, o);
   }
-  void destroy_physical(PhysicalHandle h) override { memory_.destroy_physical(h); }
+  void destroy_physical(PhysicalHandle h) override {
+    check_not_forked();
+    memory_.destroy_physical(h);
+  }
   void map(void* va, std::size_t bytes, PhysicalHandle h, std::size_t offset) override {
+    check_not_forked();
     memory_.map(va, bytes, h, offset);
   }
-  void unmap(void* va, std::size_t bytes) override { memory_.unmap(va, bytes); }
-  void set_access(void* va, std::size_t bytes) override { memory_.set_access(va, bytes); }
-  int export_handle(PhysicalHandle h) override { return memory_.export_handle(h); }
+  void unmap(void* va, std::size_t bytes) override {
+    check_not_forked();
+    memory_.unmap(va, bytes);
+  }
+  void set_access(void* va, std::size_t bytes) override {
+    check_not_forked();
+    memory_.set_access(va, bytes);
+  }
+  int export_handle(PhysicalHandle h) override {
+    check_not_forked();
+    return memory_.export_handle(h);
+  }
 
   Stream create_stream(int priority) override {
+    check_not_forked();
     const auto [least, greatest] = priority_range();
     priority = std::clamp(priority, greatest, least);
     const auto id = next_handle.fetch_add(1);
@@ -156,6 +185,14 @@ class EmulatedDevice final : public Device {
 
   void destroy_stream(Stream s) override {
     if (s == kDefaultStream) throw InvalidArgument(where() + ": the default stream cannot be destroyed");
+    if (forked()) {  // its worker is the parent's thread: kept, not drained (see keep_in_forked_child)
+      std::unique_lock lock(streams_mutex_);
+      auto it = streams_.find(static_cast<std::uintptr_t>(s));
+      if (it == streams_.end()) throw unknown("stream", static_cast<std::uintptr_t>(s));
+      keep_in_forked_child(std::move(it->second));
+      streams_.erase(it);
+      return;
+    }
     std::shared_ptr<StreamWorker> w = worker(s);
     // The stream stays listed (alive) until its work has run: whoever finds it gone may reuse
     // what it used without ordering after it.
@@ -196,6 +233,7 @@ class EmulatedDevice final : public Device {
   }
 
   Event create_event(bool) override {
+    check_not_forked();
     const auto id = next_handle.fetch_add(1);
     std::unique_lock lock(events_mutex_);
     events_[id] = std::make_shared<EventState>();
@@ -251,6 +289,7 @@ class EmulatedDevice final : public Device {
   }
 
   bool query(Event e) override {
+    check_not_forked();  // a record queued before the fork would stay pending for ever
     auto ev = event(e);
     std::lock_guard lock(ev->mutex);
     return ev->done(ev->recorded);
@@ -265,6 +304,7 @@ class EmulatedDevice final : public Device {
   }
 
   float elapsed_ms(Event start, Event end) override {
+    check_not_forked();
     auto a = event(start), b = event(end);
     Clock::time_point ta, tb;
     {
@@ -308,8 +348,14 @@ class EmulatedDevice final : public Device {
     worker(s)->submit([dst, value, bytes] { std::memset(dst, value, bytes); });
   }
 
-  void pin_host(void* ptr, std::size_t bytes) override { memory_.pin(ptr, bytes); }
-  void unpin_host(void* ptr) override { memory_.unpin(ptr); }
+  void pin_host(void* ptr, std::size_t bytes) override {
+    check_not_forked();
+    memory_.pin(ptr, bytes);
+  }
+  void unpin_host(void* ptr) override {
+    check_not_forked();
+    memory_.unpin(ptr);
+  }
   bool is_pinned(const void* ptr) const override { return memory_.is_pinned(ptr); }
   // The emulated device addresses host memory directly; pinned memory is "mapped".
   void* device_pointer_of_host(void* host_ptr) override { return memory_.is_pinned(host_ptr) ? host_ptr : nullptr; }
@@ -329,12 +375,14 @@ class EmulatedDevice final : public Device {
 
   bool forked() const { return generation_ != emulated::fork_generation(); }
 
-  // Stream work in a forked child would wait for ever for threads that are not there.
+  // In a forked child, stream work would wait for ever for threads that are not there, and memory
+  // work would act on the parent's memory (emulated_memory.cpp: its mapped chunks are not there).
   void check_not_forked() const {
     if (forked())
       throw DeviceError(
           fmt::format("{}: used in a process forked from the one that made it; its streams are that process's "
-                      "threads, which fork() does not copy. Use stowage in a child process only after exec(), e.g. "
+                      "threads, which fork() does not copy, and its memory is that process's. Only destroying it "
+                      "(or its streams and events) works here. Use stowage in a child process only after exec(), e.g. "
                       "with Python multiprocessing's 'spawn' or 'forkserver' start method (CUDA contexts do not "
                       "survive fork() either)",
                       where()));

@@ -211,6 +211,10 @@ void Memory::map(void* va_ptr, std::size_t bytes, PhysicalHandle handle, std::si
   // Mapped without access, as the driver does: set_access makes it usable.
   void* p = ::mmap(va_ptr, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, cit->second.fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) throw DeviceError(fmt::format("{}: mmap failed: {}", where(), std::strerror(errno)));
+  // The chunk is shared memory: through a forked child's copy of this mapping the child would write
+  // the parent's device memory. The child gets no such mapping, as a CUDA context does not survive fork().
+  if (::madvise(va_ptr, bytes, MADV_DONTFORK) != 0)
+    log().warn("{}: madvise(MADV_DONTFORK) of [{:#x}, +{}) failed: {}", where(), va, bytes, std::strerror(errno));
   if (cit->second.options.location.kind == Location::Kind::host_numa)
     bind_to_node(va_ptr, bytes, cit->second.options.location.numa_node);
   r.mappings[va] = Mapping{bytes, cit->first, false};
