@@ -6,10 +6,11 @@ looked for, in order, at $STOWAGE_LIBRARY, beside this package, through the syst
 """
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
 
-from .errors import StowageError, error_for
+from .errors import InvalidArgumentError, StowageError, error_for
 
 _lock = threading.Lock()
 _lib = None
@@ -83,6 +84,8 @@ def _declare(lib):
         "stowage_synchronize": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
         "stowage_last_error": (ctypes.c_char_p, []),
         "stowage_last_error_code": (ctypes.c_int, []),
+        # Handed to PyCapsule_New as a function pointer (stowage.dlpack), never called from Python.
+        "stowage_dlpack_capsule_destructor": (None, [ctypes.c_void_p]),
     }
     for name, (restype, argtypes) in sig.items():
         try:
@@ -91,6 +94,43 @@ def _declare(lib):
             raise StowageError(f"{lib._name} has no {name}: it is older than this package; rebuild stowage") from None
         fn.restype = restype
         fn.argtypes = argtypes
+        ints = [(i, t) for i, t in enumerate(argtypes) if t in _INTEGERS]
+        if ints and name != "stowage_dlpack_capsule_destructor":
+            setattr(lib, name, _range_checked(name, fn, ints))
+
+
+# ctypes converts a Python int to a C integer modulo its width, silently: raw_alloc(2**64 + 100)
+# would allocate 100 bytes and device 2**32 would be device 0. Every integer argument is checked.
+_INTEGERS = (ctypes.c_int, ctypes.c_uint8, ctypes.c_size_t, ctypes.c_ssize_t, ctypes.c_int64, ctypes.c_void_p)
+
+
+@functools.lru_cache(maxsize=None)
+def _bounds(ctype):
+    bits = 8 * ctypes.sizeof(ctype)
+    unsigned = ctype(-1).value != -1
+    kind = "an address" if ctype is ctypes.c_void_p else f"a C {'un' if unsigned else ''}signed {bits}-bit integer"
+    return (0, (1 << bits) - 1, kind) if unsigned else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1, kind)
+
+
+def fits(value, ctype, what):
+    """`value` as it goes into a C integer (or pointer) of `ctype`; InvalidArgumentError where ctypes
+    would wrap it."""
+    lo, hi, kind = _bounds(ctype)
+    if isinstance(value, int) and not lo <= value <= hi:
+        raise InvalidArgumentError(f"{what}: {value} does not fit {kind} ({lo}..{hi})")
+    return value
+
+
+def _range_checked(name, fn, ints):
+    checks = [(i, *_bounds(ctype), f"{name}: argument {i + 1}") for i, ctype in ints]
+
+    def call(*args):
+        for i, lo, hi, kind, what in checks:
+            if i < len(args) and isinstance(args[i], int) and not lo <= args[i] <= hi:
+                raise InvalidArgumentError(f"{what}: {args[i]} does not fit {kind} ({lo}..{hi})")
+        return fn(*args)
+    call.__name__ = name
+    return call
 
 
 def library():

@@ -35,15 +35,11 @@ class _DLManagedTensor(ctypes.Structure):
 _Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
 _DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
 
-# A capsule's name must outlive it: these stay for the life of the module.
+# A capsule's name must outlive it: it stays for the life of the module.
 _CAPSULE_NAME = b"dltensor"
 _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 
 def _delete(managed_address):
@@ -52,12 +48,10 @@ def _delete(managed_address):
         managed.contents.deleter(managed)
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule):
-    # A consumer renames the capsule ("used_dltensor") when it takes the tensor; one still named
-    # "dltensor" was never consumed, so its memory goes back here.
-    if _api.PyCapsule_IsValid(capsule, _CAPSULE_NAME):
-        _delete(_api.PyCapsule_GetPointer(capsule, _CAPSULE_NAME))
+def _capsule_destructor():
+    """libstowage's C destructor: gives back the memory of a capsule no consumer took. (One written
+    in Python cannot run while the consumer that refused the capsule has its exception pending.)"""
+    return ctypes.cast(_lib.library().stowage_dlpack_capsule_destructor, ctypes.c_void_p)
 
 
 class Buffer:
@@ -80,7 +74,7 @@ class Buffer:
         if self._managed is None:
             raise InvalidArgumentError("this stowage Buffer was already exported; a Buffer exports once")
         managed, self._managed = self._managed, None
-        return _api.PyCapsule_New(managed, _CAPSULE_NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+        return _api.PyCapsule_New(managed, _CAPSULE_NAME, _capsule_destructor())
 
     def __del__(self):
         if getattr(self, "_managed", None) is not None:

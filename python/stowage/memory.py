@@ -4,8 +4,10 @@ import collections
 import contextlib
 import ctypes
 import json
+import os
 
 from . import _lib
+from .errors import InvalidArgumentError
 
 
 def device_count():
@@ -83,8 +85,8 @@ def snapshot(device=0):
 
 
 def dump_snapshot(path, device=0):
-    """Writes the snapshot as JSON to `path`, for `stowage inspect`."""
-    _lib.call_int("stowage_snapshot", device, str(path).encode())
+    """Writes the snapshot as JSON to `path` (str, bytes or os.PathLike), for `stowage inspect`."""
+    _lib.call_int("stowage_snapshot", device, _c_string(os.fsencode(path), "dump_snapshot: path"))
 
 
 def set_memory_cap(nbytes, device=0):
@@ -117,10 +119,18 @@ def host_release_unused(device=0):
     return _lib.call_int("stowage_host_release_unused", device)
 
 
+def _c_string(text, what):
+    """bytes for a C string: a NUL inside would end it early (a path or tag cut short in silence)."""
+    if b"\0" in text:
+        raise InvalidArgumentError(f"{what}: {text!r} contains a NUL byte")
+    return text
+
+
 @contextlib.contextmanager
 def tag(name):
-    """Every block allocated on this thread inside the block records `name` (nests)."""
-    _lib.call_int("stowage_push_tag", str(name).encode())
+    """Every block allocated on this thread inside the block records `name` (str, or bytes as
+    they are; nests)."""
+    _lib.call_int("stowage_push_tag", _c_string(name if isinstance(name, bytes) else str(name).encode(), "tag"))
     try:
         yield
     finally:

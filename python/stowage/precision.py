@@ -49,7 +49,8 @@ class _SgdOptions(ctypes.Structure):
 
 def planes(bf16, residual, ties, numel, rounding):
     """The C struct for planes at these addresses (ties: 0 in half_up mode)."""
-    return Planes(bf16 or None, residual or None, ties or None, numel, rounding_code(rounding))
+    return Planes(bf16 or None, residual or None, ties or None, _lib.fits(numel, ctypes.c_size_t, "planes: numel"),
+                  rounding_code(rounding))
 
 
 def _grad_bits(bits):
@@ -88,7 +89,7 @@ def adam_step(weights, grad, grad_bits, m, v, step, lr, beta1=0.9, beta2=0.999, 
               decoupled=True, loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True, device=None, stream=0):
     """One fused Adam(W) step on the Planes `weights`; m and v are fp32 addresses. `step` is the
     number of steps applied so far. Returns (applied, new step)."""
-    count = ctypes.c_int64(step)
+    count = ctypes.c_int64(_lib.fits(step, ctypes.c_int64, "adam_step: step"))
     options = _AdamOptions(lr, beta1, beta2, eps, weight_decay, 1 if decoupled else 0)
     name, lead = _placed("stowage_adam_step", device, stream)
     applied = _lib.call_int(name, *lead, ctypes.byref(weights), grad or None, _grad_bits(grad_bits),
@@ -101,7 +102,7 @@ def sgd_step(weights, grad, grad_bits, momentum_buffer, step, lr, momentum=0.0, 
              nesterov=False, loss_scale=1.0, clip_coef=1.0, skip_nonfinite=True, device=None, stream=0):
     """One fused SGD step (PyTorch's formulation); momentum_buffer: an fp32 address, or 0 without
     momentum. Returns (applied, new step)."""
-    count = ctypes.c_int64(step)
+    count = ctypes.c_int64(_lib.fits(step, ctypes.c_int64, "sgd_step: step"))
     options = _SgdOptions(lr, momentum, dampening, weight_decay, 1 if nesterov else 0)
     name, lead = _placed("stowage_sgd_step", device, stream)
     applied = _lib.call_int(name, *lead, ctypes.byref(weights), grad or None, _grad_bits(grad_bits),
@@ -119,7 +120,8 @@ class StepTensor(ctypes.Structure):
 
 def step_tensors(entries):
     """A C array of StepTensor from (planes, grad, grad_bits, state0, state1, step) tuples."""
-    return (StepTensor * len(entries))(*[StepTensor(w, g or None, _grad_bits(bits), s0 or None, s1 or None, step)
+    return (StepTensor * len(entries))(*[StepTensor(w, g or None, _grad_bits(bits), s0 or None, s1 or None,
+                                                    _lib.fits(step, ctypes.c_int64, "step_tensors: step"))
                                          for w, g, bits, s0, s1, step in entries])
 
 

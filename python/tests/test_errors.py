@@ -2,6 +2,7 @@
 import pytest
 
 import stowage
+from stowage import precision
 
 MiB = 1 << 20
 
@@ -54,6 +55,43 @@ def test_bad_streams_tags_and_caps_are_refused():
     refused(stowage.InvalidArgumentError, "not in", stowage.set_per_process_memory_fraction, float("nan"))
     refused(ValueError, "negative", stowage.set_memory_cap, -1)
     refused(stowage.InvalidArgumentError, "no path", stowage.dump_snapshot, "")
+
+
+def test_integers_that_do_not_fit_their_c_type_are_refused_not_wrapped():
+    """ctypes converts an int modulo the C type's width: raw_alloc(2**64 + 100) allocated 100 bytes,
+    set_memory_cap(2**64) removed the cap and device 2**32 was device 0."""
+    refused(stowage.InvalidArgumentError, r"stowage_malloc: argument 1: 18446744073709551716 does not fit a C "
+            r"signed 64-bit integer", stowage.raw_alloc, 2**64 + 100)
+    refused(stowage.InvalidArgumentError, "argument 2: 4294967296 does not fit a C signed 32-bit integer",
+            stowage.raw_alloc, 16, 2**32)
+    refused(stowage.InvalidArgumentError, "does not fit an address", stowage.raw_free, 2**64 + 4096, 4096)
+    refused(stowage.InvalidArgumentError, "does not fit a C unsigned 64-bit integer", stowage.set_memory_cap, 2**64)
+    cap = 1 << 30
+    stowage.set_memory_cap(cap)  # the cap stays what it was after a refusal
+    refused(stowage.InvalidArgumentError, "does not fit", stowage.set_memory_cap, 2**64 + MiB)  # was a 1 MiB cap
+    p = stowage.raw_alloc(2 * MiB)  # under the 1 GiB cap
+    stowage.raw_free(p, 2 * MiB)
+    refused(stowage.OutOfMemoryError, "", stowage.raw_alloc, cap + MiB)  # over it
+    stowage.set_memory_cap(0)
+    planes = precision.planes(0, 0, 0, 0, "half_up")
+    refused(stowage.InvalidArgumentError, "adam_step: step: 18446744073709551657", precision.adam_step,
+            planes, 0, 32, 0, 0, 2**64 + 41, 0.1)
+    refused(stowage.InvalidArgumentError, "planes: numel", precision.planes, 0, 0, 0, 2**64, "half_up")
+
+
+def test_paths_and_tags_with_a_nul_byte_are_refused_and_bytes_are_taken_as_they_are(tmp_path):
+    refused(stowage.InvalidArgumentError, "NUL", stowage.dump_snapshot, str(tmp_path / "cut\0.json"))
+    assert list(tmp_path.iterdir()) == []  # nothing written under the name cut short
+    with pytest.raises(stowage.InvalidArgumentError, match="tag: .*NUL"):
+        with stowage.tag("layer1\0.attn"):
+            pass
+    stowage.dump_snapshot(bytes(tmp_path / "b.json"))  # a bytes path is the path, not its repr
+    assert (tmp_path / "b.json").exists()
+    with stowage.tag(b"bytes.tag"):
+        p = stowage.raw_alloc(4096)
+    tags = [b["tag"] for s in stowage.snapshot()["segments"] for b in s["blocks"] if b["address"] == p]
+    stowage.raw_free(p, 4096)
+    assert tags == ["bytes.tag"]
 
 
 def test_a_tag_is_popped_when_its_block_raises():

@@ -85,6 +85,14 @@ int stowage_pop_tag(void);
 struct DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code, uint8_t bits,
                                              void* stream);
 
+/* A PyCapsule destructor (PyCapsule_Destructor) for a capsule named "dltensor" that holds one of
+ * these DLManagedTensors, as the Python package makes them: when the capsule was never consumed (a
+ * consumer renames it "used_dltensor"), it calls the tensor's deleter. It touches no Python error
+ * state, so it is safe while an exception is pending (a consumer that refused the capsule), as a
+ * destructor written in Python is not. PyCapsule_IsValid and PyCapsule_GetPointer are found in the
+ * running process; where there are none it does nothing. */
+void stowage_dlpack_capsule_destructor(void* capsule);
+
 /* Pinned host memory from `device`'s host pool (docs/host_pool.md): pages bound to the NUMA
  * node(s) nearest the device and pinned for it once, then reused, so no pinning happens on the
  * hot path. On CUDA the device reads and writes it through the same pointer (mapped) and copies
