@@ -31,6 +31,11 @@ def test_bad_frees_are_refused():
     stowage.raw_free(p, 4096)
     refused(stowage.InvalidArgumentError, "double free", stowage.raw_free, p, 4096)
     stowage.raw_free(on_the_side, MiB)
+    # The size asked for, the rounded size given (1000 -> 1024) or 0 (unknown) free it; another does not.
+    for given in (1000, 1024, 0):
+        q = stowage.raw_alloc(1000)
+        refused(stowage.InvalidArgumentError, "999", stowage.raw_free, q, 999)
+        stowage.raw_free(q, given)
 
 
 def test_bad_allocations_are_refused():

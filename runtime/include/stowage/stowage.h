@@ -32,8 +32,8 @@ struct DLManagedTensor; /* <dlpack/dlpack.h>; declared here so this header needs
  * (negative size, bad device, out of memory or beyond the memory cap). */
 void* stowage_malloc(ssize_t size, int device, void* stream);
 
-/* Returns a block from stowage_malloc; `size` must be the size it was asked with and `device`
- * the device it came from. The block's own stream orders the free (`stream` is accepted for
+/* Returns a block from stowage_malloc; `size` must be the size it was asked with (or the rounded
+ * size the allocator gave it, or 0 for "unknown") and `device` the device it came from. The block's own stream orders the free (`stream` is accepted for
  * the PyTorch prototype). NULL is a no-op. A foreign pointer, double free, wrong size or wrong
  * device changes nothing and sets stowage_last_error(). */
 void stowage_free(void* ptr, ssize_t size, int device, void* stream);
