@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
+import stowage  # noqa: E402
 from stowage import InvalidArgumentError  # noqa: E402
 from stowage.torch.adaptor import apply  # noqa: E402
 from stowage.torch.optim import SharedStorageAdamW  # noqa: E402
@@ -207,3 +208,18 @@ def test_assign_true_writes_the_master_and_keeps_the_parameter_the_optimizer_ste
     assert all(p is q for p, q in zip(model.parameters(), params))
     assert_masters_are(opt, model, sd)
     train(model, opt, batches(1))  # the step still updates what the model computes with
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and stowage.using_cuda()),
+                    reason="needs a CUDA GPU and a libstowage using CUDA")
+def test_on_cuda_a_cpu_checkpoint_loaded_into_the_model_becomes_the_master():
+    model = make_model(device="cuda")
+    opt = apply(model, torch.optim.AdamW(model.parameters(), lr=1e-2)).optimizer
+    train(model, opt, batches(2, device="cuda"))
+    sd = fp32_weights(5)  # on the CPU, as torch.load(map_location="cpu") gives it
+    model.load_state_dict(sd)
+    assert_masters_are(opt, model, sd)
+    before = masters(opt, model)
+    model.load_state_dict(model.state_dict())
+    assert all(torch.equal(bits(opt.master(p)), bits(before[n])) for n, p in model.named_parameters())
+    train(model, opt, batches(1, device="cuda"))
