@@ -19,6 +19,7 @@
 #include "tools/inspect/inspect_report.hpp"
 #include "tools/inspect/pickle_reader.hpp"
 #include "tools/inspect/pytorch_snapshot.hpp"
+#include "tools/inspect/snapshot_consistency.hpp"
 
 using namespace stowage;
 using namespace stowage::inspect;
@@ -344,6 +345,113 @@ TEST(InspectBadInput, AnInconsistentSnapshotIsRefusedWithWhatIsWrong) {
   EXPECT_EQ(run_cli("inspect " + temp_file("consistent.json", to_json(good))).exit_code, 0);
 }
 
+// An expandable segment lists its mapped blocks run by run, unmapped holes left out
+// (docs/snapshot.md): its blocks need not tile it, only lie in order from its address without
+// overlapping, adding up to total_size. A classic segment's must tile it.
+TEST(InspectBadInput, ExpandableSegmentsMayHaveHolesClassicOnesMayNot) {
+  Snapshot good = spiky_snapshot(3);
+  const std::uintptr_t base = good.segments[0].address;
+  good.segments[0].expandable = true;
+  good.segments[0].blocks = {{base + 2 * MiB, 30 * MiB, 0, BlockState::inactive, Stream{}, ""},    // a hole before
+                             {base + 64 * MiB, 98 * MiB, 0, BlockState::inactive, Stream{}, ""}};  // and between
+  EXPECT_EQ(inconsistencies(good), std::vector<std::string>{});
+  auto r = run_cli("inspect " + temp_file("holes.json", to_json(good)));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto problems = [&](void (*edit)(Snapshot&)) {
+    Snapshot s = good;
+    edit(s);
+    return inconsistencies(s);
+  };
+  using Problems = std::vector<std::string>;
+  EXPECT_EQ(problems([](Snapshot& s) { s.segments[0].blocks[0].address = s.segments[0].address - 4096; }),
+            Problems{"segments[0].blocks[0] starts at 0x7efffffff000, below its expandable segment's address "
+                     "0x7f0000000000"});
+  EXPECT_EQ(problems([](Snapshot& s) { s.segments[0].blocks[1].address = s.segments[0].address + 32 * MiB - 512; }),
+            Problems{"segments[0].blocks[1] starts at 0x7f0001fffe00, inside the one before (which ends at "
+                     "0x7f0002000000)"});
+  EXPECT_EQ(problems([](Snapshot& s) { s.segments[0].blocks[1].size -= 512; }),
+            Problems{"segments[0]: its 2 blocks add up to 134217216 bytes, not its total_size 134217728"});
+  EXPECT_EQ(problems([](Snapshot& s) { s.segments[0].blocks[1].address = std::uintptr_t(-1) - 4095; }),
+            Problems{"segments[0].blocks[1] at 0xfffffffffffff000 with 102760448 bytes ends past the address "
+                     "space"});
+  // The same blocks in a classic segment: refused at the first hole, once; sizes that add up
+  // are not reported as a sum cut off at the hole.
+  EXPECT_EQ(problems([](Snapshot& s) { s.segments[0].expandable = false; }),
+            Problems{"segments[0].blocks[0] starts at 0x7f0000200000, not at its segment's address 0x7f0000000000"});
+  EXPECT_EQ(problems([](Snapshot& s) {
+              s.segments[0].expandable = false;
+              s.segments[0].blocks[0] = {s.segments[0].address, 32 * MiB, 0, BlockState::inactive, Stream{}, ""};
+              s.segments[0].blocks[1].size = 96 * MiB;  // 128 MiB in all, as total_size says
+            }),
+            Problems{"segments[0].blocks[1] starts at 0x7f0004000000, not where the one before ends "
+                     "(0x7f0002000000)"});
+  Snapshot classic = good;
+  classic.segments[0].expandable = false;
+  r = run_cli("inspect " + temp_file("classic_hole.json", to_json(classic)));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("not at its segment's address"), std::string::npos) << r.output;
+}
+
+// The default configuration (expandable segments) with a block freed between two live ones and
+// given back by empty_cache, as stowage.dump_snapshot writes it: inspect reads it, compares it and
+// exports it for memory_viz as PyTorch reports one, a segment per contiguous mapped run.
+TEST(InspectSnapshot, ExpandableSegmentWithAnUnmappedHole) {
+  auto device = make_emulated_device(0, EmulatedOptions{.capacity = std::size_t(256 * MiB)});
+  AllocatorOptions options;
+  options.trace_entries = 1000;
+  CachingAllocator alloc(*device, options);
+  ASSERT_EQ(alloc.segment_mode(), SegmentMode::expandable);
+  void* a = alloc.allocate(12 * MiB);
+  void* b = alloc.allocate(12 * MiB);
+  void* c = alloc.allocate(12 * MiB);
+  alloc.deallocate(b);
+  alloc.empty_cache();
+  const Snapshot original = alloc.snapshot();
+  ASSERT_EQ(original.segments.size(), 1u);
+  const SegmentInfo& seg = original.segments[0];
+  ASSERT_TRUE(seg.expandable);
+  ASSERT_EQ(seg.blocks.size(), 2u);
+  EXPECT_EQ(seg.blocks[0].address, reinterpret_cast<std::uintptr_t>(a));
+  EXPECT_EQ(seg.blocks[1].address, reinterpret_cast<std::uintptr_t>(c));
+  EXPECT_EQ(seg.blocks[1].address - seg.blocks[0].address, std::uintptr_t(24 * MiB));  // b's 12 MiB unmapped
+  EXPECT_EQ(seg.total_size, std::size_t(24 * MiB));
+
+  const std::string path = temp_file("hole_snapshot.json", to_json(original));
+  auto r = run_cli("inspect " + path);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(analyze(load_snapshot(path)).allocated, 24 * MiB);
+  r = run_cli("inspect --json --compare " + path + " " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["allocated"]["b"], 24 * MiB) << r.output;
+
+  const nlohmann::json viz = to_pytorch(original);
+  ASSERT_EQ(viz["segments"].size(), 2u) << viz["segments"].dump();
+  for (std::size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& run = viz["segments"][i];
+    EXPECT_EQ(run["address"], seg.blocks[i].address);
+    EXPECT_EQ(run["total_size"], 12 * MiB);
+    EXPECT_EQ(run["allocated_size"], 12 * MiB);
+    EXPECT_EQ(run["is_expandable"], true);
+    ASSERT_EQ(run["blocks"].size(), 1u);
+    EXPECT_EQ(run["blocks"][0]["address"], seg.blocks[i].address);
+  }
+  const std::string out = std::string(STOWAGE_BINARY_DIR) + "/tools_inspect_test_hole.pickle";
+  r = run_cli("inspect " + path + " --to-memory-viz " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Snapshot back = load_snapshot(out);
+  ASSERT_EQ(back.segments.size(), 2u);
+  EXPECT_EQ(back.segments[0].address, reinterpret_cast<std::uintptr_t>(a));
+  EXPECT_EQ(back.segments[1].address, reinterpret_cast<std::uintptr_t>(c));
+  EXPECT_EQ(analyze(back).allocated, 24 * MiB);
+  alloc.deallocate(a);
+  alloc.deallocate(c);
+  // Nothing mapped: PyTorch reports no segment, and neither does the export.
+  alloc.empty_cache();
+  const Snapshot empty = alloc.snapshot();
+  EXPECT_EQ(inconsistencies(empty), std::vector<std::string>{});
+  EXPECT_EQ(to_pytorch(empty)["segments"].size(), 0u);
+}
+
 TEST(InspectPyTorch, ReadsItsPickleBothProtocolsAndItsJson) {
   // tests/data/make_pytorch_snapshot.py wrote the same dict three ways.
   std::string first;
@@ -595,6 +703,31 @@ TEST(InspectSteps, MarksOnTheTimeline) {
   // Exported for memory_viz and read back, the tags (as stowage tag frames) still name the steps.
   const std::string viz = temp_file("stepped_viz.json", to_pytorch(s).dump());
   EXPECT_EQ(analyze(load_snapshot(viz)).steps.size(), 4u);
+}
+
+// A free is marked in the step that made it, not the one that allocated the block: the trace
+// tags each event with the tag of the thread that caused it.
+TEST(InspectSteps, AFreeMarksTheStepThatMadeIt) {
+  auto device = make_emulated_device(0, EmulatedOptions{.capacity = std::size_t(64 * MiB)});
+  AllocatorOptions options;
+  options.trace_entries = 100;
+  CachingAllocator alloc(*device, options);
+  void* p = nullptr;
+  {
+    ScopedTag tag("step 0");
+    p = alloc.allocate(4096);
+  }
+  {
+    ScopedTag tag("step 1");
+    alloc.deallocate(p);  // the only event of step 1
+  }
+  const std::string path = temp_file("free_step.json", to_json(alloc.snapshot()));
+  const SnapshotAnalysis a = analyze(load_snapshot(path));
+  ASSERT_EQ(a.steps.size(), 2u);
+  EXPECT_EQ(a.steps[0].step, 0);
+  EXPECT_EQ(a.steps[1].step, 1);
+  auto r = run_cli("inspect " + path);
+  EXPECT_NE(r.output.find("steps: 2 marked, step 0 to step 1"), std::string::npos) << r.output;
 }
 
 // Many steps: every mark is found in one pass, the SVG draws at most one line per pixel column

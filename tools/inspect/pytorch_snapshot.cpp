@@ -187,12 +187,20 @@ nlohmann::json to_pytorch(const Snapshot& s) {
            : b == BlockState::active_pending_free ? "active_pending_free"
                                                   : "inactive";
   };
+  // PyTorch reports an expandable segment as one segment per contiguous mapped run (its blocks
+  // tile each), as memory_viz draws them; stowage's lists the runs in one, holes unlisted.
   nlohmann::json segments = nlohmann::json::array();
-  for (const auto& seg : s.segments) {
+  auto add_segment = [&](const SegmentInfo& seg, std::size_t first, std::size_t last) {
     nlohmann::json blocks = nlohmann::json::array();
-    std::uint64_t requested = 0;
-    for (const auto& b : seg.blocks) {
-      if (b.state == BlockState::active_allocated) requested += b.requested_size;
+    std::uint64_t total = 0, allocated = 0, active = 0, requested = 0;
+    for (std::size_t k = first; k < last; ++k) {
+      const BlockInfo& b = seg.blocks[k];
+      total += b.size;
+      if (b.state != BlockState::inactive) active += b.size;
+      if (b.state == BlockState::active_allocated) {
+        allocated += b.size;
+        requested += b.requested_size;
+      }
       blocks.push_back({{"address", b.address},
                         {"size", b.size},
                         {"requested_size", b.requested_size},
@@ -200,18 +208,31 @@ nlohmann::json to_pytorch(const Snapshot& s) {
                         {"frames", frames(b.tag)},
                         {"category", b.tag}});
     }
+    const bool whole = !seg.expandable;
     segments.push_back({{"device", s.device},
-                        {"address", seg.address},
-                        {"total_size", seg.total_size},
-                        {"allocated_size", seg.allocated_size},
-                        {"active_size", seg.active_size},
+                        {"address", whole ? seg.address : seg.blocks[first].address},
+                        {"total_size", whole ? seg.total_size : total},
+                        {"allocated_size", whole ? seg.allocated_size : allocated},
+                        {"active_size", whole ? seg.active_size : active},
                         {"requested_size", requested},
-                        {"stream", static_cast<std::uint64_t>(seg.stream)},
+                        {"stream", static_cast<std::int64_t>(seg.stream)},
                         {"segment_type", seg.pool == Pool::small ? "small" : "large"},
                         {"segment_pool_id", {0, 0}},
                         {"is_expandable", seg.expandable},
                         {"frames", nlohmann::json::array()},
                         {"blocks", std::move(blocks)}});
+  };
+  for (const auto& seg : s.segments) {
+    if (!seg.expandable) {
+      add_segment(seg, 0, seg.blocks.size());
+      continue;
+    }
+    // One segment per run; none when nothing is mapped, as in PyTorch's.
+    for (std::size_t first = 0, k = 1; first < seg.blocks.size(); ++k)
+      if (k == seg.blocks.size() || seg.blocks[k].address != seg.blocks[k - 1].address + seg.blocks[k - 1].size) {
+        add_segment(seg, first, k);
+        first = k;
+      }
   }
   nlohmann::json trace = nlohmann::json::array();
   for (const auto& t : s.trace) {
@@ -224,7 +245,7 @@ nlohmann::json to_pytorch(const Snapshot& s) {
     trace.push_back({{"action", action},
                      {"addr", t.address},
                      {"size", t.size},
-                     {"stream", static_cast<std::uint64_t>(t.stream)},
+                     {"stream", static_cast<std::int64_t>(t.stream)},  // PyTorch's are int64: any stream is -1
                      {"time_us", t.time_ns / 1000},
                      {"frames", frames(t.tag)},
                      {"category", t.tag}});

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 namespace stowage::inspect {
 
 std::vector<std::string> inconsistencies(const Snapshot& s) {
@@ -30,24 +32,38 @@ std::vector<std::string> inconsistencies(const Snapshot& s) {
                               st.reserved_bytes.all.current));
   for (std::size_t i = 0; i < s.segments.size(); ++i) {
     const SegmentInfo& seg = s.segments[i];
-    std::uintptr_t next = seg.address;
-    std::size_t sum = 0;
+    // In 128 bits: sizes and ends read from a file may pass 2^64.
+    unsigned __int128 sum = 0;
+    unsigned __int128 next = seg.address;  // where the block before ends (the segment's start at first)
+    bool placed = true;                    // one misplaced block is named, not every one after it
     for (std::size_t k = 0; k < seg.blocks.size(); ++k) {
       const BlockInfo& b = seg.blocks[k];
-      if (b.address != next) {
-        out.push_back(fmt::format("segments[{}].blocks[{}] starts at {:#x}, not where the one before ends ({:#x})", i,
-                                  k, b.address, next));
-        break;
+      const unsigned __int128 end = static_cast<unsigned __int128>(b.address) + b.size;
+      const auto starts = [&] { return fmt::format("segments[{}].blocks[{}] starts at {:#x}", i, k, b.address); };
+      if (placed && !seg.expandable && b.address != next) {
+        out.push_back(k == 0 ? fmt::format("{}, not at its segment's address {:#x}", starts(), seg.address)
+                             : fmt::format("{}, not where the one before ends ({:#x})", starts(), next));
+        placed = false;
+      } else if (placed && seg.expandable && b.address < next) {
+        // Expandable: unmapped holes between runs are not listed, so a block may start past the
+        // one before, never inside it or below the reservation.
+        out.push_back(k == 0 ? fmt::format("{}, below its expandable segment's address {:#x}", starts(), seg.address)
+                             : fmt::format("{}, inside the one before (which ends at {:#x})", starts(), next));
+        placed = false;
+      } else if (placed && end > std::numeric_limits<std::uintptr_t>::max()) {
+        out.push_back(fmt::format("segments[{}].blocks[{}] at {:#x} with {} bytes ends past the address space", i, k,
+                                  b.address, b.size));
+        placed = false;
       }
       if (b.requested_size > b.size)
         out.push_back(fmt::format("segments[{}].blocks[{}]: requested {} bytes, more than its size {}", i, k,
                                   b.requested_size, b.size));
-      next += b.size;
+      next = end;
       sum += b.size;
     }
     if (sum != seg.total_size)
-      out.push_back(
-          fmt::format("segments[{}]: its blocks add up to {} bytes, not its total_size {}", i, sum, seg.total_size));
+      out.push_back(fmt::format("segments[{}]: its {} blocks add up to {} bytes, not its total_size {}", i,
+                                seg.blocks.size(), sum, seg.total_size));
   }
   return out;
 }

@@ -9,9 +9,11 @@
 namespace stowage::inspect {
 
 // Each broken invariant, named with where it breaks; empty when the snapshot is consistent.
-// Statistics: no negative value, peak >= current, allocated <= reserved. Segments: blocks tile
-// the segment from its address in order, sizes adding up to total_size; a block's requested
-// size is at most its size.
+// Statistics: no negative value, peak >= current, allocated <= reserved. Segments: a classic
+// segment's blocks tile [address, address + total_size) in order; an expandable segment's (its
+// mapped blocks, holes unlisted) lie in address order from its address, none overlapping the
+// one before, sizes adding up to total_size (the bytes mapped). No block ends past the address
+// space; a block's requested size is at most its size.
 std::vector<std::string> inconsistencies(const Snapshot& snapshot);
 
 }  // namespace stowage::inspect
