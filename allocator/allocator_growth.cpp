@@ -136,7 +136,7 @@ std::size_t CachingAllocator::Impl::release_block(Block* b) {
     bp.remove(b);
     device.deallocate(reinterpret_cast<void*>(seg.base));
     const std::size_t size = seg.size;
-    if (trace.enabled()) trace.push(TraceAction::segment_unmap, seg.base, size, b->stream, {});
+    if (trace.enabled()) trace.push(TraceAction::segment_unmap, seg.base, size, b->stream, ScopedTag::current());
     bp.recycle(b);
     std::erase_if(classic, [&](const auto& s) { return s.get() == &seg; });
     ++st.num_device_free;
@@ -188,7 +188,8 @@ std::size_t CachingAllocator::Impl::release_block(Block* b) {
     bp.recycle(b);
   }
   const std::size_t bytes = (g1 - g0) * g;
-  if (trace.enabled()) trace.push(TraceAction::segment_unmap, seg.granule_addr(g0), bytes, detail::kAnyStream, {});
+  if (trace.enabled())
+    trace.push(TraceAction::segment_unmap, seg.granule_addr(g0), bytes, detail::kAnyStream, ScopedTag::current());
   st.num_device_free += static_cast<std::int64_t>(g1 - g0);
   st.reserved_bytes.sub(p, static_cast<std::int64_t>(bytes));
   return bytes;

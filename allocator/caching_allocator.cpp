@@ -101,7 +101,9 @@ bool CachingAllocator::Impl::stream_alive(Stream s) {
 void CachingAllocator::Impl::complete_free(Block* b) {
   const Pool p = b->pool;
   st.active_bytes.sub(p, static_cast<std::int64_t>(b->size));
-  if (trace.enabled()) trace.push(TraceAction::free_completed, b->addr, b->size, b->stream, b->tag);
+  // The tag of the thread whose call completes it (the free, or a later call that finds the
+  // streams done), not the block's: step marks read what each step did.
+  if (trace.enabled()) trace.push(TraceAction::free_completed, b->addr, b->size, b->stream, ScopedTag::current());
   b->free_tick = ++tick;
   pool(p).insert(b);
   sync_split_stat(p);
@@ -326,7 +328,7 @@ void CachingAllocator::Impl::free_block(Block* b) {
   st.allocated_bytes.sub(p, static_cast<std::int64_t>(b->size));
   st.requested_bytes.sub(p, static_cast<std::int64_t>(b->requested));
   st.allocation.sub(p, 1);
-  if (trace.enabled()) trace.push(TraceAction::free_requested, b->addr, b->size, b->stream, b->tag);
+  if (trace.enabled()) trace.push(TraceAction::free_requested, b->addr, b->size, b->stream, ScopedTag::current());
   if (events.empty()) {
     complete_free(b);
   } else {

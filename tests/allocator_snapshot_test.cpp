@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "allocator_test_util.hpp"
@@ -84,6 +86,68 @@ TEST(AllocatorSnapshot, TagsEndingOutOfOrderLeaveTheNest) {
     EXPECT_EQ(ScopedTag::current(), "a");
   }
   EXPECT_EQ(ScopedTag::current(), "");
+}
+
+// A trace entry carries the tag of the thread whose call caused it, not the block's: a free in
+// step 1 of a block allocated in step 0 is step 1's (step marks read it), and a free that waits
+// on another stream completes under the tag of the call that finds the stream done.
+TEST(AllocatorSnapshot, TraceEntriesCarryTheTagOfTheCallThatCausedThem) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.trace_entries = 64;
+  CachingAllocator a(*dev, o);
+  const Stream s1 = dev->create_stream(), s2 = dev->create_stream();
+  void *x = nullptr, *y = nullptr;
+  {
+    ScopedTag tag("step 0");
+    x = a.allocate(4096, s1);
+    y = a.allocate(4096, s1);
+  }
+  {
+    ScopedTag tag("step 1");
+    a.deallocate(x);  // completes at once
+    a.record_stream(y, s2);
+    a.deallocate(y);  // pending until s2 gets there
+  }
+  dev->synchronize(s2);
+  {
+    ScopedTag tag("step 2");
+    a.deallocate(a.allocate(4096, s1));  // the allocation finds s2 done first
+  }
+  {
+    ScopedTag tag("step 3");
+    a.empty_cache();
+  }
+  std::vector<std::pair<TraceAction, std::string>> got;
+  for (const TraceEntry& t : a.snapshot().trace) got.emplace_back(t.action, t.tag);
+  using T = TraceAction;
+  EXPECT_EQ(got, (std::vector<std::pair<TraceAction, std::string>>{{T::segment_map, "step 0"},
+                                                                   {T::alloc, "step 0"},
+                                                                   {T::alloc, "step 0"},
+                                                                   {T::free_requested, "step 1"},
+                                                                   {T::free_completed, "step 1"},
+                                                                   {T::free_requested, "step 1"},
+                                                                   {T::free_completed, "step 2"},
+                                                                   {T::alloc, "step 2"},
+                                                                   {T::free_requested, "step 2"},
+                                                                   {T::free_completed, "step 2"},
+                                                                   {T::segment_unmap, "step 3"}}));
+  const std::vector<TraceEntry> trace = a.snapshot().trace;
+  ASSERT_EQ(trace.size(), 11u);
+  EXPECT_EQ(trace[3].address, addr(x));
+  EXPECT_EQ(trace[6].address, addr(y));
+  // The blocks' own tags stay where they were allocated.
+  {
+    ScopedTag tag("step 4");
+    x = a.allocate(4096, s1);
+  }
+  {
+    ScopedTag tag("step 5");
+    EXPECT_EQ(a.snapshot().segments.at(0).blocks.at(0).tag, "step 4");
+  }
+  a.deallocate(x);
+  dev->destroy_stream(s1);
+  dev->destroy_stream(s2);
 }
 
 TEST(AllocatorSnapshot, TraceRingKeepsTheNewest) {
