@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace stowage {
 
 namespace {
@@ -114,11 +116,12 @@ TensorView from_dlpack(DLManagedTensor* tensor, Device& device) {
   const auto item = static_cast<std::int64_t>(itemsize(dtype));
   std::vector<std::int64_t> shape(t.shape, t.shape + t.ndim), strides;
   if (t.strides != nullptr) strides.assign(t.strides, t.strides + t.ndim);
-  std::int64_t numel = 1;
-  for (auto d : shape) {
+  for (auto d : shape)
     if (d < 0) throw InvalidArgument("from_dlpack: negative dimension");
-    numel *= d;
-  }
+  // Empty when any dimension is 0, wherever it sits: the others' product may overflow.
+  std::int64_t numel = std::find(shape.begin(), shape.end(), 0) != shape.end() ? 0 : 1;
+  for (std::size_t i = 0; numel != 0 && i < shape.size(); ++i)
+    if (__builtin_mul_overflow(numel, shape[i], &numel)) throw InvalidArgument("from_dlpack: the shape is too large");
   // The storage spans exactly the bytes the view reaches; negative strides reach below data.
   std::int64_t lo = 0, hi = 0;
   if (numel > 0 && !strides.empty())

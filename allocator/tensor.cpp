@@ -1,6 +1,7 @@
 // TensorView: shape/stride arithmetic over a Storage handle, with bounds checked up front.
 #include "stowage/tensor.hpp"
 
+#include <algorithm>
 #include <limits>
 
 #include <fmt/format.h>
@@ -12,20 +13,24 @@ namespace {
 
 std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape) {
   std::vector<std::int64_t> strides(shape.size());
-  std::int64_t s = 1;
+  // Unsigned: an empty tensor may name other dimensions whose product overflows int64.
+  std::uint64_t s = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
-    strides[i] = s;
-    s *= shape[i] > 0 ? shape[i] : 1;
+    strides[i] = static_cast<std::int64_t>(s);
+    s *= shape[i] > 0 ? static_cast<std::uint64_t>(shape[i]) : 1;
   }
   return strides;
 }
 
-// Number of elements, or InvalidArgument for a negative extent or an overflow.
+// Number of elements, or InvalidArgument for a negative extent or an overflow. A 0 anywhere
+// gives 0 elements, wherever it sits among dimensions whose product would overflow.
 std::int64_t checked_numel(const std::vector<std::int64_t>& shape, std::size_t item) {
+  if (std::any_of(shape.begin(), shape.end(), [](std::int64_t d) { return d < 0; }))
+    throw InvalidArgument(fmt::format("tensor shape [{}] has a negative dimension", fmt::join(shape, ", ")));
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   std::int64_t n = 1;
   for (auto d : shape) {
-    if (d < 0) throw InvalidArgument(fmt::format("tensor shape [{}] has a negative dimension", fmt::join(shape, ", ")));
-    if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(item) / d)
+    if (n > std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(item) / d)
       throw InvalidArgument(fmt::format("tensor shape [{}] is too large", fmt::join(shape, ", ")));
     n *= d;
   }
@@ -75,6 +80,7 @@ TensorView TensorView::empty(ResourceHandle resource, DType dtype, std::vector<s
 }
 
 std::int64_t TensorView::numel() const {
+  if (std::find(shape_.begin(), shape_.end(), 0) != shape_.end()) return 0;  // before any product overflows
   std::int64_t n = 1;
   for (auto d : shape_) n *= d;
   return n;

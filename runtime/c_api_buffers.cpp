@@ -29,13 +29,20 @@ ssize_t copy_out(const std::string& text, char* buf, std::size_t len) {
 std::size_t tensor_bytes(const std::int64_t* shape, int ndim, DType dtype, const char* what) {
   if (ndim < 0 || ndim > 64) throw InvalidArgument(fmt::format("{}: ndim {} is not 0 to 64", what, ndim));
   if (shape == nullptr && ndim > 0) throw InvalidArgument(fmt::format("{}: null shape", what));
+  // A 0 anywhere makes the tensor empty, whatever the other dimensions multiply to: the overflow
+  // check comes after the whole shape has been read, so the 0's place does not matter.
+  bool empty = false;
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] < 0) throw InvalidArgument(fmt::format("{}: negative dimension {}", what, shape[i]));
+    empty = empty || shape[i] == 0;
+  }
+  if (empty) return 0;
   std::size_t bytes = itemsize(dtype);
   for (int i = 0; i < ndim; ++i) {
-    const std::int64_t d = shape[i];
-    if (d < 0) throw InvalidArgument(fmt::format("{}: negative dimension {}", what, d));
-    if (d != 0 && bytes > std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(d))
+    const auto d = static_cast<std::size_t>(shape[i]);
+    if (bytes > std::numeric_limits<std::size_t>::max() / d)
       throw InvalidArgument(fmt::format("{}: the tensor's size overflows", what));
-    bytes *= static_cast<std::size_t>(d);
+    bytes *= d;
   }
   return bytes;
 }

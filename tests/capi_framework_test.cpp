@@ -129,6 +129,26 @@ TEST(CApiFramework, DlpackExportOwnsItsBlockUntilTheDeleter) {
   EXPECT_EQ(allocated(0), 0);
 }
 
+// A 0 anywhere in the shape makes an empty device tensor, whatever the other dimensions
+// multiply to; a negative one is refused wherever it sits.
+TEST(CApiFramework, DlpackEmptyWithAZeroDimensionAnywhereTakesNoMemory) {
+  constexpr std::int64_t big = std::int64_t{1} << 62;
+  const std::int64_t shapes[][3] = {{0, big, big}, {big, 0, big}, {big, big, 0}};
+  for (const auto& shape : shapes) {
+    DLManagedTensor* t = stowage_dlpack_empty(0, shape, 3, kDLFloat, 32, nullptr);
+    ASSERT_NE(t, nullptr) << shape[0] << ", " << shape[1] << ", " << shape[2] << ": " << error();
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(t->dl_tensor.shape[i], shape[i]);
+    EXPECT_EQ(allocated(0), 0);
+    t->deleter(t);
+  }
+  const std::int64_t negative_after[] = {big, 0, -1};
+  EXPECT_EQ(stowage_dlpack_empty(0, negative_after, 3, kDLFloat, 32, nullptr), nullptr);
+  EXPECT_EQ(error(), "stowage_dlpack_empty: negative dimension -1");
+  const std::int64_t overflow[] = {big, big, 1};
+  EXPECT_EQ(stowage_dlpack_empty(0, overflow, 3, kDLFloat, 32, nullptr), nullptr);
+  EXPECT_EQ(error(), "stowage_dlpack_empty: the tensor's size overflows");
+}
+
 TEST(CApiFramework, ASuccessfulCallClearsTheErrorCode) {
   EXPECT_EQ(stowage_malloc(-1, 0, nullptr), nullptr);
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);

@@ -137,4 +137,29 @@ TEST(CApiHost, AnEmptyTensorNamesAnyDimensionsWithoutOverflow) {
   t->deleter(t);
 }
 
+// A 0 anywhere in the shape makes an empty tensor, whatever the other dimensions multiply to:
+// the size check used to stop at their overflow when the 0 came after them.
+TEST(CApiHost, AZeroDimensionAnywhereGivesAnEmptyTensor) {
+  constexpr std::int64_t big = std::int64_t{1} << 62;
+  const std::int64_t shapes[][3] = {{0, big, big}, {big, 0, big}, {big, big, 0}};
+  const nlohmann::json before = host_stats(0);
+  for (const auto& shape : shapes) {
+    DLManagedTensor* t = stowage_dlpack_host_empty(0, shape, 3, kDLFloat, 32);
+    ASSERT_NE(t, nullptr) << shape[0] << ", " << shape[1] << ", " << shape[2] << ": " << error();
+    EXPECT_EQ(t->dl_tensor.data, nullptr);  // no bytes
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(t->dl_tensor.shape[i], shape[i]);
+    t->deleter(t);
+  }
+  EXPECT_EQ(host_stats(0).at("requested_bytes"), before.at("requested_bytes"));
+  // A negative dimension is refused wherever it sits beside the 0.
+  const std::int64_t negative_after[] = {big, 0, -1}, negative_before[] = {-1, big, 0};
+  for (const std::int64_t* shape : {negative_after, negative_before}) {
+    EXPECT_EQ(stowage_dlpack_host_empty(0, shape, 3, kDLFloat, 32), nullptr);
+    EXPECT_EQ(error(), "stowage_dlpack_host_empty: negative dimension -1");
+  }
+  const std::int64_t overflow[] = {big, big, 1};
+  EXPECT_EQ(stowage_dlpack_host_empty(0, overflow, 3, kDLFloat, 32), nullptr);
+  EXPECT_EQ(error(), "stowage_dlpack_host_empty: the tensor's size overflows");
+}
+
 }  // namespace

@@ -133,6 +133,25 @@ TEST_F(DLPackTest, ImportsForeignCpuTensorsWithNullOrNegativeStrides) {
   EXPECT_EQ(deleted, 2);
 }
 
+// A 0 anywhere in an imported shape gives an empty view, whatever the other dimensions multiply
+// to; an empty tensor made here exports and comes back the same.
+TEST_F(DLPackTest, AZeroDimensionAnywhereIsAnEmptyTensor) {
+  constexpr std::int64_t big = std::int64_t{1} << 62;
+  int deleted = 0;
+  for (const std::vector<std::int64_t>& shape :
+       {std::vector<std::int64_t>{0, big, big}, {big, 0, big}, {big, big, 0}}) {
+    TensorView v = from_dlpack(foreign(&deleted, shape, {}, 0), *device);
+    EXPECT_EQ(v.numel(), 0);
+    EXPECT_EQ(v.nbytes(), 0u);
+    EXPECT_EQ(v.storage().nbytes(), 0u);
+    TensorView made = TensorView::empty(allocator, DType::f32, shape);
+    EXPECT_EQ(made.numel(), 0);
+    TensorView back = from_dlpack(to_dlpack(made), *device);
+    EXPECT_EQ(back.shape(), shape);
+  }
+  EXPECT_EQ(deleted, 3);
+}
+
 TEST_F(DLPackTest, RejectedImportsLeaveOwnershipWithTheCaller) {
   int deleted = 0;
   DLManagedTensor* lanes = foreign(&deleted, {4}, {}, 4, {kDLFloat, 32, 4});
