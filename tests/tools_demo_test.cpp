@@ -263,6 +263,35 @@ TEST(DemoCommand, ProgressLinesCarryAnEta) {
   EXPECT_EQ(finished, 1) << r.out;
 }
 
+// An --svg path that cannot be written is a bad flag: refused (2) with the path before anything
+// trains, not found after every configuration has run (that exited 1).
+TEST(DemoCommand, AnSvgPathThatCannotBeWrittenIsRefusedBeforeTraining) {
+  for (const std::string& path : {std::string("/nonexistent/dir/peak.svg"), std::string(STOWAGE_BINARY_DIR)}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const CliRun r = run_cli("demo --configs baseline --steps 1 --svg '" + path + "' 2>&1");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.exit_code, 2) << path << "\n" << r.out;
+    EXPECT_NE(r.out.find("demo: --svg: cannot write '" + path + "'"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("training on"), std::string::npos) << r.out;  // nothing ran
+    EXPECT_LT(seconds, 20.0) << path;
+  }
+  // The check leaves no file behind when the run then stops for another reason, and leaves an
+  // existing file as it was.
+  const std::string fresh = std::string(STOWAGE_BINARY_DIR) + "/tools_demo_test_never_written.svg";
+  std::remove(fresh.c_str());
+  const std::string too_big = "demo --hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline --svg ";
+  CliRun r = run_cli(too_big + fresh + " 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_FALSE(std::ifstream(fresh).good()) << fresh;
+  std::ofstream(fresh) << "kept";
+  r = run_cli(too_big + fresh + " 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  std::stringstream kept;
+  kept << std::ifstream(fresh).rdbuf();
+  EXPECT_EQ(kept.str(), "kept");
+  std::remove(fresh.c_str());
+}
+
 TEST(DemoCommand, RunsFromTheCommandLineAndExitsZero) {
   const std::string svg = std::string(STOWAGE_BINARY_DIR) + "/tools_demo_test_chart.svg";
   const std::string cmd = std::string(STOWAGE_CLI) +

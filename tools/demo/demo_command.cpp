@@ -5,11 +5,15 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <system_error>
 
 #include <unistd.h>
 
@@ -52,7 +56,23 @@ std::string eta_text(double elapsed_s, double done, double total) {
   return left >= 60 ? fmt::format("ETA {}m{:02}s", left / 60, left % 60) : fmt::format("ETA {}s ", left);
 }
 
+// An output path that cannot be written is a bad flag, refused before any training: not found
+// after every configuration has run. An existing file is left as it is until the chart replaces
+// it; one made by the check is removed.
+void check_writable(const std::string& path, const char* option) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(std::filesystem::symlink_status(path, ec));
+  errno = 0;
+  const bool ok = std::ofstream(path, std::ios::app).good();  // app: creates, never truncates
+  const int err = errno;
+  if (!ok)
+    throw InvalidArgument(fmt::format("demo: {}: cannot write '{}'{}", option, path,
+                                      err != 0 ? fmt::format(" ({})", std::strerror(err)) : ""));
+  if (!existed) std::filesystem::remove(path, ec);
+}
+
 int run(CliOptions& o, bool configs_given) {
+  if (!o.svg.empty()) check_writable(o.svg, "--svg");
   o.demo.rounding = parse_rounding(o.rounding);
   o.demo.configs = configs_in_build(o.configs, configs_given);
   std::string device_note;
@@ -89,7 +109,7 @@ int run(CliOptions& o, bool configs_given) {
   if (!o.svg.empty()) {
     std::ofstream f(o.svg);
     f << to_svg(results, shown);
-    if (!f) throw Error(fmt::format("demo: cannot write {}", o.svg));
+    if (!f) throw Error(fmt::format("demo: --svg: cannot write '{}'", o.svg));
     if (!o.json) std::printf("wrote %s\n", o.svg.c_str());
   }
   int mismatches = 0;
