@@ -124,14 +124,23 @@ TensorView from_dlpack(DLManagedTensor* tensor, Device& device) {
     if (__builtin_mul_overflow(numel, shape[i], &numel)) throw InvalidArgument("from_dlpack: the shape is too large");
   // The storage spans exactly the bytes the view reaches; negative strides reach below data.
   std::int64_t lo = 0, hi = 0;
+  auto reach = [](std::int64_t stride, std::int64_t extent, std::int64_t& into) {
+    std::int64_t r = 0;
+    if (__builtin_mul_overflow(stride, extent, &r) || __builtin_add_overflow(into, r, &into))
+      throw InvalidArgument("from_dlpack: the strides reach beyond the address space");
+  };
   if (numel > 0 && !strides.empty())
-    for (std::size_t i = 0; i < shape.size(); ++i) (strides[i] < 0 ? lo : hi) += strides[i] * (shape[i] - 1);
+    for (std::size_t i = 0; i < shape.size(); ++i) reach(strides[i], shape[i] - 1, strides[i] < 0 ? lo : hi);
   else if (numel > 0) hi = numel - 1;
+  std::int64_t span = 0, below = 0;  // (hi - lo + 1) * item and -lo * item, checked
+  if (numel > 0 && (__builtin_sub_overflow(hi, lo, &span) || __builtin_add_overflow(span, 1, &span) ||
+                    __builtin_mul_overflow(span, item, &span) || __builtin_mul_overflow(lo, -item, &below)))
+    throw InvalidArgument("from_dlpack: the strides reach beyond the address space");
   auto* first = static_cast<std::byte*>(t.data) + t.byte_offset;
   if (t.data == nullptr && numel > 0) throw InvalidArgument("from_dlpack: null data");
-  std::byte* base = numel > 0 ? first + lo * item : first;
-  const std::size_t extent = numel > 0 ? static_cast<std::size_t>((hi - lo + 1) * item) : 0;
-  const std::size_t offset = numel > 0 ? static_cast<std::size_t>(-lo * item) : 0;
+  std::byte* base = numel > 0 ? first - below : first;
+  const std::size_t extent = numel > 0 ? static_cast<std::size_t>(span) : 0;
+  const std::size_t offset = numel > 0 ? static_cast<std::size_t>(below) : 0;
   // Build the view before taking ownership, so a rejected shape leaves `tensor` with the caller.
   TensorView view(Storage::wrap(device, base, extent, nullptr), dtype, shape, strides, offset);
   Storage owned = Storage::wrap(device, base, extent, [tensor] {

@@ -105,11 +105,18 @@ TEST(EmulatedFork, EveryOperationIsRefusedInAForkedChildAndDestroyingWorks) {
         [&] { dev->allocate(4096); },
         [&] { dev->deallocate(block); },
         [&] { dev->map(va, kGranule, chunk); },
+        [&] { dev->unmap(va, kGranule); },
+        [&] { dev->set_access(va, kGranule); },
+        [&] { dev->reserve(kGranule); },
+        [&] { dev->unreserve(va, kGranule); },
         [&] { dev->create_physical(kGranule); },
+        [&] { dev->destroy_physical(chunk); },
+        [&] { dev->export_handle(chunk); },
         [&] { dev->pin_host(&byte, 1); },
+        [&] { dev->unpin_host(&byte); },
     });
     if (code != 0) return code;
-    // Destroying works: a stream, an event, the device (which keeps what the parent's threads
+    // Destroying works: a stream, an event, the device (each keeps what the parent's threads
     // still wait on instead of destroying it, and takes no lock they might have held).
     dev->destroy_stream(other);
     dev->destroy_event(e);

@@ -164,9 +164,18 @@ TEST_F(DLPackTest, RejectedImportsLeaveOwnershipWithTheCaller) {
   DLManagedTensor* negative = foreign(&deleted, {-2}, {}, 4);
   EXPECT_THROW(from_dlpack(negative, *device), InvalidArgument);
   EXPECT_THROW(from_dlpack(nullptr, *device), InvalidArgument);
+  // Extents past the address space are refused, not computed in overflowing int64 arithmetic
+  // (UBSan's signed-overflow finding): 2^62 floats, and two floats 2^62 elements apart.
+  constexpr std::int64_t big = std::int64_t{1} << 62;
+  DLManagedTensor* huge = foreign(&deleted, {big}, {}, 4);
+  EXPECT_THROW(from_dlpack(huge, *device), InvalidArgument);
+  DLManagedTensor* apart = foreign(&deleted, {2}, {big}, 4);
+  EXPECT_THROW(from_dlpack(apart, *device), InvalidArgument);
+  DLManagedTensor* below = foreign(&deleted, {2, 2}, {-big, -big}, 4);
+  EXPECT_THROW(from_dlpack(below, *device), InvalidArgument);
   EXPECT_EQ(deleted, 0);
-  for (auto* m : {lanes, complex, cuda, negative}) m->deleter(m);
-  EXPECT_EQ(deleted, 4);
+  for (auto* m : {lanes, complex, cuda, negative, huge, apart, below}) m->deleter(m);
+  EXPECT_EQ(deleted, 7);
 }
 
 TEST_F(DLPackTest, EveryDTypeMapsBothWays) {

@@ -185,14 +185,10 @@ class EmulatedDevice final : public Device {
 
   void destroy_stream(Stream s) override {
     if (s == kDefaultStream) throw InvalidArgument(where() + ": the default stream cannot be destroyed");
-    if (forked()) {  // its worker is the parent's thread: kept, not drained (see keep_in_forked_child)
-      std::unique_lock lock(streams_mutex_);
-      auto it = streams_.find(static_cast<std::uintptr_t>(s));
-      if (it == streams_.end()) throw unknown("stream", static_cast<std::uintptr_t>(s));
-      keep_in_forked_child(std::move(it->second));
-      streams_.erase(it);
-      return;
-    }
+    // In a forked child its worker is a parent's thread: the stream stays listed, untouched and
+    // never drained, and no lock is taken (a parent's thread may have held it at the fork); the
+    // device's destructor keeps it there.
+    if (forked()) return;
     std::shared_ptr<StreamWorker> w = worker(s);
     // The stream stays listed (alive) until its work has run: whoever finds it gone may reuse
     // what it used without ordering after it.
@@ -241,11 +237,9 @@ class EmulatedDevice final : public Device {
   }
 
   void destroy_event(Event e) override {
+    if (forked()) return;  // as destroy_stream: kept, no lock taken
     std::unique_lock lock(events_mutex_);
-    auto it = events_.find(static_cast<std::uintptr_t>(e));
-    if (it == events_.end()) throw unknown("event", static_cast<std::uintptr_t>(e));
-    if (forked()) keep_in_forked_child(std::move(it->second));
-    events_.erase(it);
+    if (events_.erase(static_cast<std::uintptr_t>(e)) == 0) throw unknown("event", static_cast<std::uintptr_t>(e));
   }
 
   void record(Event e, Stream s) override {

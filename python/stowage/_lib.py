@@ -7,6 +7,7 @@ looked for, in order, at $STOWAGE_LIBRARY, beside this package, through the syst
 import ctypes
 import ctypes.util
 import functools
+import operator
 import os
 import threading
 
@@ -112,22 +113,31 @@ def _bounds(ctype):
     return (0, (1 << bits) - 1, kind) if unsigned else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1, kind)
 
 
+def _as_int(value):
+    """The integer ctypes would take `value` as (an int, a numpy integer: anything with __index__),
+    or None for what it takes otherwise (None, a ctypes object, bytes)."""
+    if isinstance(value, int):
+        return value
+    return operator.index(value) if hasattr(type(value), "__index__") else None
+
+
 def fits(value, ctype, what):
     """`value` as it goes into a C integer (or pointer) of `ctype`; InvalidArgumentError where ctypes
     would wrap it."""
     lo, hi, kind = _bounds(ctype)
-    if isinstance(value, int) and not lo <= value <= hi:
-        raise InvalidArgumentError(f"{what}: {value} does not fit {kind} ({lo}..{hi})")
+    number = _as_int(value)
+    if number is not None and not lo <= number <= hi:
+        raise InvalidArgumentError(f"{what}: {number} does not fit {kind} ({lo}..{hi})")
     return value
 
 
 def _range_checked(name, fn, ints):
-    checks = [(i, *_bounds(ctype), f"{name}: argument {i + 1}") for i, ctype in ints]
+    checks = [(i, ctype, f"{name}: argument {i + 1}") for i, ctype in ints]
 
     def call(*args):
-        for i, lo, hi, kind, what in checks:
-            if i < len(args) and isinstance(args[i], int) and not lo <= args[i] <= hi:
-                raise InvalidArgumentError(f"{what}: {args[i]} does not fit {kind} ({lo}..{hi})")
+        for i, ctype, what in checks:
+            if i < len(args):
+                fits(args[i], ctype, what)
         return fn(*args)
     call.__name__ = name
     return call

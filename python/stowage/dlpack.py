@@ -73,8 +73,9 @@ class Buffer:
         # The memory is fresh (no pending writes), so no stream needs to wait for it.
         if self._managed is None:
             raise InvalidArgumentError("this stowage Buffer was already exported; a Buffer exports once")
-        managed, self._managed = self._managed, None
-        return _api.PyCapsule_New(managed, _CAPSULE_NAME, _capsule_destructor())
+        capsule = _api.PyCapsule_New(self._managed, _CAPSULE_NAME, _capsule_destructor())
+        self._managed = None  # the capsule owns it now (a failed PyCapsule_New left it to this Buffer)
+        return capsule
 
     def __del__(self):
         if getattr(self, "_managed", None) is not None:
@@ -92,6 +93,8 @@ def _shape_and_type(shape, dtype, what):
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if any(not isinstance(d, int) or d < 0 for d in shape):
         raise InvalidArgumentError(f"{what}: shape {shape} must be non-negative integers")
+    for d in shape:  # a C int64_t each: ctypes would take 2**64 + 5 as 5
+        _lib.fits(d, ctypes.c_int64, f"{what}: shape {shape}")
     code, bits = _DTYPES[name]
     return (ctypes.c_int64 * max(len(shape), 1))(*shape), len(shape), code, bits
 

@@ -49,6 +49,8 @@ class _SgdOptions(ctypes.Structure):
 
 def planes(bf16, residual, ties, numel, rounding):
     """The C struct for planes at these addresses (ties: 0 in half_up mode)."""
+    for address, what in ((bf16, "bf16"), (residual, "residual"), (ties, "ties")):
+        _lib.fits(address, ctypes.c_void_p, f"planes: {what}")
     return Planes(bf16 or None, residual or None, ties or None, _lib.fits(numel, ctypes.c_size_t, "planes: numel"),
                   rounding_code(rounding))
 
@@ -120,7 +122,11 @@ class StepTensor(ctypes.Structure):
 
 def step_tensors(entries):
     """A C array of StepTensor from (planes, grad, grad_bits, state0, state1, step) tuples."""
-    return (StepTensor * len(entries))(*[StepTensor(w, g or None, _grad_bits(bits), s0 or None, s1 or None,
+    def address(value, what):
+        return _lib.fits(value, ctypes.c_void_p, f"step_tensors: {what}") or None
+
+    return (StepTensor * len(entries))(*[StepTensor(w, address(g, "grad"), _grad_bits(bits), address(s0, "state0"),
+                                                    address(s1, "state1"),
                                                     _lib.fits(step, ctypes.c_int64, "step_tensors: step"))
                                          for w, g, bits, s0, s1, step in entries])
 

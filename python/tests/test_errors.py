@@ -82,6 +82,17 @@ def test_integers_that_do_not_fit_their_c_type_are_refused_not_wrapped():
     refused(stowage.InvalidArgumentError, "adam_step: step: 18446744073709551657", precision.adam_step,
             planes, 0, 32, 0, 0, 2**64 + 41, 0.1)
     refused(stowage.InvalidArgumentError, "planes: numel", precision.planes, 0, 0, 0, 2**64, "half_up")
+    refused(stowage.InvalidArgumentError, "planes: bf16", precision.planes, 2**64 + 4096, 0, 0, 1, "half_up")
+    refused(stowage.InvalidArgumentError, "step_tensors: grad", precision.step_tensors,
+            [(planes, 2**64 + 64, 32, 0, 0, 0)])
+    # A shape's dimensions are C int64_t: 2**64 + 5 was taken as 5.
+    refused(stowage.InvalidArgumentError, "stowage.empty: shape", stowage.empty, (2**64 + 5,), "uint8")
+    refused(stowage.InvalidArgumentError, "stowage.host_empty: shape", stowage.host_empty, (2**64 + 5, 3))
+    # Integers of other types (numpy's) are checked as ctypes takes them (through __index__).
+    np = pytest.importorskip("numpy")
+    refused(stowage.InvalidArgumentError, "4294967296 does not fit", stowage.raw_alloc, 16, np.int64(2**32))
+    p = stowage.raw_alloc(np.int64(4096))
+    stowage.raw_free(p, np.uint64(4096))
 
 
 def test_paths_and_tags_with_a_nul_byte_are_refused_and_bytes_are_taken_as_they_are(tmp_path):

@@ -61,14 +61,15 @@ std::string eta_text(double elapsed_s, double done, double total) {
 // it; one made by the check is removed.
 void check_writable(const std::string& path, const char* option) {
   std::error_code ec;
-  const bool existed = std::filesystem::exists(std::filesystem::symlink_status(path, ec));
+  const bool existed = std::filesystem::exists(path, ec);  // through a symbolic link: its target
   errno = 0;
   const bool ok = std::ofstream(path, std::ios::app).good();  // app: creates, never truncates
   const int err = errno;
   if (!ok)
     throw InvalidArgument(fmt::format("demo: {}: cannot write '{}'{}", option, path,
                                       err != 0 ? fmt::format(" ({})", std::strerror(err)) : ""));
-  if (!existed) std::filesystem::remove(path, ec);
+  // The file the check made goes again (a dangling link's target, not the link).
+  if (!existed) std::filesystem::remove(std::filesystem::weakly_canonical(path, ec), ec);
 }
 
 int run(CliOptions& o, bool configs_given) {
