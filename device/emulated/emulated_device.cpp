@@ -18,6 +18,7 @@
 
 #include "device/emulated/copy_engine.hpp"
 #include "device/emulated/emulated_memory.hpp"
+#include "device/emulated/fork_generation.hpp"
 #include "device/emulated/stream_worker.hpp"
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"

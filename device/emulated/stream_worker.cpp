@@ -1,9 +1,6 @@
 #include "device/emulated/stream_worker.hpp"
 
-#include <pthread.h>
-
 #include <algorithm>
-#include <atomic>
 #include <optional>
 
 namespace stowage::emulated {
@@ -17,17 +14,7 @@ struct Current {
 };
 thread_local Current current;  // NOLINT(cert-err58-cpp): value-initialised, cannot throw
 
-std::atomic<unsigned> forks{0};
-void count_fork() { forks.fetch_add(1, std::memory_order_relaxed); }
-
 }  // namespace
-
-unsigned fork_generation() {
-  // Registered before the first stream exists: only forks after that can part a stream from its thread.
-  static const bool registered = ::pthread_atfork(nullptr, nullptr, &count_fork) == 0;
-  (void)registered;
-  return forks.load(std::memory_order_relaxed);
-}
 
 StreamWorker::StreamWorker(int priority, Clock::duration slack)
     : priority_(priority), slack_(slack), thread_([this] { run(); }) {}

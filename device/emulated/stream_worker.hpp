@@ -21,11 +21,6 @@ namespace stowage::emulated {
 
 using Clock = std::chrono::steady_clock;
 
-// How many fork()s lie between the program's start and the calling process: 0 in the process
-// that started, 1 in its child, 2 in a grandchild. fork() copies no thread, so a stream made in
-// another generation has no worker in this one.
-unsigned fork_generation();
-
 class StreamWorker {
  public:
   StreamWorker(int priority, Clock::duration slack);
