@@ -1,7 +1,7 @@
 """apply() under the training loops people write, round three: an LR scheduler over streamed
 state, a param group added after apply() (unfreezing), Hugging Face's nested *Attention modules,
-a refused Applied.remove(), apply() given the optimizer an earlier apply() made. Numbers held bit
-for bit against the same loop without the technique."""
+a refused Applied.remove(), apply() given the optimizer an earlier apply() made, nn.DataParallel's
+replication. Numbers held bit for bit against the same loop without the technique."""
 import math
 
 import pytest
@@ -145,3 +145,53 @@ def test_apply_given_the_optimizer_an_earlier_apply_made_says_to_leave_shared_st
     assert applied.optimizer is opt and isinstance(opt, SharedStorageAdamW)
     assert train(model, opt, batches(2))  # trains on
     applied.remove()
+
+
+def replicate_each(model):
+    """What nn.parallel.replicate (nn.DataParallel on several devices) asks of every module; the
+    rest of it needs CUDA devices."""
+    return [m._replicate_for_data_parallel() for m in model.modules()]
+
+
+def test_data_parallel_replication_of_a_wrapped_model_is_refused_and_a_copy_or_removal_replicates():
+    """A replica copies its module's __dict__, wrapped forward included: it would run the original's
+    technique on the original's weights. Refused at replication; copies are plain models."""
+    import copy
+    import io
+    import pickle
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block())
+    applied = apply(model, torch.optim.SGD(model.parameters(), lr=0.1), shared_storage=False, recompute=True,
+                    swap=True)
+    wrapped = [name for name, m in model.named_modules() if "forward" in m.__dict__]
+    refusing = [name for name, m in model.named_modules() if "_replicate_for_data_parallel" in m.__dict__]
+    assert refusing == wrapped and {"0.attn", "0.act", "1.attn", "1.act"} <= set(wrapped)
+    with pytest.raises(InvalidArgumentError, match="nn.DataParallel cannot replicate a Sequential whose forward a "
+                                                   "stowage technique wrapped.*DistributedDataParallel"):
+        replicate_each(model)
+    for name in refusing:
+        with pytest.raises(InvalidArgumentError, match="cannot replicate"):
+            model.get_submodule(name)._replicate_for_data_parallel()
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        # Without device ids (a CPU-only machine) DataParallel calls the model: nothing to refuse.
+        assert torch.equal(nn.DataParallel(model)(x), model(x))
+        expected = model(x)
+    # An EMA copy and a pickled model are plain models, whose replicas run their own forward.
+    assert b"stowage" not in pickle.dumps(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for copied in (copy.deepcopy(model), torch.load(buffer)):
+        with torch.no_grad():
+            for p in copied.parameters():
+                p.mul_(0.5)
+            replicas = replicate_each(copied)
+            assert len(replicas) == len(list(copied.modules())) and replicas[0]._is_replica
+            assert torch.equal(replicas[0](x), copied(x)) and not torch.equal(replicas[0](x), expected)
+    with pytest.raises(InvalidArgumentError, match="cannot replicate"):
+        replicate_each(model)  # the original still refuses
+    applied.remove()
+    assert all("forward" not in m.__dict__ and "_replicate_for_data_parallel" not in m.__dict__
+               for m in model.modules())
+    assert len(replicate_each(model)) == len(list(model.modules()))

@@ -5,7 +5,12 @@ A wrapped forward belongs to the module it was put on and to its handle. A deep 
 model (copy.deepcopy: an EMA model, e.g. timm's ModelEmaV2, torch.optim.swa_utils.AveragedModel)
 and a pickle of it (torch.save(model)) are plain models: each module of the copy has the forward
 it had before wrapping, running on the copy's own weights, and the technique (its statistics, its
-remove()) stays with the original, which goes on as before."""
+remove()) stays with the original, which goes on as before.
+
+nn.DataParallel's replicas are refused: a replica copies its module's __dict__, so it would run
+the original's wrapped forward (the original's weights, the technique's state shared across the
+replicas' threads). A wrapped module's replication raises instead; DistributedDataParallel, one
+process per device, does not replicate modules."""
 import copy
 import operator
 import weakref
@@ -20,13 +25,14 @@ def storage_of(t):
 
 
 class _ClassForward:
-    """The forward of a module copied from a wrapped one whose class's forward was in use: the
-    copy's __dict__ needs a value under "forward", and this one holds the copy weakly (a bound
-    method would make a cycle, and a copy of a large model on a GPU would then wait for the
-    garbage collector to give its memory back)."""
+    """The forward (or another method, `name`) of a module copied from a wrapped one whose class's
+    method was in use: the copy's __dict__ needs a value under that name, and this one holds the
+    copy weakly (a bound method would make a cycle, and a copy of a large model on a GPU would then
+    wait for the garbage collector to give its memory back)."""
 
-    def __init__(self, module):
+    def __init__(self, module, name="forward"):
         self._module = weakref.ref(module)
+        self._name = name
 
     def _target(self):
         module = self._module()
@@ -36,25 +42,47 @@ class _ClassForward:
 
     def __call__(self, *args, **kwargs):
         module = self._target()
-        return type(module).forward.__get__(module, type(module))(*args, **kwargs)
+        return getattr(type(module), self._name).__get__(module, type(module))(*args, **kwargs)
 
     @property
     def __wrapped__(self):
         # inspect.signature(copy.forward) names the model's own parameters, as _Wrapped's does
         # (made on each access: a reference kept here would make the cycle the weak one avoids).
         module = self._target()
-        return type(module).forward.__get__(module, type(module))
+        return getattr(type(module), self._name).__get__(module, type(module))
 
     def __deepcopy__(self, memo):
         twin = memo.get(id(self._module()))
-        return _ClassForward(twin) if twin is not None else self
+        return _ClassForward(twin, self._name) if twin is not None else self
 
     def __reduce__(self):
-        # Loads as the class's forward bound to the loaded module (getattr before the module's
+        # Loads as the class's method bound to the loaded module (getattr before the module's
         # state is set finds the class's): nothing of stowage's is needed to load it. That bound
         # method in the module's __dict__ is a reference cycle: a loaded model's memory goes back
         # when the garbage collector runs, not at its last `del` (docs/pytorch.md).
-        return getattr, (self._target(), "forward")
+        return getattr, (self._target(), self._name)
+
+
+class _NoReplicas:
+    """A wrapped module's _replicate_for_data_parallel (the method nn.DataParallel's replicate()
+    calls on every module): refuses, see the module's docstring. Copies and pickles of the module
+    are plain models and get the class's method back, as they get its forward."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self, *args, **kwargs):
+        raise InvalidArgumentError(
+            f"nn.DataParallel cannot replicate a {type(self.module).__name__} whose forward a stowage "
+            "technique wrapped: each replica would run the original's wrapped forward. Use "
+            "DistributedDataParallel (one process per device), or remove() the technique first")
+
+    def __deepcopy__(self, memo):
+        twin = memo.get(id(self.module))
+        return _ClassForward(twin, "_replicate_for_data_parallel") if twin is not None else self
+
+    def __reduce__(self):
+        return getattr, (self.module, "_replicate_for_data_parallel")  # as _ClassForward.__reduce__
 
 
 class _Wrapped:
@@ -102,6 +130,8 @@ class WrapHandle:
                 w.module.forward = w.old
             else:
                 del w.module.forward
+            if w.refuses_replicas:
+                w.module.__dict__.pop("_replicate_for_data_parallel", None)
 
     def check_removable(self, top=None):
         """Raises remove()'s refusal, changing nothing. `top` (id(module) -> what its forward will be
@@ -129,5 +159,9 @@ def set_forward(module, forward, undo):
     again)."""
     had = "forward" in module.__dict__
     wrapped = _Wrapped(module, forward, had, module.__dict__.get("forward"))
+    # The first wrapper put on a module (the last one removed) refuses its replication.
+    wrapped.refuses_replicas = "_replicate_for_data_parallel" not in module.__dict__
+    if wrapped.refuses_replicas:
+        module._replicate_for_data_parallel = _NoReplicas(module)
     module.forward = wrapped
     undo.append(wrapped)
