@@ -1,6 +1,7 @@
 """stowage.torch.optim: shared-storage weights with fused AdamW / SGD, held bit for bit to plain
 PyTorch with fp32 masters and a bf16 copy (stowage.torch.reference), on CPU tensors."""
 import copy
+import io
 import math
 
 import pytest
@@ -171,6 +172,21 @@ def test_clear_errors_and_nothing_changed():
         opt.master(torch.zeros(3))
     with pytest.raises(InvalidArgumentError, match="param groups"):
         opt.load_state_dict({"state": {}, "param_groups": []})
+
+
+@pytest.mark.parametrize("copier", [copy.deepcopy, lambda o: torch.save(o, io.BytesIO())], ids=["deepcopy", "save"])
+def test_copying_or_pickling_the_optimizer_is_refused_and_it_trains_on(copier):
+    """torch.optim.Optimizer's __getstate__ keeps only param_groups and state: a copy lost the planes
+    that hold the masters and failed at its first step (AttributeError)."""
+    model = make_model()
+    opt = SharedStorageAdamW(model.parameters(), lr=1e-2)
+    train(model, opt, batches(1))
+    before = [bits(opt.master(p)) for p in model.parameters()]
+    with pytest.raises(UnsupportedError, match="cannot be copied or pickled.*state_dict\\(\\)"):
+        copier(opt)
+    assert all(torch.equal(b, bits(opt.master(p))) for b, p in zip(before, model.parameters()))
+    copy.deepcopy(opt.state_dict())  # what checkpoint code copies
+    assert train(model, opt, batches(2))
 
 
 def test_a_group_added_later_is_updated_and_a_bad_one_changes_nothing():

@@ -481,6 +481,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         sd["stowage_master"] = [self.master(p) for _, _, _, p in self._flat]
         return sd
 
+    def __getstate__(self):
+        # torch.optim.Optimizer's keeps only defaults, state and param_groups: a copy or pickle
+        # would lose the planes that hold the masters (and the addresses the step uses), and fail
+        # at its first step. Refused where it is made instead.
+        raise UnsupportedError(f"a {type(self).__name__} cannot be copied or pickled (copy.deepcopy, torch.save of "
+                               "the optimizer): its fp32 masters live in its planes, not in param_groups. Save "
+                               "and load optimizer.state_dict(), which carries them ('stowage_master')")
+
     def load_state_dict(self, state_dict):
         """Restores a state_dict() of this optimizer or of torch.optim's (the same algorithm): m, v,
         momentum and step as saved (fp32, in the parameters' shapes), and the master from
