@@ -7,11 +7,13 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "stowage/error.hpp"
 #include "tools/estimate/megatron_args.hpp"
+#include "tools/estimate/model_config.hpp"
 #include "tools/plan/plan_report.hpp"
 
 using namespace stowage;
@@ -187,6 +189,61 @@ TEST(PlanReport, QkNormsAreOnTheLaunchLine) {
   RunConfig back;
   estimate::apply_megatron_args(line, back);
   EXPECT_TRUE(back.model.qk_layernorm);
+}
+
+// Every released checkpoint's shape (tests/data/hf_configs.json): the launch line parses back to a
+// model of the same parameter count exactly when megatron_cannot_say names nothing, and each
+// phrase names what differs.
+TEST(PlanReport, WhatTheLaunchLineCannotSayIsNamedAndNothingElseDiffers) {
+  std::ifstream in(std::string(STOWAGE_SOURCE_DIR) + "/tests/data/hf_configs.json");
+  const nlohmann::json all = nlohmann::json::parse(in);
+  std::map<std::string, std::vector<std::string>> named;
+  for (const auto& entry : all.at("counted")) {
+    const std::string name = entry.at("name").get<std::string>();
+    RunConfig c;
+    c.model = estimate::model_from_hf_json(entry.at("config").dump(), name, nullptr);
+    const auto differences = megatron_cannot_say(c.model);
+    RunConfig back;
+    estimate::apply_megatron_args(megatron_arguments(c), back);
+    const auto params = [](const estimate::ModelConfig& m) {
+      return estimate::count_parameters(m, m.vocab_size).total(m.num_layers);
+    };
+    EXPECT_EQ(params(back.model) == params(c.model), differences.empty()) << name;
+    if (!differences.empty()) named[name] = differences;
+  }
+  const std::string some_only = "biases on some linear layers only";
+  const std::map<std::string, std::vector<std::string>> want{
+      {"llama2-7b-attnbias",
+       {some_only + " (Megatron: on all of them, on none, or on q, k and v alone with --add-qkv-bias)"}},
+      {"olmo-1b", {"norms without parameters (Megatron's LayerNorm has a weight and a bias)"}},
+      {"olmo-7b", {"norms without parameters (Megatron's LayerNorm has a weight and a bias)"}},
+      {"phi-2", {"1 norm a layer (Megatron's layer has 2)", "a bias on the output layer (Megatron's has none)"}},
+      {"gemma2-2b", {"4 norms a layer (Megatron's layer has 2)"}},
+  };
+  EXPECT_EQ(named, want);
+}
+
+// The table says so under the launch line, and the JSON carries the list.
+TEST(PlanCommand, TheLaunchLineOfAModelMegatronCannotBuildSaysWhatDiffers) {
+  const std::string path = std::string(STOWAGE_BINARY_DIR) + "/tools_plan_test_phi.json";
+  {
+    std::ifstream in(std::string(STOWAGE_SOURCE_DIR) + "/tests/data/hf_configs.json");
+    const nlohmann::json all = nlohmann::json::parse(in);  // kept: a range over a temporary's member would dangle
+    for (const auto& entry : all.at("counted"))
+      if (entry.at("name") == "phi-2") std::ofstream(path) << entry.at("config").dump();
+  }
+  const auto table = run_cli("plan --model-json " + path + " --gpus 8 --global-batch 64 --quiet");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("Megatron-LM has no arguments for: 1 norm a layer (Megatron's layer has 2); a bias "
+                              "on the output layer (Megatron's has none). The line builds the nearest model"),
+            std::string::npos)
+      << table.output;
+  const auto json = run_cli("plan --model-json " + path + " --gpus 8 --global-batch 64 --quiet --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_EQ(nlohmann::json::parse(json.output).at("model").at("megatron_cannot_say").size(), 2u);
+  const auto llama = run_cli("plan --model llama2-7b --gpus 8 --global-batch 64 --quiet");
+  EXPECT_EQ(llama.output.find("has no arguments"), std::string::npos);
+  std::remove(path.c_str());
 }
 
 // A plan's launch line, given back to `stowage estimate` with the data-parallel size, predicts

@@ -155,6 +155,22 @@ std::string megatron_arguments(const RunConfig& c) {
   return out;
 }
 
+std::vector<std::string> megatron_cannot_say(const estimate::ModelConfig& m) {
+  std::vector<std::string> out;
+  if (!m.norm_weights)
+    out.push_back(fmt::format("norms without parameters (Megatron's {} has a weight{})",
+                              m.rms_norm ? "RMSNorm" : "LayerNorm", m.rms_norm ? "" : " and a bias"));
+  if (m.norms_per_layer != 2)
+    out.push_back(fmt::format("{} norm{} a layer (Megatron's layer has 2)", m.norms_per_layer,
+                              m.norms_per_layer == 1 ? "" : "s"));
+  if (!m.linear_bias() && (m.proj_bias || m.mlp_bias))
+    out.push_back(
+        "biases on some linear layers only (Megatron: on all of them, on none, or on q, k and v alone with "
+        "--add-qkv-bias)");
+  if (m.output_bias) out.push_back("a bias on the output layer (Megatron's has none)");
+  return out;
+}
+
 std::string why_best(const Plan& best, const Plan& runner) {
   struct Gain {
     const char* name;
@@ -222,6 +238,12 @@ std::string to_table(const PlanRequest& r, const SearchResult& res) {
   }
   if (res.plans.size() > 1) out += "\n" + why_best(res.plans[0], res.plans[1]) + "\n";
   out += "\nMegatron-LM arguments for #1:\n  " + megatron_arguments(res.plans[0].config) + "\n";
+  const auto differences = megatron_cannot_say(r.base.model);
+  if (!differences.empty()) {
+    out += "  Megatron-LM has no arguments for:";
+    for (std::size_t i = 0; i < differences.size(); ++i) out += (i == 0 ? " " : "; ") + differences[i];
+    out += ". The line builds the nearest model Megatron can; the plan's memory is this model's.\n";
+  }
   return out;
 }
 
@@ -233,7 +255,8 @@ nlohmann::json to_json(const PlanRequest& r, const SearchResult& res) {
                    {"model",
                     {{"name", r.base.model.name},
                      {"num_layers", r.base.model.num_layers},
-                     {"hidden_size", r.base.model.hidden_size}}},
+                     {"hidden_size", r.base.model.hidden_size},
+                     {"megatron_cannot_say", megatron_cannot_say(r.base.model)}}},
                    {"seq_length", r.base.training.seq_length},
                    {"global_batch", r.base.training.global_batch},
                    {"cluster",
