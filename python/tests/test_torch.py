@@ -32,6 +32,24 @@ def test_readers_match_the_ctypes_layer():
     stowage.raw_free(p, 1 << 20)
 
 
+def test_readers_without_a_device_read_torchs_current_one_or_device_0_without_cuda():
+    """As docs/pytorch.md shows them, with no device: a CPU-only torch has no current CUDA device
+    (torch.cuda.current_device() raises AssertionError there), and stowage's devices are then
+    emulated, read from device 0 as the package's own readers do."""
+    want = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    p = stowage.raw_alloc(1 << 20, device=want)
+    try:
+        st.reset_peak_memory_stats()
+        assert st.memory_stats() == stowage.memory_stats(want)
+        assert st.memory_allocated() == stowage.memory_allocated(want) >= 1 << 20
+        assert st.max_memory_allocated() == stowage.max_memory_allocated(want)
+        assert st.memory_reserved() == stowage.memory_reserved(want)
+        assert st.max_memory_reserved() == stowage.max_memory_reserved(want)
+        assert st.snapshot()["device"] == want
+    finally:
+        stowage.raw_free(p, 1 << 20, device=want)
+
+
 def test_the_shim_source_and_header_ship_with_the_package():
     import os
     src = st.shim_source()

@@ -126,7 +126,11 @@ def enabled():
 
 def _device(device):
     if device is None:
-        return _torch().cuda.current_device()
+        # torch.cuda's current device, as torch.cuda.memory_stats() reads; a torch without CUDA has
+        # none (current_device() raises), and stowage's devices are then emulated: device 0, as the
+        # package's own readers default to.
+        cuda = _torch().cuda
+        return cuda.current_device() if cuda.is_available() else 0
     if isinstance(device, int):
         return device
     index = getattr(_torch().device(device), "index", None)
