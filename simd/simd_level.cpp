@@ -3,12 +3,12 @@
 #include "stowage/simd_level.hpp"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
 
-#include "common/log.hpp"
 #include "stowage/error.hpp"
 
 namespace stowage {
@@ -29,12 +29,17 @@ SimdLevel initial_level() {
   if (!env || !*env) return best;
   const std::string s = env;
   SimdLevel want = best;
+  // Every level computes the same bits, so a value that cannot be had keeps the detected level;
+  // said on stderr whatever the log level, as the configuration's other warnings are.
   if (s == "scalar") want = SimdLevel::scalar;
   else if (s == "avx2") want = SimdLevel::avx2;
   else if (s == "avx512") want = SimdLevel::avx512;
-  else log().warn("STOWAGE_SIMD={} is not scalar, avx2 or avx512; using {}", s, to_string(best));
+  else
+    std::fprintf(stderr, "stowage: STOWAGE_SIMD=%s is not scalar, avx2 or avx512; using %s\n", s.c_str(),
+                 to_string(best));
   if (static_cast<int>(want) > static_cast<int>(best)) {
-    log().warn("STOWAGE_SIMD={}: this CPU supports up to {}", s, to_string(best));
+    std::fprintf(stderr, "stowage: STOWAGE_SIMD=%s: this CPU supports up to %s; using %s\n", s.c_str(), to_string(best),
+                 to_string(best));
     want = best;
   }
   return want;

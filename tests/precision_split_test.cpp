@@ -289,7 +289,8 @@ TEST(PrecisionSplit, EveryDispatchLevelGivesIdenticalPlanes) {
 }
 
 // STOWAGE_SIMD lowers the level at start-up (checked in a fresh process each time); asking for
-// more than the CPU has, or for nonsense, leaves the detected level.
+// more than the CPU has, or for nonsense, leaves the detected level and says so on stderr with
+// the log off.
 TEST(PrecisionSplitDeathTest, StowageSimdEnvironmentChoosesTheLevel) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const auto level_under = [](const char* value) {
@@ -299,8 +300,13 @@ TEST(PrecisionSplitDeathTest, StowageSimdEnvironmentChoosesTheLevel) {
   EXPECT_EXIT(level_under("scalar"), ::testing::ExitedWithCode(0), "");
   if (detected_simd_level() >= SimdLevel::avx2) EXPECT_EXIT(level_under("avx2"), ::testing::ExitedWithCode(1), "");
   const int best = static_cast<int>(detected_simd_level());
-  EXPECT_EXIT(level_under("avx512"), ::testing::ExitedWithCode(best), "");
-  EXPECT_EXIT(level_under("bogus"), ::testing::ExitedWithCode(best), "");
+  const std::string using_best = std::string("; using ") + to_string(detected_simd_level());
+  if (detected_simd_level() < SimdLevel::avx512)
+    EXPECT_EXIT(level_under("avx512"), ::testing::ExitedWithCode(best),
+                "stowage: STOWAGE_SIMD=avx512: this CPU supports up to .*" + using_best);
+  else EXPECT_EXIT(level_under("avx512"), ::testing::ExitedWithCode(best), "");
+  EXPECT_EXIT(level_under("bogus"), ::testing::ExitedWithCode(best),
+              "stowage: STOWAGE_SIMD=bogus is not scalar, avx2 or avx512" + using_best);
 }
 
 TEST(PrecisionSplit, SplitBitsAndMergeBitsAreInverse) {

@@ -12,6 +12,7 @@
 
 #include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
+#include "stowage/simd_level.hpp"
 
 namespace {
 
@@ -65,6 +66,22 @@ TEST(ToolsInfo, TextNamesTheEmulatedDevicesAndWhyNotCuda) {
 #else
   EXPECT_NE(r.output.find("CUDA backend: not built"), std::string::npos) << r.output;
 #endif
+}
+
+// The CPU kernels' instruction-set level, and STOWAGE_SIMD's refusal said even with the log off.
+TEST(ToolsInfo, NamesTheCpuKernelsLevelAndABadStowageSimd) {
+  const std::string best = stowage::to_string(stowage::detected_simd_level());
+  const CliResult r = run_cli(std::string(kTwoEmulated) + " STOWAGE_SIMD=scalar", "info");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("CPU kernels: scalar (the CPU has " + best + ";"), std::string::npos) << r.output;
+  const CliResult bad = run_cli(std::string(kTwoEmulated) + " STOWAGE_LOG_LEVEL=off STOWAGE_SIMD=avx3", "info --json");
+  ASSERT_EQ(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("stowage: STOWAGE_SIMD=avx3 is not scalar, avx2 or avx512; using " + best),
+            std::string::npos)
+      << bad.output;
+  const auto j = nlohmann::json::parse(bad.output.substr(bad.output.find('{')));
+  EXPECT_EQ(j["host"]["cpu_kernels"], best);
+  EXPECT_EQ(j["host"]["cpu_kernels_detected"], best);
 }
 
 TEST(ToolsCli, VersionPrintsTheProjectVersion) {

@@ -15,6 +15,7 @@
 #include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
 #include "stowage/runtime.hpp"
+#include "stowage/simd_level.hpp"
 #include "stowage/topology.hpp"
 #include "stowage_build_info.hpp"
 #include "tools/command.hpp"
@@ -78,7 +79,10 @@ nlohmann::ordered_json collect() {
   nlohmann::ordered_json j = {{"schema", "stowage.info/1"},
                               {"build", build_facts()},
                               {"cuda", cuda},
-                              {"host", {{"numa_nodes", numa_node_count()}}},
+                              {"host",
+                               {{"numa_nodes", numa_node_count()},
+                                {"cpu_kernels", to_string(simd_level())},
+                                {"cpu_kernels_detected", to_string(detected_simd_level())}}},
                               {"device_selection", config().device}};
   // A device that cannot be opened (STOWAGE_DEVICE=cuda without a GPU, a failing driver) is
   // reported with everything else rather than hiding the build facts.
@@ -115,7 +119,9 @@ void print_text(const nlohmann::ordered_json& j) {
   const auto& cuda = j["cuda"];
   if (cuda["devices"].get<int>() > 0) fmt::print("CUDA: {} device(s)\n", cuda["devices"].get<int>());
   else fmt::print("CUDA: no GPU: {}\n", cuda["reason"].get<std::string>());
-  fmt::print("host: {} NUMA node(s)\n", j["host"]["numa_nodes"].get<int>());
+  fmt::print("host: {} NUMA node(s); CPU kernels: {} (the CPU has {}; STOWAGE_SIMD lowers it)\n",
+             j["host"]["numa_nodes"].get<int>(), j["host"]["cpu_kernels"].get<std::string>(),
+             j["host"]["cpu_kernels_detected"].get<std::string>());
   if (j.contains("devices_error")) {
     fmt::print("devices (selection {}): none opened: {}\n", j["device_selection"].get<std::string>(),
                j["devices_error"].get<std::string>());
