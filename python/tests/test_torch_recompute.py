@@ -2,6 +2,7 @@
 PyTorch"). CPU only; every comparison is bit for bit (torch.equal)."""
 import contextlib
 import copy
+import dataclasses
 
 import pytest
 
@@ -12,6 +13,8 @@ F = torch.nn.functional
 from stowage.errors import InvalidArgumentError, StowageError  # noqa: E402
 from stowage.torch import recompute as rc  # noqa: E402
 from stowage.torch.recompute import ReleasedActivation, recompute_activations  # noqa: E402
+from stowage.errors import UnsupportedError  # noqa: E402
+from memory_trace import forward_backward_bytes  # noqa: E402
 
 B, S, HIDDEN, INTER, LAYERS = 2, 8, 16, 48, 3
 TOKENS = B * S
@@ -486,7 +489,8 @@ def test_activations_in_a_module_list_are_released_by_the_module_that_loops_over
     assert handle.stats.bytes_released == 4 * TOKENS * (INTER + HIDDEN + INTER)
     loss.backward()
     ref.backward()
-    assert torch.equal(loss, ref) and handle.stats.recomputations == 3
+    # Three restored by one hook: each graph is rebuilt in its own backward (a second rerun each).
+    assert torch.equal(loss, ref) and handle.stats.recomputations == 6
     assert_same_grads(wrapped, plain)
     handle.remove()
     assert all("forward" not in m.__dict__ for m in wrapped.modules())
@@ -502,3 +506,171 @@ def test_an_activation_run_outside_the_module_that_holds_it_warns_that_nothing_i
     assert caught[0].filename == __file__  # the warning points at the user's line
     assert handle.stats.activations_released == 0
     handle.remove()
+
+
+def test_a_gradient_of_a_gradient_is_refused_rather_than_computed_without_its_second_order_terms():
+    """A gradient penalty (WGAN-GP, R1): autograd.grad(create_graph=True), then backward of a loss
+    on that gradient. The recomputed graph starts at detached inputs, so the parameters' gradients
+    came out wrong (some None) with no error. Refused now; plain backward goes on working."""
+    model = make("gelu", torch.float64)
+    handle = recompute_activations(model)
+    x = inputs(0, torch.float64).requires_grad_()
+    out = model(x).sum()
+    with pytest.raises(UnsupportedError, match="create_graph=True .*second-order terms would be lost"):
+        torch.autograd.grad(out, x, create_graph=True)
+    plain = make("gelu", torch.float64)
+    loss, ref = loss_of(model, x), loss_of(plain, x)
+    loss.backward()
+    ref.backward()
+    assert_same_grads(model, plain)
+    handle.remove()  # without recomputation the penalty is torch's
+    gx, = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+    gx.square().sum().backward()
+
+
+class SharedActMLP(nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(HIDDEN, INTER), act, nn.Linear(INTER, HIDDEN)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
+class OneActForAll(nn.Module):
+    """self.act built once on the model and handed to every layer (codebases that build
+    ACT2FN[...] once do this): named_modules() lists it once, as "act"."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nn.GELU()
+        self.blocks = nn.ModuleList([SharedActMLP(self.act) for _ in range(LAYERS)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("names", [(), ("blocks.1.act",)], ids=["by-type", "by-a-layers-name"])
+def test_an_activation_instance_shared_by_every_layer_is_released_by_each_layer_that_calls_it(names):
+    torch.manual_seed(0)
+    plain = OneActForAll()
+    model = copy.deepcopy(plain)
+    handle = recompute_activations(model, names=names, **({"activation_types": ()} if names else {}))
+    assert handle.modules == (list(names) or ["act"])
+    x = inputs(0, torch.float32)
+    seen = []
+    model.blocks[0].register_forward_hook(lambda *_: seen.append(handle.stats.activations_released))
+    loss, ref = loss_of(model, x), loss_of(plain, x)
+    # Released when each layer returns (each layer is a caller), not all at the model's return.
+    assert seen == [1] and handle.stats.activations_released == LAYERS
+    loss.backward()
+    ref.backward()
+    assert torch.equal(loss, ref) and handle.stats.recomputations == LAYERS  # one rerun each
+    assert_same_grads(model, plain)
+    handle.remove()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+class LoopedActs(nn.Module):
+    """The model runs every activation itself: one parent for all of them."""
+
+    def __init__(self, layers=4, hidden=64, inter=256):
+        super().__init__()
+        self.fc1 = nn.ModuleList([nn.Linear(hidden, inter) for _ in range(layers)])
+        self.acts = nn.ModuleList([nn.GELU() for _ in range(layers)])
+        self.fc2 = nn.ModuleList([nn.Linear(inter, hidden) for _ in range(layers)])
+
+    def forward(self, x):
+        for fc1, act, fc2 in zip(self.fc1, self.acts, self.fc2):
+            x = x + fc2(act(fc1(x)))
+        return x
+
+
+class LayeredActs(LoopedActs):
+    """The same layers, each with its own parent."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([SharedActMLP(nn.GELU()) for _ in range(4)])
+        for layer, fc1, fc2 in zip(self.layers, self.fc1, self.fc2):
+            layer.fc1, layer.fc2 = fc1, fc2
+        del self.fc1, self.fc2, self.acts
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("parents", ["one-for-all", "one-per-layer"])
+def test_measured_bytes_at_the_boundary_drop_by_the_released_outputs_and_backward_adds_at_most_one(parents):
+    """Bytes live in torch's allocator (every allocation and free the profiler records). At the
+    forward/backward boundary: the plain model's less each released output, plus the generator
+    state each released call keeps for its replay. During backward: a parent that runs several
+    activations restores them together when its output's gradient arrives; each graph is rebuilt
+    in its own backward, so the peak is at most the plain model's plus one output (before: plus
+    every output, each held twice until its backward ran). One parent per layer restores one at
+    a time: the backward peak is lower than the plain model's."""
+    torch.manual_seed(0)
+    plain = LoopedActs() if parents == "one-for-all" else LayeredActs()
+    model = copy.deepcopy(plain)
+    handle = recompute_activations(model)
+    x = torch.randn(512, 64)
+    base = forward_backward_bytes(lambda: plain(x).square().mean(), lambda loss: loss.backward())
+    mine = forward_backward_bytes(lambda: model(x).square().mean(), lambda loss: loss.backward())
+    output, rng = 512 * 256 * 4, torch.get_rng_state().numel()
+    assert handle.stats.activations_released == 4 and handle.stats.bytes_released == 4 * output
+    assert mine[0] == base[0] - 4 * output + 4 * rng
+    if parents == "one-for-all":
+        assert base[1] < mine[1] <= base[1] + output + 4 * rng
+    else:
+        assert mine[1] < base[1]
+    assert_same_grads(model, plain)
+
+
+@dataclasses.dataclass
+class MLPOut:
+    hidden: torch.Tensor
+    aux: int = 0
+
+
+class DataclassMLP(SharedActMLP):
+    def forward(self, x):
+        return MLPOut(super().forward(x))
+
+
+class Opaque:
+    def __init__(self, t):
+        self.t = t
+
+
+class OpaqueMLP(SharedActMLP):
+    def forward(self, x):
+        return Opaque(super().forward(x))
+
+
+def test_a_parent_returning_a_dataclass_releases_and_an_opaque_container_warns():
+    torch.manual_seed(0)
+    model = nn.ModuleList([DataclassMLP(nn.GELU()) for _ in range(2)])
+    plain = copy.deepcopy(model)
+    handle = recompute_activations(model)
+    x = inputs(0, torch.float32)
+
+    def run(m):
+        h = x
+        for layer in m:
+            h = layer(h).hidden
+        return h.square().mean()
+    loss, ref = run(model), run(plain)
+    assert handle.stats.activations_released == 2
+    loss.backward()
+    ref.backward()
+    assert torch.equal(loss, ref) and handle.stats.recomputations == 2
+    assert_same_grads(model, plain)
+    opaque = OpaqueMLP(nn.GELU())
+    handle = recompute_activations(opaque)
+    with pytest.warns(UserWarning, match="a OpaqueMLP returned a Opaque with no tensor in it that stowage can find"):
+        opaque(x)
+    assert handle.stats.activations_released == 0

@@ -15,14 +15,16 @@ or, on an unmodified model, `handle = recompute_activations(model)` ... `handle.
 Needs only torch (not libstowage). docs/recompute.md, "From PyTorch".
 """
 import contextlib
+import dataclasses
 import os
 import sys
+import threading
 import warnings
 import weakref
 
 import torch
 
-from ..errors import InvalidArgumentError, StowageError
+from ..errors import InvalidArgumentError, StowageError, UnsupportedError
 from ._wrapping import WrapHandle, set_forward, storage_of as _storage
 
 __all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute_activations",
@@ -115,8 +117,15 @@ class _Checkpoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        if torch.is_grad_enabled():
+            # create_graph=True: the recomputed graph starts at detached copies of the inputs, so
+            # the gradient's own graph would miss every term through them. Refused, as
+            # torch.utils.checkpoint(use_reentrant=True) refuses it; the bytes are back already.
+            raise UnsupportedError("recomputed activation: backward with create_graph=True (a gradient of a "
+                                   "gradient: a gradient penalty, a Hessian-vector product) is not supported, its "
+                                   "second-order terms would be lost; remove() recomputation for such a loss")
         owner = ctx.owner
-        if owner._pending is None:  # never released, or no hook fired: recompute here
+        if owner._pending is None:  # restored without its graph, never released, or no hook fired
             owner._recompute()
         out, args = owner._pending
         owner._pending = None
@@ -142,6 +151,10 @@ class ReleasedActivation:
         self._output = None     # weakref to the output, until release
         self._storage = None    # the released storage, until restored
         self._pending = None    # (recomputed output, detached args) for the backward node
+        # The hook keeps the recomputed graph for the backward node (one rerun). Off when several
+        # activations are restored by the same hook tensor: each would then hold two copies of its
+        # output until its own backward node runs; the graph is rebuilt there instead (two reruns).
+        self.graph_at_restore = True
 
     def _tensor_args(self, args):
         return [a for a in args if isinstance(a, torch.Tensor)]
@@ -218,13 +231,20 @@ class ReleasedActivation:
         if not hook_tensor.requires_grad or hook_tensor.grad_fn is None:
             raise InvalidArgumentError("ReleasedActivation.register_recompute: the hook tensor has no backward node "
                                        "(it does not require grad, or is a leaf), so its hook would not run first")
-        return hook_tensor.register_hook(lambda grad: self._recompute() if self._pending is None else None)
+        return hook_tensor.register_hook(lambda grad: self._restore())
 
     def forget(self):
         """Drops the reference to the output when it will not be released."""
         self._output = None
 
-    def _recompute(self):
+    def _restore(self):
+        # The first hook to fire puts the bytes back; a later one (several hook tensors) has nothing to do.
+        if self._storage is not None:
+            self._recompute(graph=self.graph_at_restore)
+
+    def _recompute(self, graph=True):
+        """Reruns fn from the saved inputs; puts the bytes back if they are released; keeps the
+        graph for the backward node when `graph` (and there is a backward node)."""
         ctx = self._ctx() if self._ctx is not None else None
         inputs = ctx.saved_tensors if ctx is not None else self._inputs
         if inputs is None:
@@ -244,7 +264,8 @@ class ReleasedActivation:
             stack.enter_context(_replayed_rng(self._device, self._rng))
             for dev, on, dtype in self._autocast:
                 stack.enter_context(torch.autocast(dev, enabled=on, dtype=dtype))
-            stack.enter_context(torch.enable_grad() if ctx is not None else torch.no_grad())
+            keep = ctx is not None and graph
+            stack.enter_context(torch.enable_grad() if keep else torch.no_grad())
             out = self._fn(*args)
         self.stats.recomputations += 1
         if self._storage is not None:
@@ -257,13 +278,15 @@ class ReleasedActivation:
             self._storage.resize_(self.released_bytes)
             self._storage.copy_(_storage(out))
             self._storage = None
-        if ctx is not None:
+        if keep:
             self._pending = (out, args)
 
 
 def _flat_tensors(value):
     if isinstance(value, torch.Tensor):
         return [value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
@@ -291,11 +314,20 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     No module chosen (an activation called as a function, e.g. a SwiGLU written F.silu(gate) * up)
     is refused with InvalidArgumentError, as swap_activations refuses it. A deep copy or a pickle of
     the model is a plain model (stowage.torch._wrapping)."""
-    modules = dict(model.named_modules())
+    # Every name a module is held under: an activation instance shared by several layers (built
+    # once, passed to each) is called by each of them, and each one is a parent to wrap.
+    modules = dict(model.named_modules(remove_duplicate=False))
     missing = [n for n in names if n not in modules]
     if missing:
         raise InvalidArgumentError(f"recompute_activations: no module named {', '.join(missing)}")
-    chosen = [n for n, m in modules.items() if n in names or isinstance(m, tuple(activation_types))]
+    aliases = {}
+    for n, m in modules.items():
+        aliases.setdefault(id(m), []).append(n)
+    chosen, seen = [], set()
+    for n, m in modules.items():
+        if (n in names or isinstance(m, tuple(activation_types))) and id(m) not in seen:
+            seen.add(id(m))
+            chosen.append(n)
     if not chosen:
         # Nothing to release would leave the caller believing recomputation is on.
         looked_for = (f"no instance of {', '.join(t.__name__ for t in activation_types)}" if activation_types
@@ -304,19 +336,22 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
                                    "given); an activation called as a function (F.silu(gate) * up) is no "
                                    "module: make it one and pass its class in activation_types, or name the "
                                    "modules in names (e.g. \"layers.0.mlp.act\")")
-    stats, undo, stacks = RecomputeStats(), [], {}
-    for name in chosen:
+    for name in chosen:  # every refusal before anything is wrapped
         module = modules[name]
-        if name == "":
+        if "" in aliases[id(module)]:
             raise InvalidArgumentError("recompute_activations: the model itself cannot be the activation (it needs "
                                        "a parent module whose forward consumes it)")
         if getattr(module, "inplace", False):
             raise InvalidArgumentError(f"recompute_activations: {name} is in-place; its output is its input's storage")
         _refuse_hooks(module, name)
-        parent = modules[_caller(modules, name)]
-        if id(parent) not in stacks:
-            stacks[id(parent)] = _wrap_parent(parent, stats, undo)
-        _wrap_activation(module, name, stacks[id(parent)], stats, undo)
+    stats, undo, frames, parents = RecomputeStats(), [], _Frames(), set()
+    for name in chosen:
+        for alias in aliases[id(modules[name])]:
+            parent = modules[_caller(modules, alias)]
+            if id(parent) not in parents:
+                parents.add(id(parent))
+                _wrap_parent(parent, frames, undo)
+        _wrap_activation(modules[name], name, frames, stats, undo)
 
     # "Last forward": reset at each call of the model. A wrapper, as the modules' (not a forward
     # pre-hook): a deep copy or a pickle of the model drops it with theirs (_wrapping).
@@ -358,14 +393,22 @@ def _refuse_hooks(module, name):
                                    "which may keep its output after it is released; remove them first")
 
 
-def _wrap_activation(module, name, stack, stats, undo):
+class _Frames(threading.local):
+    """One list per wrapped parent forward running in this thread, innermost last: an activation
+    joins the innermost, whose return releases it (its nearest caller among the parents)."""
+
+    def __init__(self):
+        self.stack = []
+
+
+def _wrap_activation(module, name, frames, stats, undo):
     original = module.forward
 
     warned = []
 
     def forward(*args, **kwargs):
         # Nothing to save under no_grad; outside its parent's forward nobody would release it.
-        if not torch.is_grad_enabled() or not stack:
+        if not torch.is_grad_enabled() or not frames.stack:
             if torch.is_grad_enabled() and not warned:
                 warned.append(True)
                 warnings.warn(f"recompute_activations: {name} ran outside the forward of the module that holds "
@@ -386,41 +429,50 @@ def _wrap_activation(module, name, stack, stats, undo):
         act = ReleasedActivation(stats)
         fn = original if not kwargs else (lambda *a: original(*a, **kwargs))
         out = act.checkpoint(fn, *args)
-        stack[-1].append((name, act))
+        frames.stack[-1].append((name, act))
         return out
     set_forward(module, forward, undo)
 
 
-def _wrap_parent(parent, stats, undo):
-    original, stack = parent.forward, []
+def _wrap_parent(parent, frames, undo):
+    original, warned = parent.forward, []
 
     def forward(*args, **kwargs):
-        stack.append([])
+        frames.stack.append([])
         try:
             output = original(*args, **kwargs)
         finally:
-            acts = stack.pop()
+            acts = frames.stack.pop()
         if acts:
-            _release(acts, output)
+            _release(acts, output, type(parent).__name__, warned)
         return output
     set_forward(parent, forward, undo)
-    return stack
 
 
-def _release(acts, output):
+def _release(acts, output, parent, warned):
     # By now every consumer inside the parent has run and saved what it needs.
     outputs = _flat_tensors(output)
     hooks = list({id(b): t for t in outputs for b in [t if t._base is None else t._base]
                   if b.requires_grad and b.grad_fn is not None}.values())  # one per base (see register_recompute)
     out_ptrs = {_storage(t).data_ptr() for t in outputs} - {0}
+    released = []
     for name, act in acts:
         out = act._output() if act._output is not None else None
         if not hooks or out is None:
+            if out is not None and out.requires_grad and not outputs and not warned:
+                # Backward will run through it, but no output of the parent carries the hook.
+                warned.append(True)
+                warnings.warn(f"recompute_activations: a {parent} returned a {type(output).__name__} with no tensor "
+                              f"in it that stowage can find (tensors, lists, tuples, dicts, dataclasses), so "
+                              f"{name}'s output is not released", stacklevel=_callers_level())
             act.forget()  # no backward through the parent: nothing saved it, nothing to gain
             continue
         if _storage(out).data_ptr() in out_ptrs:
             raise InvalidArgumentError(f"recompute_activations: {name}'s output is (or shares storage with) an output "
                                        "of its parent module, which the caller reads: it cannot be released")
         act.release()
+        released.append(act)
+    for act in released:
+        act.graph_at_restore = len(released) == 1  # see ReleasedActivation.graph_at_restore
         for t in hooks:
             act.register_recompute(t)
