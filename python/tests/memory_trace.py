@@ -10,9 +10,10 @@ _MARK = (1 << 20) + 4096  # an allocation of this size marks a point in the reco
 def _records(fn):
     enable = getattr(torch.autograd, "_enable_profiler_legacy", None)
     disable = getattr(torch.autograd, "_disable_profiler_legacy", None)
-    if enable is None or disable is None:
+    legacy = getattr(getattr(torch.autograd, "profiler_legacy", None), "profile", None)
+    if enable is None or disable is None or legacy is None:
         pytest.skip("this PyTorch has no legacy profiler records to measure allocations with")
-    enable(torch.autograd.profiler_legacy.profile(profile_memory=True).config())
+    enable(legacy(profile_memory=True).config())
     try:
         fn()
     finally:
