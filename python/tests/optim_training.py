@@ -14,13 +14,17 @@ def batches(n, seed=1, device="cpu"):
             for _ in range(n)]
 
 
-def train(model, opt, data, poison=()):
-    """The losses of one pass over `data`; the steps in `poison` get a NaN gradient."""
+def train(model, opt, data, poison=(), missing=None):
+    """The losses of one pass over `data`; the steps in `poison` get a NaN gradient, and in step k
+    the parameters at the indices missing[k] get none (a skipped block, an unrouted expert)."""
     losses = []
     for k, (x, y) in enumerate(data):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y)
         loss.backward()
+        for i, p in enumerate(model.parameters()):
+            if i in (missing or {}).get(k, ()):
+                p.grad = None
         if k in poison:
             next(model.parameters()).grad.view(-1)[3] = float("nan")
         opt.step()

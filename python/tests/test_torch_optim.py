@@ -276,6 +276,151 @@ def test_resuming_torch_sgd_keeps_its_momentum():
     del base
 
 
+# Steps in which some parameters get no gradient (stochastic depth, unrouted experts, unused branches).
+MISSING = {0: (1,), 1: (2, 3), 2: (1,), 4: (0, 1), 6: (3,)}
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_a_parameter_without_a_gradient_is_skipped_and_keeps_its_own_count_as_the_reference(kind):
+    """Each parameter counts its own steps, as torch.optim: AdamW's bias correction and the start of
+    SGD's momentum buffer follow it. The reference once counted step() calls for all parameters."""
+    data = batches(9)
+    ours, base = make_model(), make_model()
+    hyper = dict(lr=3e-3, weight_decay=0.05, max_grad_norm=0.5) if kind == "adamw" else dict(
+        lr=0.05, momentum=0.9, weight_decay=0.01, max_grad_norm=0.5)
+    opt = (SharedStorageAdamW if kind == "adamw" else SharedStorageSGD)(ours.parameters(), **hyper)
+    ref = MasterWeightsOptimizer(base.parameters(), kind=kind, **hyper)
+    poison = {7}  # a skipped step moves no count either
+    assert train(ours, opt, data, poison, MISSING) == train(base, ref, data, poison, MISSING)
+    counts = [8 - sum(i in gone for gone in MISSING.values()) for i in range(4)]
+    assert counts == [7, 5, 7, 6] and ref.counts == counts and ref.steps == 8
+    assert [int(opt.state[p]["step"]) for p in ours.parameters()] == counts
+    for p, q, master in zip(ours.parameters(), base.parameters(), ref.masters):
+        assert torch.equal(bits(opt.master(p)), bits(master))
+        assert torch.equal(bits(p), bits(q))
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_with_missing_gradients_stowage_and_the_reference_follow_torch_optim(kind):
+    """The same gradients into stowage, the reference and torch.optim on fp32 parameters: stowage
+    and the reference bit-identical, torch.optim within its last-bit differences (the reference's
+    one count for all parameters was 2e-3 away after a parameter had missed one step)."""
+    def make():
+        torch.manual_seed(0)
+        return [torch.nn.Parameter(torch.randn(200)) for _ in range(4)]
+
+    hyper = dict(lr=1e-2, weight_decay=0.1) if kind == "adamw" else dict(lr=0.05, momentum=0.9, weight_decay=0.01)
+    ours, base, plain = make(), make(), make()
+    opt = (SharedStorageAdamW if kind == "adamw" else SharedStorageSGD)(ours, **hyper)
+    ref = MasterWeightsOptimizer(base, kind=kind, **hyper)
+    torch_opt = (torch.optim.AdamW if kind == "adamw" else torch.optim.SGD)(plain, **hyper)
+    g = torch.Generator().manual_seed(3)
+    for k in range(8):
+        grads = [torch.randn(200, generator=g).to(torch.bfloat16) for _ in range(4)]
+        for params in (ours, base, plain):
+            for i, (p, grad) in enumerate(zip(params, grads)):
+                p.grad = None if i in MISSING.get(k, ()) else grad.to(p.dtype if params is plain else torch.bfloat16)
+        opt.step(), ref.step(), torch_opt.step()
+    for i, (p, master, q) in enumerate(zip(ours, ref.masters, plain)):
+        assert torch.equal(bits(opt.master(p)), bits(master))
+        torch.testing.assert_close(opt.master(p), q.detach(), rtol=1e-6, atol=1e-6)
+        if kind == "adamw":
+            assert float(opt.state[p]["step"]) == float(torch_opt.state[q]["step"]) == ref.counts[i]
+
+
+def test_zeroed_gradients_of_a_skipped_branch_are_stepped_as_torch_optim_steps_them():
+    """torch.optim's zero_grad() before PyTorch 2.0 zeroes the gradients: a branch left out of a
+    backward has a zero gradient and is stepped (decay, moments). The reference does the same with
+    zero_grad(set_to_none=False)."""
+    def make():
+        torch.manual_seed(0)
+        return [torch.nn.Parameter(torch.randn(64)) for _ in range(2)]
+
+    ours, base = make(), make()
+    opt, ref = SharedStorageAdamW(ours, lr=1e-2, weight_decay=0.1), MasterWeightsOptimizer(base, lr=1e-2,
+                                                                                          weight_decay=0.1)
+    x = torch.randn(64).to(torch.bfloat16)
+    for k in range(5):
+        for params, o in ((ours, opt), (base, ref)):
+            o.zero_grad(set_to_none=False)
+            used = params if k % 2 == 0 else params[:1]  # the second is skipped in odd steps, after the first
+            sum((p * x).float().square().sum() for p in used).backward()
+            o.step()
+    assert [int(opt.state[p]["step"]) for p in ours] == ref.counts == [5, 5]
+    assert all(torch.equal(bits(opt.master(p)), bits(m)) for p, m in zip(ours, ref.masters))
+
+
+def sparse_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Embedding(50, 8))
+
+
+def sparse_loss(model, sparse):
+    model[1].sparse = sparse
+    idx = torch.tensor([[1, 4, 4, 9], [2, 3, 7, 1]])
+    return model[0](model[1](idx)).float().square().mean()
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["attached", "not_attached"])
+def test_a_sparse_gradient_is_refused_at_step_naming_the_parameter_and_nothing_changes(named):
+    model, twin = sparse_model(), sparse_model()
+    opt = SharedStorageAdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    twin_opt = SharedStorageAdamW(twin.parameters(), lr=1e-2, weight_decay=0.1)
+    if named:
+        opt.attach(model)
+    for m, o in ((model, opt), (twin, twin_opt)):  # a dense step first: state and counts exist
+        o.zero_grad()
+        sparse_loss(m, False).backward()
+        o.step()
+    params = list(model.parameters())
+    before = [(bits(opt.master(p)).clone(), {k: v.clone() for k, v in opt.state[p].items()}) for p in params]
+    opt.zero_grad(set_to_none=True)  # (a zeroed dense gradient would take the sparse one in as dense)
+    sparse_loss(model, True).backward()
+    assert model[1].weight.grad.is_sparse and model[0].weight.grad is not None  # a dense one comes first
+    which = "parameter '1.weight'" if named else "parameter 2 of param group 0"
+    needle = rf"step\(\): {which} \(50, 8\) has a torch.sparse_coo gradient; sparse gradients are not supported"
+    with pytest.raises(UnsupportedError, match=needle + ".*sparse=False.*Nothing was written"):
+        opt.step()
+    for p, (master, state) in zip(params, before):
+        assert torch.equal(bits(opt.master(p)), master)
+        assert state.keys() == opt.state[p].keys()
+        assert all(torch.equal(bits(v), bits(opt.state[p][k])) for k, v in state.items())
+    # Dense again, it trains on as if the refused step had not been tried.
+    for m, o in ((model, opt), (twin, twin_opt)):
+        o.zero_grad(set_to_none=True)
+        sparse_loss(m, False).backward()
+        o.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(bits(opt.master(p)), bits(twin_opt.master(q)))
+        assert float(opt.state[p]["step"]) == float(twin_opt.state[q]["step"]) == 2.0
+
+
+@pytest.mark.parametrize("module", ["embedding", "embedding_bag"])
+@pytest.mark.parametrize("torch_optimizer", [torch.optim.AdamW, torch.optim.SGD])
+def test_apply_refuses_a_sparse_embedding_up_front_and_changes_nothing(module, torch_optimizer):
+    from stowage.torch.adaptor import apply
+    emb = torch.nn.Embedding(50, 8, sparse=True) if module == "embedding" else torch.nn.EmbeddingBag(
+        50, 8, sparse=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), emb)
+    params = list(model.parameters())
+    values = [bits(p).clone() for p in params]
+    base = torch_optimizer(model.parameters(), lr=1e-2)
+    kind = "Embedding" if module == "embedding" else "EmbeddingBag"
+    with pytest.raises(UnsupportedError, match=rf"apply\(\): parameter '1.weight' \(50, 8\) gets sparse gradients "
+                                               rf"from {kind}\(sparse=True\); sparse gradients are not supported"
+                                               ".*sparse=False.*Nothing was changed"):
+        apply(model, base, recompute=True)
+    assert all(a is b and a.dtype == torch.float32 and torch.equal(bits(a), v)
+               for a, b, v in zip(model.parameters(), params, values))
+    assert not base.state and all(a is b for a, b in zip(base.param_groups[0]["params"], params))
+    assert not any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m) for m in model.modules())
+    # Frozen, it makes no gradient: accepted (held at lr=0, as a frozen part must be).
+    emb.weight.requires_grad_(False)
+    opt = apply(model, torch_optimizer([{"params": [emb.weight], "lr": 0.0},
+                                        {"params": list(model[0].parameters())}], lr=1e-2)).optimizer
+    assert emb.weight.dtype == torch.bfloat16 and isinstance(opt, (SharedStorageAdamW, SharedStorageSGD))
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 

@@ -4,7 +4,7 @@ import torch
 
 from ..errors import InvalidArgumentError, UnsupportedError
 from .offload import check_options
-from .optim import SharedStorageAdamW, SharedStorageSGD, checked_entry
+from .optim import SharedStorageAdamW, SharedStorageSGD, checked_entry, sparse_gradient_error
 from .recompute import DEFAULT_ACTIVATIONS, recompute_activations
 from .swap import swap_activations
 
@@ -107,6 +107,20 @@ def _check_covered(model, optimizer):
         "apply() the submodule this optimizer trains. Nothing was changed")
 
 
+def _check_dense(model, optimizer):
+    """An embedding made with sparse=True gives its weight sparse gradients, which the fused step
+    refuses: known from the model, so refused here before anything changes rather than at the first
+    step. A frozen one makes no gradient and passes (unfrozen later, step() refuses it the same way)."""
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+            w = module.weight
+            if id(w) in held and w.requires_grad:
+                which = f"parameter '{name + '.' if name else ''}weight' {tuple(w.shape)}"
+                raise sparse_gradient_error("apply()", f"{which} gets sparse gradients from {type(module).__name__}"
+                                            "(sparse=True)", "Nothing was changed")
+
+
 def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max_grad_norm=None,
           skip_nonfinite=True, recompute=False, recompute_activation_types=DEFAULT_ACTIVATIONS,
           recompute_names=(), swap=False, swap_prefetch=1, swap_names=(), state_offload="none",
@@ -138,6 +152,7 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
                                    "shared_storage=True with it")
     if shared_storage:
         _check_covered(model, optimizer)
+        _check_dense(model, optimizer)
     done = Applied(optimizer, None, None)
     try:  # a refusal anywhere leaves the model as it was
         if recompute:

@@ -159,6 +159,15 @@ def _pointers(tensors):
     return tuple(ptrs + [0] * (2 - len(ptrs)))
 
 
+def sparse_gradient_error(what, which, outcome):
+    """The refusal of a sparse gradient (step()) or of a module that makes them (apply())."""
+    return UnsupportedError(
+        f"{what}: {which}; sparse gradients are not supported by the shared-storage optimizers: their fused "
+        "kernels update every element from a dense gradient (torch.optim.SGD steps sparse gradients, "
+        "torch.optim.AdamW refuses them too). Make the embedding with sparse=False (nn.Embedding, "
+        f"nn.EmbeddingBag; the default). {outcome}")
+
+
 def _check_param(p):
     if not isinstance(p, torch.Tensor) or not p.is_leaf:
         raise InvalidArgumentError("shared-storage optimizers take leaf parameters (model.parameters())")
@@ -248,13 +257,20 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             route_loads(model, self, self._routed)
 
     # --- each parameter must stay the bf16 view of its plane ---
+    def _which(self, k):
+        """_flat entry k's parameter for an error: its name in the model (attach()), else where it sits."""
+        group, _, i, p = self._flat[k]
+        name = self._names.get(id(p))
+        if name:
+            return f"parameter '{name}'"
+        g = next(n for n, candidate in enumerate(self.param_groups) if candidate is group)
+        return f"parameter {i} of param group {g}"
+
     def _moved(self, k, what):
         """The error for _flat entry k, whose parameter no longer is the view the optimizer gave it."""
-        group, _, i, p = self._flat[k]
+        p = self._flat[k][3]
         address, shape = self._views[k]
-        g = next(n for n, candidate in enumerate(self.param_groups) if candidate is group)
-        name = self._names.get(id(p))
-        which = f"parameter '{name}'" if name else f"parameter {i} of param group {g}"
+        which = self._which(k)
         return InvalidArgumentError(
             f"{what}: {which} is no longer the bf16 view of its shared-storage plane (it is {p.dtype} "
             f"{tuple(p.shape)} at {p.data_ptr():#x}; it was torch.bfloat16 {tuple(shape)} at {address:#x}). "
@@ -369,9 +385,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             g = p.grad
             if g is None:
                 continue
-            if g.is_sparse or g.device != p.device or g.dtype not in (torch.bfloat16, torch.float32):
-                raise InvalidArgumentError(f"gradient of {g.dtype} on {g.device}: a dense bf16 or fp32 gradient on "
-                                           f"{p.device} is needed")
+            # Checked for every parameter before any is updated: a refused step changes nothing.
+            if g.layout != torch.strided:
+                raise sparse_gradient_error("step()", f"{self._which(k)} {tuple(p.shape)} has a {g.layout} "
+                                            "gradient", "Nothing was written")
+            if g.device != p.device or g.dtype not in (torch.bfloat16, torch.float32):
+                raise InvalidArgumentError(f"step(): {self._which(k)} {tuple(p.shape)} has a gradient of {g.dtype} "
+                                           f"on {g.device}: a dense bf16 or fp32 gradient on {p.device} is "
+                                           "needed. Nothing was written")
             out.append((group, bucket, i, p, g.contiguous()))
         return out
 

@@ -9,6 +9,10 @@ result (53 >= 2 * 24 + 2 bits), whatever vector code a PyTorch build runs for fp
 CPU kernels are not correctly rounded in the last bit). (torch.optim.AdamW itself computes
 m + (1 - beta1) * g and v + (1 - beta2) * g * g as fused or reordered operations on some builds, so it
 can differ from both in the last bit.)
+
+As torch.optim, each parameter counts its own steps: one without a gradient in a step (stochastic
+depth, an unrouted expert, an unused branch) is skipped and its count does not move, so its bias
+correction (AdamW) and the start of its momentum buffer (SGD) follow its own count.
 """
 import math
 
@@ -65,14 +69,21 @@ class MasterWeightsOptimizer:
         self.kind, self.lr, self.betas, self.eps, self.wd = kind, lr, betas, eps, weight_decay
         self.momentum, self.max_grad_norm = momentum, max_grad_norm
         self.skip_nonfinite, self.loss_scale = skip_nonfinite, loss_scale
-        self.steps = 0
+        self.steps = 0  # step() calls applied (not skipped)
+        self.counts = [0] * len(self.params)  # per parameter: the steps it took (torch.optim's state["step"])
         self.m = [torch.zeros_like(m) for m in self.masters]
         self.v = [torch.zeros_like(m) for m in self.masters]
         self.last_step_skipped = False
 
-    def zero_grad(self):
+    def zero_grad(self, set_to_none=True):
+        """set_to_none=False zeroes the gradients instead, as torch.optim's zero_grad() does by
+        default before PyTorch 2.0: a parameter then left out of a backward (a skipped block) has
+        a zero gradient and is stepped, where with None it is skipped."""
         for p in self.params:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.detach_().zero_()
 
     def storage_bytes(self):
         return sum(m.numel() * 4 + p.numel() * 2 for m, p in zip(self.masters, self.params))
@@ -93,6 +104,7 @@ class MasterWeightsOptimizer:
         self.steps += 1
         inv_scale, clip = _f32(1.0 / _f32(self.loss_scale)), _f32(clip)
         for i, g in grads:
+            self.counts[i] += 1
             g = _scale(_scale(g.clone(), inv_scale), clip)
             if self.kind == "adamw":
                 self._adamw(i, g)
@@ -103,7 +115,7 @@ class MasterWeightsOptimizer:
     def _adamw(self, i, g):
         p, m, v = self.masters[i], self.m[i], self.v[i]
         lr, b1, b2, wd = _f32(self.lr), _f32(self.betas[0]), _f32(self.betas[1]), _f32(self.wd)
-        t = self.steps
+        t = self.counts[i]  # this parameter's own count, as torch.optim.AdamW's bias correction
         if wd != 0:
             _scale(p, _f32(1.0 - lr * wd))
         _add(_scale(m, b1), _scale(g.clone(), _f32(1.0 - b1)))
@@ -117,7 +129,7 @@ class MasterWeightsOptimizer:
         if self.wd != 0:
             g = _add(g, _scale(p.clone(), _f32(self.wd)))
         if self.momentum != 0:
-            if self.steps == 1:
+            if self.counts[i] == 1:  # its first step starts the buffer, as torch.optim.SGD's
                 buf.copy_(g)
             else:
                 _add(_scale(buf, _f32(self.momentum)), g)
