@@ -202,6 +202,7 @@ TEST(PlanReport, WhatTheLaunchLineCannotSayIsNamedAndNothingElseDiffers) {
     const std::string name = entry.at("name").get<std::string>();
     RunConfig c;
     c.model = estimate::model_from_hf_json(entry.at("config").dump(), name, nullptr);
+    if (c.model.learned_positions) c.training.seq_length = c.model.learned_positions;  // the longest it takes
     const auto differences = megatron_cannot_say(c.model);
     RunConfig back;
     estimate::apply_megatron_args(megatron_arguments(c), back);
@@ -244,6 +245,45 @@ TEST(PlanCommand, TheLaunchLineOfAModelMegatronCannotBuildSaysWhatDiffers) {
   const auto llama = run_cli("plan --model llama2-7b --gpus 8 --global-batch 64 --quiet");
   EXPECT_EQ(llama.output.find("has no arguments"), std::string::npos);
   std::remove(path.c_str());
+}
+
+// Megatron-LM's interleaved schedule takes micro-batches in groups of PP (schedules.py refuses a
+// count that is not a multiple), and context parallelism cuts the sequence into 2·CP chunks.
+TEST(PlanSearch, EveryLayoutIsOneMegatronRuns) {
+  for (const auto& [gbs, seq] : {std::pair<std::int64_t, std::int64_t>{7, 4096}, {24, 4096}, {64, 4104}}) {
+    PlanRequest r;
+    r.base.model = estimate::preset(gbs == 24 ? "llama2-70b" : "llama2-7b");
+    r.base.training.global_batch = gbs;
+    r.base.training.seq_length = seq;
+    r.cluster.gpus = gbs == 24 ? 64 : 8;
+    r.top = 1000;
+    const SearchResult res = search(r);
+    ASSERT_FALSE(res.plans.empty()) << gbs;
+    for (const Plan& p : res.plans) {
+      const auto& l = p.config.parallel;
+      const std::int64_t micro_batches = gbs / (p.config.training.micro_batch * l.dp);
+      if (l.vpp > 1) EXPECT_EQ(micro_batches % l.pp, 0) << megatron_arguments(p.config);
+      if (l.cp > 1) EXPECT_EQ(seq % (2 * l.cp), 0) << megatron_arguments(p.config);
+      RunConfig back;  // and its line is one the parser (Megatron-LM's checks) takes
+      EXPECT_NO_THROW(estimate::apply_megatron_args(megatron_arguments(p.config), back))
+          << megatron_arguments(p.config);
+    }
+  }
+}
+
+// --max-position-embeddings is required by Megatron-LM and at least the sequence; a model whose
+// learned position table is shorter than the sequence is refused before the search.
+TEST(PlanCommand, TheLaunchLineCarriesMaxPositionsAndAShortPositionTableIsRefused) {
+  const auto rope = run_cli("plan --model llama2-7b --gpus 8 --global-batch 64 --seq 2048 --json --quiet");
+  ASSERT_EQ(rope.exit_code, 0) << rope.output;
+  const std::string line = nlohmann::json::parse(rope.output).at("plans").at(0).at("megatron_args");
+  EXPECT_NE(line.find("--position-embedding-type rope --max-position-embeddings 2048"), std::string::npos) << line;
+  const auto short_table = run_cli("plan --model gpt3-175b --gpus 64 --global-batch 64 --seq 4096 --quiet");
+  EXPECT_EQ(short_table.exit_code, 2) << short_table.output;
+  EXPECT_NE(short_table.output.find("learned position embedding has 2048 rows, fewer than the sequence length "
+                                    "4096; give --seq 2048 or less"),
+            std::string::npos)
+      << short_table.output;
 }
 
 // A plan's launch line, given back to `stowage estimate` with the data-parallel size, predicts

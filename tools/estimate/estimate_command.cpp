@@ -194,7 +194,8 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_option("--recompute-method", o->recompute_method,
                   "full recompute: block (first n layers) or uniform (chunks of n) (default block)");
   cmd->add_option("--recompute-num-layers", o->recompute_layers,
-                  "block: layers per model chunk recomputed (0 = all); uniform: layers per chunk (default 0)");
+                  "block: layers per model chunk recomputed (0 = all, unlike Megatron's 0 = none); uniform: layers per "
+                  "chunk (default 0)");
   cmd->add_flag("--shared-storage", o->shared, "bf16 weights inside the fp32 master");
   cmd->add_option("--rounding", o->rounding, "shared storage rounding: half_up or nearest_even (default half_up)");
   cmd->add_flag("--act-fn-recompute", o->act_fn, "release and recompute the MLP activation output");

@@ -70,6 +70,13 @@ double to_double(const std::string& arg, const std::string& value) {
   throw InvalidArgument(fmt::format("megatron-args: {} expects a probability in [0, 1], got '{}'", arg, value));
 }
 
+// An argparse `choices` argument: Megatron-LM refuses any other value (case matters).
+std::string one_of(const std::string& arg, const std::string& value, std::initializer_list<std::string_view> choices) {
+  for (std::string_view c : choices)
+    if (value == c) return value;
+  throw InvalidArgument(fmt::format("megatron-args: {} '{}' is not one of {}", arg, value, fmt::join(choices, ", ")));
+}
+
 // Megatron arguments that change what a training step allocates in ways the model does not
 // represent: the estimate warns that it ignores them.
 constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
@@ -100,12 +107,177 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--enable-cuda-graph", "CUDA graphs keep static input and output buffers"},
     {"--cuda-graph-impl", "CUDA graphs keep static input and output buffers"},
     {"--external-cuda-graph", "CUDA graphs keep static input and output buffers"},
+    // MindSpeed's (mindspeed/arguments.py and features_manager/ at 028de58).
+    {"--swap-optimizer", "optimizer states swapped to host memory"},
+    {"--swap-optimizer-times", "optimizer states swapped to host memory"},
+    {"--virtual-optimizer", "optimizer states in host memory"},
+    {"--recompute-norm", "norm outputs released and recomputed"},
+    {"--recompute-norm-num-layers", "norm outputs released and recomputed"},
+    {"--recompute-in-bubble", "recompute moved into the pipeline bubbles"},
+    {"--recompute-in-advance", "recompute moved ahead of backward"},
+    {"--enable-recompute-layers-per-pp-rank", "recomputed layers counted per pipeline rank"},
+    {"--adaptive-recompute-device-swap", "recompute and swap chosen at run time"},
+    {"--adaptive-recompute-device-size", "recompute and swap chosen at run time"},
+    {"--adaptive-memory-optimization", "recompute and swap chosen at run time"},
+    {"--smart-swap", "tensors swapped to host memory at run time"},
+    {"--swap-layer-input", "layer inputs swapped to host memory"},
+    {"--noop-layers", "layers without weights or activations"},
+    {"--num-layer-list", "an uneven pipeline split"},
+    {"--ulysses-degree-in-cp", "hybrid Ulysses and ring context parallelism"},
+    {"--tp-2d", "2-D tensor parallelism"},
+    {"--ampipe-degree", "attention and MLP pipelined over sub-sequences"},
+    {"--use-nanopipe", "the nano-pipe schedule"},
+    {"--use-nanopipe-swap", "the nano-pipe schedule"},
+    {"--schedules-method", "another pipeline schedule (dualpipev)"},
+    {"--layerzero", "weights sharded and gathered per layer"},
+    {"--enable-zero3", "weights sharded and gathered per layer"},
+    {"--compress-activation", "compressed activations"},
+    {"--compress-optimizer", "compressed optimizer states"},
+    {"--compress-dense", "compressed activations"},
+    {"--quant-states", "quantised optimizer states"},
+    {"--quant-grads", "quantised gradients"},
+    {"--moe-zero-memory", "MoE activations released and recomputed"},
+    {"--moe-tp-extend-ep", "experts split over TP × EP"},
+    {"--moe-unperm2-mem-optim-swap", "MoE activations swapped to host memory"},
+    {"--moe-adaptive-recompute-activation", "MoE activations recomputed when routing is unbalanced"},
+    {"--use-pipe-experts", "experts pipelined over sub-batches"},
 };
 
 const std::pair<std::string_view, std::string_view>* unmodelled(std::string_view name) {
   for (const auto& u : kUnmodelled)
     if (u.first == name) return &u;
   return nullptr;
+}
+
+// Names Megatron-LM's parser does not have but launch lines still carry, with the one it has.
+constexpr std::pair<std::string_view, std::string_view> kRenamed[] = {
+    // arguments.py derives virtual_pipeline_model_parallel_size; its ArgumentGroupFactory
+    // excludes the field, so there is no flag (there was one for a few days in 2021).
+    {"--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank"},
+};
+
+std::string_view renamed(std::string_view name) {
+  for (const auto& r : kRenamed)
+    if (r.first == name) return r.second;
+  return {};
+}
+
+// Recompute as the launch line spells it; Megatron-LM checks the combination once parsed.
+struct LineRecompute {
+  bool activations = false;  // --recompute-activations
+  std::optional<Recompute> granularity;
+  std::optional<RecomputeMethod> method;
+  std::optional<std::int64_t> num_layers;
+};
+
+void refuse_selective_extras(const LineRecompute& r, std::string_view how) {
+  if (r.method)
+    throw InvalidArgument(
+        fmt::format("megatron-args: --recompute-method {} with {}: Megatron-LM takes no method for selective recompute",
+                    to_string(*r.method), how));
+  if (r.num_layers)
+    throw InvalidArgument(fmt::format(
+        "megatron-args: --recompute-num-layers {} with {}: Megatron-LM takes no layer count for selective recompute",
+        *r.num_layers, how));
+}
+
+// Full recompute needs a method and a layer count (TransformerConfig raises ValueError without).
+// Megatron's block method recomputes layers with index < n (recompute.py), so n = 0 recomputes
+// none; uniform with n = 0 never advances its loop.
+void apply_full_recompute(const LineRecompute& r, RunConfig& c) {
+  if (!r.method)
+    throw InvalidArgument(
+        "megatron-args: --recompute-granularity full needs --recompute-method block or uniform (Megatron-LM refuses "
+        "it without)");
+  if (!r.num_layers)
+    throw InvalidArgument(
+        "megatron-args: --recompute-granularity full needs --recompute-num-layers (Megatron-LM refuses it without)");
+  if (*r.method == RecomputeMethod::uniform && *r.num_layers == 0)
+    throw InvalidArgument(
+        "megatron-args: --recompute-method uniform with --recompute-num-layers 0: a chunk needs at least 1 layer");
+  c.recompute.method = *r.method;
+  c.recompute.num_layers = *r.num_layers;
+  if (*r.method == RecomputeMethod::block && *r.num_layers == 0) {
+    c.recompute.granularity = Recompute::none;  // stowage's own num_layers 0 would mean every layer
+    c.notes.push_back(
+        "megatron-args: --recompute-method block --recompute-num-layers 0 recomputes no layer (Megatron-LM); "
+        "estimated without recompute");
+    return;
+  }
+  c.recompute.granularity = Recompute::full;
+}
+
+void apply_recompute(const LineRecompute& r, RunConfig& c) {
+  if (r.num_layers && *r.num_layers < 0)
+    throw InvalidArgument(
+        fmt::format("megatron-args: --recompute-num-layers must not be negative, got {}", *r.num_layers));
+  // arguments.py: --recompute-activations sets selective granularity, whatever else the line says.
+  const std::optional<Recompute> g = r.activations ? Recompute::selective : r.granularity;
+  if (!g) {  // no granularity: Megatron recomputes nothing; the counts still feed MindSpeed's act-fn recompute
+    if (r.method) c.recompute.method = *r.method;
+    if (r.num_layers) c.recompute.num_layers = *r.num_layers;
+    return;
+  }
+  if (*g == Recompute::selective) {
+    refuse_selective_extras(r, r.activations ? "--recompute-activations" : "--recompute-granularity selective");
+    c.recompute.granularity = Recompute::selective;
+    return;
+  }
+  apply_full_recompute(r, c);
+}
+
+// Virtual pipeline stages (arguments.py): at most one of --num-layers-per-virtual-pipeline-stage,
+// --num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout; layers per virtual
+// stage do not combine with an uneven first or last stage.
+struct LineVirtualStages {
+  std::optional<std::int64_t> stages, layers_per_stage;
+  bool layout = false;
+};
+
+void apply_virtual_stages(const LineVirtualStages& v, RunConfig& c) {
+  auto& p = c.parallel;
+  if (int(v.stages.has_value()) + int(v.layers_per_stage.has_value()) + int(v.layout) > 1)
+    throw InvalidArgument(
+        "megatron-args: give one of --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank "
+        "and --pipeline-model-parallel-layout (Megatron-LM refuses more than one)");
+  if (v.stages) p.vpp = *v.stages;
+  if (!v.layers_per_stage) return;
+  if (p.first_stage_layers > 0 || p.last_stage_layers > 0)
+    throw InvalidArgument(
+        "megatron-args: --num-layers-per-virtual-pipeline-stage with --decoder-first/last-pipeline-num-layers: "
+        "Megatron-LM needs --num-virtual-stages-per-pipeline-rank for an uneven pipeline");
+  // Layers per pipeline rank (the embedding and loss counted when asked) ÷ this.
+  const std::int64_t layers = c.model.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0);
+  if (layers % (p.pp * *v.layers_per_stage) != 0)
+    throw InvalidArgument(
+        fmt::format("megatron-args: --num-layers-per-virtual-pipeline-stage {} does not divide the {} layers of each "
+                    "of {} pipeline stages",
+                    *v.layers_per_stage, layers / p.pp, p.pp));
+  p.vpp = layers / (p.pp * *v.layers_per_stage);
+}
+
+// arguments.py asserts max_position_embeddings >= seq_length, and with context parallelism a
+// sequence that splits into 2·CP chunks (each rank takes one from each end, for causal balance).
+void check_sequence(const RunConfig& c, std::optional<std::int64_t> max_positions, bool seq_given, bool cp_given) {
+  const std::int64_t s = c.training.seq_length, cp = c.parallel.cp;
+  if (max_positions && seq_given && *max_positions < s)
+    throw InvalidArgument(fmt::format(
+        "megatron-args: --max-position-embeddings {} is smaller than --seq-length {} (Megatron-LM refuses it)",
+        *max_positions, s));
+  if (cp_given && cp > 1 && s % (2 * cp) != 0)
+    throw InvalidArgument(
+        fmt::format("megatron-args: --seq-length {} is not a multiple of 2 × --context-parallel-size {} (Megatron-LM "
+                    "refuses it)",
+                    s, cp));
+}
+
+// Megatron-LM's moe_router_topk defaults to 2 (TransformerConfig).
+void apply_experts(ModelConfig& m, bool topk_given) {
+  if (m.num_experts <= 0) return;
+  if (!topk_given && m.experts_per_token == 0) m.experts_per_token = 2;
+  if (m.experts_per_token > m.num_experts)
+    throw InvalidArgument(fmt::format("megatron-args: --moe-router-topk {} is more than --num-experts {}",
+                                      m.experts_per_token, m.num_experts));
 }
 
 }  // namespace
@@ -129,21 +301,24 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   bool hidden_given = false, ffn_given = false, heads_given = false;
   std::string sharding = "no_shard";  // --data-parallel-sharding-strategy (arguments.py's default)
   std::optional<bool> rmsnorm, rope;
-  bool bf16 = false, fp16 = false, fp32_grads = false, local_impl = false, flash = false, gpt2_bpe = false;
+  bool bf16 = false, fp16 = false, fp32_grads = false, bf16_grads = false, local_impl = false, flash = false;
+  bool gpt2_bpe = false, seq_given = false, cp_given = false, topk_given = false;
   std::string attention_backend = "auto", ce_impl = "native";
   bool ce_fusion = false, defer_wgrad = false;
   std::int64_t wgrad_limit = 0;
   std::optional<double> attn_dropout, hidden_dropout;
   std::optional<std::int64_t> max_positions;
-  std::int64_t query_groups = 0, global_batch = 0, layers_per_virtual = 0;
+  std::int64_t query_groups = 0, global_batch = 0;
+  LineRecompute recompute;
+  LineVirtualStages virtual_stages;
   MegatronArgsReport report;
 
   using Handler = std::function<void(const std::string& arg, const std::string& value)>;
   const std::map<std::string, Handler> with_value{
-      {"--num-layers", [&](auto& a, auto& v) { m.num_layers = to_int(a, v); }},
+      {"--num-layers", [&](auto& a, auto& v) { m.num_layers = to_positive(a, v); }},
       {"--hidden-size",
        [&](auto& a, auto& v) {
-         m.hidden_size = to_int(a, v);
+         m.hidden_size = to_positive(a, v);
          hidden_given = true;
        }},
       {"--ffn-hidden-size",
@@ -153,40 +328,65 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
        }},
       {"--num-attention-heads",
        [&](auto& a, auto& v) {
-         m.num_heads = to_int(a, v);
+         m.num_heads = to_positive(a, v);
          heads_given = true;
        }},
       {"--num-query-groups", [&](auto& a, auto& v) { query_groups = to_positive(a, v); }},
-      {"--kv-channels", [&](auto& a, auto& v) { m.head_dim = to_int(a, v); }},
-      {"--vocab-size", [&](auto& a, auto& v) { m.vocab_size = to_int(a, v); }},
+      {"--kv-channels", [&](auto& a, auto& v) { m.head_dim = to_positive(a, v); }},
+      {"--vocab-size", [&](auto& a, auto& v) { m.vocab_size = to_positive(a, v); }},
       {"--padded-vocab-size",
        [&](auto& a, auto& v) {
-         m.vocab_size = to_int(a, v);
+         m.vocab_size = to_positive(a, v);
          t.vocab_divisor = 1;
        }},
-      {"--make-vocab-size-divisible-by", [&](auto& a, auto& v) { t.vocab_divisor = to_int(a, v); }},
+      {"--make-vocab-size-divisible-by", [&](auto& a, auto& v) { t.vocab_divisor = to_positive(a, v); }},
       {"--tokenizer-type", [&](auto&, auto& v) { gpt2_bpe = v == "GPT2BPETokenizer"; }},
       {"--vocab-file", [&](auto&, auto&) { gpt2_bpe = true; }},
-      {"--max-position-embeddings", [&](auto& a, auto& v) { max_positions = to_int(a, v); }},
-      {"--position-embedding-type", [&](auto&, auto& v) { rope = v != "learned_absolute"; }},
-      {"--normalization", [&](auto&, auto& v) { rmsnorm = v == "RMSNorm"; }},
-      {"--num-experts", [&](auto& a, auto& v) { m.num_experts = to_int(a, v); }},
-      {"--moe-router-topk", [&](auto& a, auto& v) { m.experts_per_token = to_int(a, v); }},
-      {"--seq-length", [&](auto& a, auto& v) { t.seq_length = to_int(a, v); }},
-      {"--micro-batch-size", [&](auto& a, auto& v) { t.micro_batch = to_int(a, v); }},
-      {"--global-batch-size", [&](auto& a, auto& v) { global_batch = to_int(a, v); }},
-      {"--tensor-model-parallel-size", [&](auto& a, auto& v) { p.tp = to_int(a, v); }},
-      {"--pipeline-model-parallel-size", [&](auto& a, auto& v) { p.pp = to_int(a, v); }},
-      {"--virtual-pipeline-model-parallel-size", [&](auto& a, auto& v) { p.vpp = to_int(a, v); }},
-      {"--num-virtual-stages-per-pipeline-rank", [&](auto& a, auto& v) { p.vpp = to_int(a, v); }},
-      {"--num-layers-per-virtual-pipeline-stage", [&](auto& a, auto& v) { layers_per_virtual = to_int(a, v); }},
+      {"--max-position-embeddings", [&](auto& a, auto& v) { max_positions = to_positive(a, v); }},
+      // learned_absolute adds a table of positions; the rotary kinds, relative and none do not.
+      {"--position-embedding-type",
+       [&](auto& a, auto& v) {
+         rope = one_of(a, v, {"learned_absolute", "rope", "yarn", "mrope", "relative", "none"}) != "learned_absolute";
+       }},
+      {"--normalization",
+       [&](auto& a, auto& v) {
+         rmsnorm = one_of(a, v, {"LayerNorm", "RMSNorm"}) == "RMSNorm";
+       }},
+      {"--num-experts", [&](auto& a, auto& v) { m.num_experts = to_positive(a, v); }},
+      {"--moe-router-topk",
+       [&](auto& a, auto& v) {
+         m.experts_per_token = to_positive(a, v);
+         topk_given = true;
+       }},
+      {"--seq-length",
+       [&](auto& a, auto& v) {
+         t.seq_length = to_positive(a, v);
+         seq_given = true;
+       }},
+      {"--micro-batch-size", [&](auto& a, auto& v) { t.micro_batch = to_positive(a, v); }},
+      {"--global-batch-size", [&](auto& a, auto& v) { global_batch = to_positive(a, v); }},
+      {"--tensor-model-parallel-size", [&](auto& a, auto& v) { p.tp = to_positive(a, v); }},
+      {"--pipeline-model-parallel-size", [&](auto& a, auto& v) { p.pp = to_positive(a, v); }},
+      {"--num-virtual-stages-per-pipeline-rank", [&](auto& a, auto& v) { virtual_stages.stages = to_positive(a, v); }},
+      {"--num-layers-per-virtual-pipeline-stage",
+       [&](auto& a, auto& v) { virtual_stages.layers_per_stage = to_positive(a, v); }},
       {"--microbatch-group-size-per-virtual-pipeline-stage",
-       [&](auto& a, auto& v) { p.microbatch_group = to_int(a, v); }},
-      {"--context-parallel-size", [&](auto& a, auto& v) { p.cp = to_int(a, v); }},
-      {"--expert-model-parallel-size", [&](auto& a, auto& v) { p.ep = to_int(a, v); }},
-      {"--recompute-granularity", [&](auto&, auto& v) { c.recompute.granularity = parse_recompute(v); }},
-      {"--recompute-method", [&](auto&, auto& v) { c.recompute.method = parse_recompute_method(v); }},
-      {"--recompute-num-layers", [&](auto& a, auto& v) { c.recompute.num_layers = to_int(a, v); }},
+       [&](auto& a, auto& v) { p.microbatch_group = to_positive(a, v); }},
+      {"--context-parallel-size",
+       [&](auto& a, auto& v) {
+         p.cp = to_positive(a, v);
+         cp_given = true;
+       }},
+      {"--expert-model-parallel-size", [&](auto& a, auto& v) { p.ep = to_positive(a, v); }},
+      {"--recompute-granularity",
+       [&](auto& a, auto& v) {
+         recompute.granularity = parse_recompute(one_of(a, v, {"full", "selective"}));
+       }},
+      {"--recompute-method",
+       [&](auto& a, auto& v) {
+         recompute.method = parse_recompute_method(one_of(a, v, {"uniform", "block"}));
+       }},
+      {"--recompute-num-layers", [&](auto& a, auto& v) { recompute.num_layers = to_int(a, v); }},
       {"--recompute-activation-function-num-layers",
        [&](auto& a, auto& v) {
          (void)to_positive(a, v);  // checked; the estimate recomputes the activation function in every layer
@@ -202,8 +402,28 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--cross-entropy-fusion-impl", [&](auto&, auto& v) { ce_impl = v; }},
       {"--wgrad-deferral-limit", [&](auto& a, auto& v) { wgrad_limit = to_int(a, v); }},
       {"--num-distributed-optimizer-instances", [&](auto& a, auto& v) { p.optimizer_instances = to_int(a, v); }},
-      {"--decoder-first-pipeline-num-layers", [&](auto& a, auto& v) { p.first_stage_layers = to_int(a, v); }},
-      {"--decoder-last-pipeline-num-layers", [&](auto& a, auto& v) { p.last_stage_layers = to_int(a, v); }},
+      // TransformerConfig: num_layers_in_first/last_pipeline_stage must be larger than 0.
+      {"--decoder-first-pipeline-num-layers", [&](auto& a, auto& v) { p.first_stage_layers = to_positive(a, v); }},
+      {"--decoder-last-pipeline-num-layers", [&](auto& a, auto& v) { p.last_stage_layers = to_positive(a, v); }},
+      // MindSpeed: Ulysses (its default in mindspeed/arguments.py) and hybrid context parallelism
+      // exchange heads by all-to-all instead of the ring's key/value chunks.
+      {"--context-parallel-algo",
+       [&](auto& a, auto& v) {
+         if (v != "megatron_cp_algo")
+           c.warnings.push_back(
+               fmt::format("{} {} changes memory (context-parallel attention other than Megatron's "
+                           "ring); the estimate models megatron_cp_algo",
+                           a, v));
+       }},
+      // MindSpeed swap-attention's default modules are what the estimate swaps.
+      {"--swap-modules",
+       [&](auto& a, auto& v) {
+         if (v != "input_norm,self_attention,post_attention_norm")
+           c.warnings.push_back(
+               fmt::format("{} {} changes memory (other modules swapped); the estimate swaps "
+                           "input_norm,self_attention,post_attention_norm",
+                           a, v));
+       }},
   };
   const std::map<std::string, std::function<void()>> flags{
       {"--group-query-attention", [&] { gqa = true; }},
@@ -218,6 +438,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--bf16", [&] { bf16 = true; }},
       {"--fp16", [&] { fp16 = true; }},
       {"--accumulate-allreduce-grads-in-fp32", [&] { fp32_grads = true; }},
+      {"--grad-reduce-in-bf16", [&] { bf16_grads = true; }},
+      {"--recompute-activations", [&] { recompute.activations = true; }},
       {"--use-flash-attn", [&] { flash = true; }},
       {"--no-bias-swiglu-fusion", [&] { t.fused_swiglu = false; }},
       {"--recompute-activation-function", [&] { c.techniques.act_fn_recompute = true; }},
@@ -257,21 +479,30 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       f->second();
       report.modelled.push_back(name);
     } else if (const auto* u = unmodelled(name)) {
+      if (name == "--pipeline-model-parallel-layout") virtual_stages.layout = true;
       report.unmodelled.push_back(skip_values(i, inline_value));
       c.warnings.push_back(fmt::format("{} changes memory ({}); the estimate does not model it", name, u->second));
-    } else if (is_megatron_argument(name)) {
+    } else if (is_megatron_argument(name) || is_mindspeed_argument(name)) {
       report.no_effect.push_back(skip_values(i, inline_value));
     } else if (unknown == UnknownArguments::ignore) {
       report.unknown.push_back(skip_values(i, inline_value));
     } else {
-      const std::string near = nearest_megatron_argument(name);
+      const std::string_view now = renamed(name);
+      const std::string near = now.empty() ? nearest_megatron_argument(name) : std::string(now);
       throw InvalidArgument(
           fmt::format("megatron-args: unknown argument '{}'{}; --ignore-unknown-megatron-args skips arguments "
-                      "Megatron-LM does not have",
-                      name, near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
+                      "neither Megatron-LM nor MindSpeed has",
+                      name,
+                      !now.empty()   ? fmt::format(" (Megatron-LM has no such flag; use '{}')", now)
+                      : near.empty() ? ""
+                                     : fmt::format(" (did you mean '{}'?)", near)));
     }
   }
   if (gqa) m.num_kv_heads = query_groups > 0 ? query_groups : 1;  // arguments.py: --num-query-groups defaults to 1
+  else if (query_groups > 0)  // Megatron-LM reads it only with --group-query-attention
+    c.notes.push_back(fmt::format(
+        "megatron-args: --num-query-groups {} without --group-query-attention is ignored, as Megatron-LM ignores it",
+        query_groups));
   // Dropout is the run's, not the checkpoint's: Megatron trains with 0.1 unless the line says.
   m.dropout = hidden_dropout.value_or(0.1) > 0;
   m.attention_dropout = attn_dropout.value_or(0.1) > 0;
@@ -313,23 +544,19 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   if (m.ffn_hidden_size == 0 && m.hidden_size > 0)
     m.ffn_hidden_size = m.gated_mlp ? static_cast<std::int64_t>(4.0 * double(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64
                                     : 4 * m.hidden_size;
-  if (layers_per_virtual > 0 && p.pp > 0) {
-    // arguments.py: layers per pipeline rank (the embedding and loss counted when asked) ÷ this.
-    const std::int64_t layers = m.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0);
-    if (layers % (p.pp * layers_per_virtual) != 0)
-      throw InvalidArgument(
-          "megatron-args: --num-layers-per-virtual-pipeline-stage does not divide the layers per stage");
-    p.vpp = layers / (p.pp * layers_per_virtual);
-  } else if (layers_per_virtual < 0) {
-    throw InvalidArgument("megatron-args: --num-layers-per-virtual-pipeline-stage must be positive");
-  }
+  apply_virtual_stages(virtual_stages, c);
+  apply_recompute(recompute, c);
+  apply_experts(m, topk_given);
+  check_sequence(c, max_positions, seq_given, cp_given);
   if (fp16 && bf16) throw InvalidArgument("megatron-args: --bf16 and --fp16 together (Megatron-LM refuses them too)");
   if (fp16) t.precision = Precision::fp16;
   if (bf16) t.precision = Precision::bf16;
   if (!bf16 && !fp16) t.precision = Precision::fp32;
-  // Megatron-LM turns on accumulate_allreduce_grads_in_fp32 with --bf16 (arguments.py), so its
-  // gradient buffers hold fp32 main grads: 4 B/param; fp16 keeps 2-byte grads unless asked.
-  t.grad_bytes = (bf16 || fp32_grads || t.precision == Precision::fp32) ? 4 : 2;
+  // Megatron-LM turns on accumulate_allreduce_grads_in_fp32 with --bf16 unless --grad-reduce-in-bf16
+  // turns it off (arguments.py, even when the line asks for it), so its gradient buffers hold fp32
+  // main grads: 4 B/param, or bf16's 2; fp16 keeps 2-byte grads unless asked.
+  const bool fp32_main_grads = bf16 ? !bf16_grads : fp32_grads;
+  t.grad_bytes = (fp32_main_grads || t.precision == Precision::fp32) ? 4 : 2;
   p.accounting = Accounting::megatron;
   // Attention: TransformerEngine (the default implementation) picks flash or cuDNN fused
   // attention (--attention-backend auto/flash/fused): no s² scores. `unfused` and `local`, and

@@ -59,6 +59,13 @@ PlanRequest build_request(const Options& o) {
   if (o.seq) c.training.seq_length = positive(o.seq, "--seq");
   if (o.global_batch) c.training.global_batch = positive(o.global_batch, "--global-batch");
   if (c.training.global_batch <= 0) throw InvalidArgument("plan: --global-batch is required (sequences per step)");
+  // A learned position table sizes the longest sequence the model takes (Megatron-LM asserts it).
+  const std::int64_t rows = c.model.learned_positions, seq = c.training.seq_length;
+  if (rows > 0 && rows < seq)
+    throw InvalidArgument(
+        fmt::format("plan: the model's learned position embedding has {} rows, fewer than the sequence length {}; give "
+                    "--seq {} or less",
+                    rows, seq, rows));
   if (!o.precision.empty()) c.training.precision = estimate::parse_precision(o.precision);
   if (o.no_flash) c.training.flash_attention = false;
   auto& cl = r.cluster;

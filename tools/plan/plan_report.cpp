@@ -118,15 +118,17 @@ std::string megatron_arguments(const RunConfig& c) {
   if (!m.linear_bias()) a.push_back("--disable-bias-linear");
   if (!m.linear_bias() && m.qkv_bias) a.push_back("--add-qkv-bias");
   if (!m.tie_embeddings) a.push_back("--untie-embeddings-and-output-weights");
-  a.push_back(m.learned_positions ? fmt::format("--max-position-embeddings {}", m.learned_positions)
-                                  : std::string("--position-embedding-type rope"));
+  // Megatron-LM requires --max-position-embeddings, at least the sequence; with RoPE it sizes
+  // nothing that the estimate counts.
+  if (m.learned_positions) a.push_back(fmt::format("--max-position-embeddings {}", m.learned_positions));
+  else a.push_back(fmt::format("--position-embedding-type rope --max-position-embeddings {}", c.training.seq_length));
   if (!m.dropout) a.push_back("--hidden-dropout 0.0");
   if (!m.attention_dropout) a.push_back("--attention-dropout 0.0");
   if (m.moe()) a.push_back(fmt::format("--num-experts {} --moe-router-topk {}", m.num_experts, m.experts_per_token));
   a.push_back(fmt::format("--vocab-size {}", m.vocab_size));
   a.push_back(fmt::format("--seq-length {}", c.training.seq_length));
-  a.push_back(
-      fmt::format("--micro-batch-size {} --global-batch-size {}", c.training.micro_batch, c.training.global_batch));
+  a.push_back(fmt::format("--micro-batch-size {}", c.training.micro_batch));
+  if (c.training.global_batch > 0) a.push_back(fmt::format("--global-batch-size {}", c.training.global_batch));
   a.push_back(c.training.precision == estimate::Precision::fp16   ? "--fp16"
               : c.training.precision == estimate::Precision::bf16 ? "--bf16"
                                                                   : "");

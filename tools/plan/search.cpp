@@ -60,7 +60,9 @@ std::vector<Layout> layouts(const PlanRequest& r) {
   for (std::int64_t tp : divisors(cl.gpus_per_node, cl.gpus)) {
     if (m.num_heads % tp || m.ffn_hidden_size % tp || (m.kv_heads() % tp && tp % m.kv_heads())) continue;
     for (std::int64_t cp = 1; cp <= r.space.max_cp && tp * cp <= cl.gpus; cp *= 2) {
-      if (seq % (cp * tp) != 0) continue;
+      // Sequence parallelism splits each rank's seq/cp tokens by tp; Megatron-LM's load-balanced
+      // context parallelism cuts the sequence into 2·cp chunks (arguments.py asserts both).
+      if (seq % (cp * tp) != 0 || (cp > 1 && seq % (2 * cp) != 0)) continue;
       for (std::int64_t pp : divisors(m.num_layers, cl.gpus / (tp * cp))) {
         if (cl.gpus % (tp * cp * pp) != 0) continue;
         const std::int64_t dp = cl.gpus / (tp * cp * pp);
@@ -70,7 +72,9 @@ std::vector<Layout> layouts(const PlanRequest& r) {
             if (gbs % (mb * dp) != 0) continue;
             const std::int64_t M = gbs / (mb * dp);
             std::vector<std::int64_t> vpps{1};
-            if (pp > 1 && M >= pp)
+            // The interleaved schedule takes micro-batches in groups of pp: Megatron-LM refuses a
+            // count that is not a multiple of pp (schedules.py, microbatch_group_size_per_vp_stage).
+            if (pp > 1 && M >= pp && M % pp == 0)
               for (std::int64_t v : divisors(m.num_layers / pp, r.space.max_vpp))
                 if (v > 1) vpps.push_back(v);
             for (std::int64_t v : vpps)
