@@ -243,18 +243,20 @@ class Saves(torch.autograd.Function):
 class SavesEveryLayout(torch.nn.Module):
     def layouts(self):
         g = torch.Generator().manual_seed(3)
-        base = torch.randn(6, 10, generator=g)
         row = torch.randn(10, generator=g)
+
+        def base():  # a storage of its own for each (views of one storage share one copy: below)
+            return torch.randn(6, 10, generator=g)
         return {
-            "transposed (dense, permuted)": base.t(),
-            "every other column (gaps)": base[:, ::2],
-            "a column slice at an offset": base[:, 2:5],
-            "gaps, transposed": base[:, ::2].t(),
+            "transposed (dense, permuted)": base().t(),
+            "every other column (gaps)": base()[:, ::2],
+            "a column slice at an offset": base()[:, 2:5],
+            "gaps, transposed": base()[:, ::2].t(),
             "expanded (stride 0)": row.expand(6, 10),
-            "dense at an unaligned offset": base.view(-1)[3:43].view(4, 10),
-            "bool, transposed": (base > 0).t(),
-            "complex": torch.complex(base[:2], base[2:4]),
-            "empty": base[:0],
+            "dense at an unaligned offset": base().view(-1)[3:43].view(4, 10),
+            "bool, transposed": (base() > 0).t(),
+            "complex": torch.complex(base()[:2], base()[2:4]),
+            "empty": base()[:0],
         }
 
     def forward(self, x):
@@ -301,6 +303,37 @@ def test_every_saved_layout_comes_back_with_its_shape_strides_alignment_and_bits
     assert s.bytes_to_host == (60 + 30 + 18 + 30 + 10 + 40) * 4 + 60 + 20 * 8
 
 
+def saved_by(model, *args):
+    """The tensors that model(*args) saves for backward, parameters aside (nothing wrapped)."""
+    params = {storage_of(p).data_ptr() for p in model.parameters()}
+    saved = []
+
+    def pack(t):
+        if storage_of(t).data_ptr() not in params:
+            saved.append(t)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(*args)
+    return saved
+
+
+def distinct_bytes(saved):
+    """The bytes swap moves each way for these saved tensors (no storage saved by two module calls):
+    of each storage, the bytes that the saved tensors without gaps span, each once; a tensor with
+    gaps whose span those do not cover, its own elements, once for each distinct view."""
+    spans, gaps = {}, set()
+    for t in saved:
+        size = t.element_size()
+        span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+        lo, ptr = t.storage_offset() * size, storage_of(t).data_ptr()
+        if span <= t.numel():
+            spans.setdefault(ptr, set()).update(range(lo, lo + span * size))
+        else:
+            gaps.add((ptr, lo, lo + span * size, tuple(t.shape), tuple(t.stride()), t.dtype, t.numel() * size))
+    copied = sum(map(len, spans.values()))
+    return copied + sum(g[-1] for g in gaps if not set(range(g[1], g[2])) <= spans.get(g[0], set()))
+
+
 class FusedQkvAttention(torch.nn.Module):
     """GPT-2's layout: one qkv projection split into heads, so q, k and v are views with gaps."""
 
@@ -321,22 +354,14 @@ def test_views_with_gaps_of_a_fused_qkv_come_back_dense_with_bf16_gradients_bit_
     model = torch.nn.Sequential(FusedQkvAttention(), FusedQkvAttention()).to(torch.bfloat16)
     x = torch.randn(2, 9, 32, dtype=torch.bfloat16)
     w = torch.randn(2, 9, 32, dtype=torch.bfloat16)
-    params = {storage_of(p).data_ptr() for p in model.parameters()}
-    saved = []  # the bytes of what autograd saves, parameters aside
-
-    def pack(t):
-        if storage_of(t).data_ptr() not in params:
-            saved.append(t.numel() * t.element_size())
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)  # the model's own saves (attention_grads' loss saves too)
+    saved = saved_by(model, x)  # the model's own saves (attention_grads' loss saves too)
     base_out, base_grads = attention_grads(model, x, w)
     handle = swap_activations(model, prefetch=prefetch)
     out, grads = attention_grads(model, x, w)
     assert torch.equal(out, base_out)
     assert all(torch.equal(a, b) for a, b in zip(grads, base_grads))
     # q, k and v each move their own elements, not the whole qkv they are views of.
-    assert handle.stats.swapped == len(saved) and handle.stats.bytes_to_host == sum(saved)
+    assert handle.stats.swapped == len(saved) and handle.stats.bytes_to_host == distinct_bytes(saved)
 
 
 def test_a_deep_copy_of_a_swapped_model_is_a_plain_model_on_its_own_weights():
@@ -449,3 +474,176 @@ def test_the_models_forward_keeps_its_signature_for_code_that_reads_it():
             model.attn))
         ema = copy.deepcopy(model)  # a plain model, whose forward still names its parameters
         assert inspect.signature(ema.forward) == inspect.signature(Net.forward.__get__(ema))
+
+
+class SeparateQkvAttention(torch.nn.Module):
+    """q, k and v from Linears of their own (Hugging Face's BERT, Llama): each saves the input x;
+    softmax saves its output, and the matmul after it a view of the same storage. With `gain` (a
+    parameter of the model's, not the module's), its product with x is what q, k and v read."""
+
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden) for _ in range(4))
+        self.heads = heads
+
+    def forward(self, x, gain=None):
+        if gain is not None:
+            x = x * gain  # saves x and the model's parameter
+        b, s, h = x.shape
+        q, k, v = (z.view(b, s, self.heads, h // self.heads).transpose(1, 2) for z in (self.q(x), self.k(x), self.v(x)))
+        a = (q @ k.transpose(-1, -2) / 4).softmax(-1)
+        return self.o((a @ v).transpose(1, 2).reshape(b, s, h))
+
+
+# What one SeparateQkvAttention call on a (2, 5, 32) bf16 x saves, parameters aside: x (640 bytes)
+# three times, q and kᵀ as the matmul's copies (640 each), the divisor (8), softmax's output (400)
+# and the matmul's view of it, v's copy and o's input (640 each): 10 tensors, 5,288 bytes, over 7
+# storages of 3,608 bytes.
+SEPARATE_QKV_SAVES, SEPARATE_QKV_BYTES, SEPARATE_QKV_DISTINCT = 10, 5288, 3608
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_a_storage_that_several_ops_save_is_copied_once_each_way(prefetch):
+    """x goes to host once for the q, k and v projections that all save it, softmax's output once for
+    softmax and the matmul's view of it, and each comes back as one device copy that every saved
+    tensor of it is a view of: the bytes moved are the distinct bytes, the gradients bit-identical."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(SeparateQkvAttention(), SeparateQkvAttention()).to(torch.bfloat16)
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    h, calls = x, []
+    for layer in model:
+        calls.append(saved_by(layer, h))
+        h = layer(h)
+    assert [len(c) for c in calls] == [SEPARATE_QKV_SAVES] * 2
+    assert [sum(t.numel() * t.element_size() for t in c) for c in calls] == [SEPARATE_QKV_BYTES] * 2
+    assert [distinct_bytes(c) for c in calls] == [SEPARATE_QKV_DISTINCT] * 2
+    base_out, base_grads = attention_grads(model, x, w)
+    base_x = x.grad.clone()
+    x.grad = None
+    handle = swap_activations(model, prefetch=prefetch)
+    out, grads = attention_grads(model, x, w)
+    assert torch.equal(out, base_out) and torch.equal(x.grad, base_x)
+    assert all(torch.equal(a, b) for a, b in zip(grads, base_grads))
+    s = handle.stats
+    assert s.swapped == 2 * SEPARATE_QKV_SAVES  # saved tensors, those sharing another's copy included
+    assert s.bytes_to_host == s.bytes_to_device == 2 * SEPARATE_QKV_DISTINCT  # was 2 * SEPARATE_QKV_BYTES
+    assert s.on_demand == (SEPARATE_QKV_SAVES if prefetch else s.swapped) and s.prefetched == s.swapped - s.on_demand
+
+
+class SavesViewsOfFewStorages(torch.nn.Module):
+    def layouts(self):
+        g = torch.Generator().manual_seed(5)
+        base, other = torch.randn(6, 10, generator=g), torch.randn(60, generator=g)
+        third = torch.randn(6, 10, generator=g)
+        return {
+            # base: its whole span first, then views inside it (one with gaps), another dtype's
+            "base, transposed": (base.t(), "base"),
+            "base again": (base, "base"),
+            "rows 1 and 2": (base[1:3], "base"),
+            "every other column, inside what is copied": (base[:, ::2], "base"),
+            "base's bytes as int32": (base.view(torch.int32)[2:4], "base"),
+            # other: two ranges that overlap, the second copying only what the first did not
+            "first half": (other[:30], "other"),
+            "overlapping it": (other[20:50].view(5, 6), "other"),
+            # third: a view with gaps saved before anything covers it is copied on its own
+            "gaps, before its storage": (third[:, ::2], None),
+            "third": (third, "third"),
+        }
+
+    def forward(self, x):
+        self.saved = self.layouts()
+        return Saves.apply(x, *(t for t, _ in self.saved.values()))
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_views_of_one_storage_come_back_as_views_of_one_device_copy(prefetch):
+    """Each saved view keeps its own offset, shape, strides and dtype over the copy back of the
+    storage's bytes, at the saved data pointer's alignment; overlapping ranges move once."""
+    model = torch.nn.Sequential(SavesViewsOfFewStorages())
+    handle = swap_activations(model, prefetch=prefetch, names=["0"])
+    x = torch.randn(4, requires_grad=True)
+    model(x).sum().backward()
+    saved = model[0].saved
+    assert len(Saves.seen) == len(saved)
+    copies = {}
+    for (name, (before, group)), after in zip(saved.items(), Saves.seen):
+        assert after.data_ptr() != before.data_ptr(), name
+        stride = before.stride() if group is not None else (5, 1)  # dense, as a view with gaps alone
+        assert (after.shape, after.stride(), after.dtype) == (before.shape, stride, before.dtype), name
+        assert after.data_ptr() % 64 == before.data_ptr() % 64, name
+        assert torch.equal(after, before), name
+        if group is not None:
+            # where it lies in the copy back of its storage's bytes: where it lay in the storage
+            copies.setdefault(group, set()).add(after.data_ptr() - before.data_ptr() + storage_of(before).data_ptr())
+    assert {group: len(starts) for group, starts in copies.items()} == {"base": 1, "other": 1, "third": 1}
+    assert len({storage_of(Saves.seen[i]).data_ptr() for i in range(7)}) == 2  # base's and other's
+    s = handle.stats
+    assert s.swapped == s.on_demand == len(saved) and s.prefetched == 0
+    # base whole (60 floats), other's first 50 floats (30, then the 20 the second range adds), third's
+    # view with gaps dense (30 floats) and then third whole (60): 200 floats, not the 367 saved.
+    assert s.bytes_to_host == s.bytes_to_device == (60 + 50 + 30 + 60) * 4
+    handle.remove()
+
+
+class GainedNet(torch.nn.Module):
+    """An embedding, attention layers that read a parameter of the model's, a head: a loop may call
+    model(idx) or model.head(...layers(model.emb(idx))) itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(50, 32), torch.nn.Linear(32, 50)
+        self.gain = torch.nn.Parameter(torch.ones(32))
+        self.layers = torch.nn.ModuleList([SeparateQkvAttention(), SeparateQkvAttention()])
+
+    def forward(self, idx):
+        return self.head(self.submodules(idx))
+
+    def submodules(self, idx):
+        x = self.emb(idx)
+        for layer in self.layers:
+            x = layer(x, self.gain)
+        return x
+
+
+@pytest.mark.parametrize("call", ["model", "submodules"])
+def test_a_loop_that_calls_submodules_swaps_what_one_that_calls_the_model_does(call):
+    """The parameters get new storage after wrapping (apply()'s shared-storage planes): a loop that
+    never calls the model must still leave them on the device, its own module's and the model's
+    alike, and keep no state of the steps that backward has finished."""
+    from stowage.torch import swap as swap_module
+    idx = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(1))
+
+    def made(wrap):
+        torch.manual_seed(0)
+        model = GainedNet()
+        handle = swap_activations(model, prefetch=1) if wrap else None
+        for p in model.parameters():
+            p.data = p.detach().to(torch.bfloat16)  # new storage; the old is freed for activations to reuse
+        return model, handle
+
+    def step(model):
+        model.zero_grad()
+        out = model(idx) if call == "model" else model.head(model.submodules(idx))
+        (out.float() ** 2).mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain, _ = made(False)
+    model, handle = made(True)
+    # x and its product with the model's gain (640 bytes each, bf16) for each layer, and what a
+    # SeparateQkvAttention saves: never a parameter (the gain, a projection's weight).
+    per_step = 2 * (640 + SEPARATE_QKV_DISTINCT)
+    passes = []
+    for _ in range(3):
+        handle.stats.reset()
+        grads = step(model)
+        assert all(torch.equal(a, b) for a, b in zip(grads, step(plain)))
+        assert (handle.stats.swapped, handle.stats.bytes_to_host) == (2 * (1 + SEPARATE_QKV_SAVES), per_step)
+        assert handle.stats.bytes_to_device == per_step
+        run = [c.cell_contents for c in model.forward.forward.__closure__
+               if isinstance(c.cell_contents, list) and c.cell_contents
+               and isinstance(c.cell_contents[0], swap_module._Pass)][0][0]
+        passes.append((len(run.calls), run.base))
+    # Each step's two calls, the finished step's dropped: the per-step state does not grow.
+    assert [n for n, _ in passes] == [2, 2, 2]
+    handle.remove()

@@ -1,6 +1,7 @@
 """Swap-attention from PyTorch: the tensors that chosen modules (attention, by default) save for
 backward go to host memory right after they are saved, and come back before backward needs them,
-`prefetch` modules ahead (docs/pytorch.md, "Swap-attention").
+`prefetch` modules ahead (docs/pytorch.md, "Swap-attention"). Within one module call each byte of a
+storage moves once each way, however many saved tensors view it, and comes back as one device copy.
 
 On CUDA the copies run on two side streams of their own, into pinned host memory, ordered by
 events: device-to-host after the tensor is produced (the device tensor is kept alive for that
@@ -17,11 +18,13 @@ mechanism is tested without one.
     handle.remove()
 """
 import collections
+import contextlib
 import threading
 import time
 import weakref
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import dlpack as stowage_memory
 from .. import memory
@@ -37,9 +40,11 @@ def _is_attention(module):
 
 
 class SwapStats:
-    """bytes_to_host / bytes_to_device: moved since creation or reset(); swapped: tensors sent to host;
-    prefetched: unpacks whose copy back had been issued ahead (by the prefetch of a later module);
-    on_demand: unpacks that had to start their copy then.
+    """bytes_to_host / bytes_to_device: moved since creation or reset(), each byte of a storage once
+    per module call however many of its saved tensors cover it; swapped: saved tensors kept in host
+    memory (those sharing another's copy included); prefetched: unpacks whose copy back had been
+    issued ahead (by the prefetch of a later module); on_demand: unpacks whose copy back was started
+    by their own module call's backward (by that unpack, or an earlier one sharing its copy).
 
     How much of the copying compute hid, named as the C++ SwapScheduler's stats: d2h_ms / h2d_ms,
     the copies' own time (on CUDA timed by events on the copy streams); compute_wait_ms, the time
@@ -141,16 +146,23 @@ def _layout(t):
 _ALIGN = 64
 
 
-class _Packed:
-    """One saved tensor in host memory (`host`: its bytes in `stride`'s order, flat), its layout,
-    and its way back."""
-    __slots__ = ("host", "device", "shape", "stride", "lead", "ready", "back", "back_ready", "call", "__weakref__")
+class _Dense:
+    """A saved tensor copied on its own (one with gaps, an empty one, a conjugate or negative view):
+    its elements in host memory (`host`, flat in `stride`'s order), its layout, and its way back.
+    What autograd holds for it: each tensor saved as the same view shares it."""
+    __slots__ = ("host", "device", "shape", "stride", "lead", "ready", "call", "back", "back_ready", "prefetched",
+                 "__weakref__")
 
     def __init__(self, host, t, stride, ready, call):
         self.host, self.device, self.ready, self.call = host, t.device, ready, call
         self.shape, self.stride = t.shape, stride
         self.lead = t.data_ptr() % _ALIGN // t.element_size()
         self.back = self.back_ready = None
+        self.prefetched = False
+
+    @property
+    def nbytes(self):
+        return self.host.numel() * self.host.element_size()
 
     def empty_back(self):
         """Where the copy back goes (the host's elements, `lead` elements in) and the tensor it
@@ -158,6 +170,72 @@ class _Packed:
         Autograd's formulas do not read the storage offset (lead here, not the saved tensor's)."""
         flat = torch.empty(self.lead + self.host.numel(), dtype=self.host.dtype, device=self.device)
         return flat[self.lead:], flat.as_strided(self.shape, self.stride, self.lead)
+
+
+class _Store:
+    """The bytes of one device storage that a module call saved: `pieces`, disjoint byte ranges from
+    the storage's start ([start, end, host, ready], sorted), each copied once however many saved
+    tensors cover it. Backward brings each run of adjacent pieces back into one device buffer
+    (`back`: [start, end, flat, lead]) at the storage's alignment, and every saved tensor in it is
+    a view of that buffer with its own offset, shape and strides."""
+    __slots__ = ("device", "address", "pieces", "call", "back", "back_ready", "prefetched", "__weakref__")
+
+    def __init__(self, t, call):
+        self.device, self.address, self.call = t.device, storage_of(t).data_ptr(), call
+        self.pieces = []
+        self.back = self.back_ready = None
+        self.prefetched = False
+
+    @property
+    def nbytes(self):
+        return sum(end - start for start, end, _, _ in self.pieces)
+
+    def missing(self, lo, hi):
+        """The parts of [lo, hi) that no piece holds yet."""
+        gaps = []
+        for start, end, _, _ in self.pieces:
+            if end <= lo:
+                continue
+            if start >= hi:
+                break
+            if start > lo:
+                gaps.append((lo, start))
+            lo = max(lo, end)
+        if lo < hi:
+            gaps.append((lo, hi))
+        return gaps
+
+    def add(self, start, end, host, ready):
+        self.pieces.append([start, end, host, ready])
+        self.pieces.sort(key=lambda piece: piece[0])
+
+    def runs(self):
+        """The pieces grouped into runs of adjacent ones: one device buffer each."""
+        runs = []
+        for piece in self.pieces:
+            if runs and runs[-1][-1][1] == piece[0]:
+                runs[-1].append(piece)
+            else:
+                runs.append([piece])
+        return runs
+
+    def view(self, offset, nbytes, shape, stride, dtype):
+        """A saved tensor (`nbytes` of its span from byte `offset` of the storage) over the buffer
+        that holds it, at the same alignment as the saved one."""
+        for start, end, flat, lead in self.back:
+            if start <= offset and offset + nbytes <= end:
+                at = lead + offset - start
+                return flat[at:at + nbytes].view(dtype).as_strided(shape, stride)
+        raise AssertionError("swap: a saved tensor outside its storage's copied bytes")
+
+
+class _Saved:
+    """What autograd holds for a tensor swapped as part of a _Store: where it lies in the storage."""
+    __slots__ = ("store", "offset", "nbytes", "shape", "stride", "dtype")
+
+    def __init__(self, store, offset, t):
+        self.store, self.offset, self.nbytes = store, offset, _span(t) * t.element_size()
+        self.shape, self.stride, self.dtype = t.shape, tuple(t.stride()), t.dtype
 
 
 class _Copier:
@@ -206,6 +284,28 @@ class _Copier:
         self.holds.hold(ready, host)  # and the host buffer only after the copy wrote it
         return host, stride, ready
 
+    def bytes_to_host(self, raw):
+        """A host copy of raw (bytes of a device storage, a flat uint8 view) and the event of the
+        copy (None: done)."""
+        if raw.device.type != "cuda":
+            start = time.perf_counter()
+            host = self._host_empty(raw.numel(), torch.uint8)
+            host.copy_(raw)
+            self.stats._inline("d2h", time.perf_counter() - start)
+            return host, None
+        d2h, _ = self._pair(raw.device)
+        host = pinned_empty((raw.numel(),), torch.uint8, raw.device)
+        d2h.wait_stream(torch.cuda.current_stream(raw.device))
+        with torch.cuda.stream(d2h):
+            start, ready = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(d2h)
+            host.copy_(raw, non_blocking=True)
+            ready.record(d2h)
+        self.stats._time("d2h", start, ready)
+        raw.record_stream(d2h)  # the storage's memory is reused only after the copy read it
+        self.holds.hold(ready, host)
+        return host, ready
+
     @staticmethod
     def _host_empty(size, dtype):
         if memory.using_cuda():
@@ -217,35 +317,81 @@ class _Copier:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return torch.from_dlpack(stowage_memory.empty((size * itemsize,), torch.uint8)).view(dtype)
 
-    def to_device(self, p):
-        """The saved tensor again (same shape and strides), and the event of its copy back (None: done)."""
-        if p.device.type != "cuda":
-            start = time.perf_counter()
-            into, back = p.empty_back()
-            into.copy_(p.host)
-            self.stats._inline("h2d", time.perf_counter() - start)
-            return back, None
-        _, h2d = self._pair(p.device)
-        with torch.cuda.stream(h2d):
-            h2d.wait_event(p.ready)
-            start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(h2d)
-            into, back = p.empty_back()
-            into.copy_(p.host, non_blocking=True)
-            done.record(h2d)
-        self.stats._time("h2d", start, done)
-        self.holds.hold(done, p.host)
-        return back, done
+    def to_device(self, c):
+        """Sets c.back (a _Dense: the saved tensor again, same shape and strides; a _Store: a device
+        buffer for each run of its pieces) and c.back_ready (the event of the copy back; None: done)."""
+        cuda = c.device.type == "cuda"
+        if cuda:
+            _, h2d = self._pair(c.device)
+            context = torch.cuda.stream(h2d)
+        else:
+            context, begun = contextlib.nullcontext(), time.perf_counter()
+        with context:
+            if cuda:
+                for ready in ([c.ready] if isinstance(c, _Dense) else [piece[3] for piece in c.pieces]):
+                    h2d.wait_event(ready)  # a copy back never races the copy out that fills its buffer
+                start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(h2d)
+            if isinstance(c, _Dense):
+                into, back = c.empty_back()
+                into.copy_(c.host, non_blocking=cuda)
+                hosts = [c.host]
+            else:
+                back, hosts = [], []
+                for run in c.runs():
+                    first, last = run[0][0], run[-1][1]
+                    lead = (c.address + first) % _ALIGN
+                    flat = torch.empty(lead + last - first, dtype=torch.uint8, device=c.device)
+                    for start_byte, end_byte, host, _ in run:
+                        flat[lead + start_byte - first:lead + end_byte - first].copy_(host, non_blocking=cuda)
+                        hosts.append(host)
+                    back.append((first, last, flat, lead))
+            if cuda:
+                done.record(h2d)
+        if cuda:
+            self.stats._time("h2d", start, done)
+            for host in hosts:
+                self.holds.hold(done, host)
+        else:
+            self.stats._inline("h2d", time.perf_counter() - begun)
+            done = None
+        c.back, c.back_ready = back, done
 
-    def use(self, p):
-        if p.back_ready is not None:
-            current = torch.cuda.current_stream(p.device)
+    def use(self, c, t):
+        """t (c's copy back, or a view of it) once the copy back has landed."""
+        if c.back_ready is not None:
+            current = torch.cuda.current_stream(c.device)
             arrive = torch.cuda.Event(enable_timing=True)
             arrive.record(current)  # compute got here; it goes on when the copy back has ended
-            current.wait_event(p.back_ready)
-            self.stats._time("wait", arrive, p.back_ready)
-            p.back.record_stream(current)
-        return p.back
+            current.wait_event(c.back_ready)
+            self.stats._time("wait", arrive, c.back_ready)
+            t.record_stream(current)
+        return t
+
+
+class _Pass:
+    """One forward's swapped module calls, in order: call `base + i` is calls[i], a list of weak
+    references to its copies (_Store, _Dense; autograd owns them through what it saved, so they go
+    when backward lets them go). Finished calls with no copy left are dropped from the front:
+    prefetch has nothing to bring back from them, and a loop that never calls the model (so never
+    starts a new pass) keeps only the calls still running or waiting for backward."""
+
+    def __init__(self):
+        self.calls = collections.deque()
+        self.base = 0
+        self.running = set()  # calls whose forward has not returned (one chosen module may call another)
+
+    def prune(self):
+        while self.calls and self.base not in self.running and all(ref() is None for ref in self.calls[0]):
+            self.calls.popleft()
+            self.base += 1
+
+    def add(self):
+        self.calls.append([])
+        return self.base + len(self.calls) - 1
+
+    def get(self, call):
+        return self.calls[call - self.base] if call >= self.base else ()
 
 
 class SwapHandle(WrapHandle):
@@ -262,8 +408,11 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     A tensor comes back with the shape and strides it was saved with (a transposed k saved by a
     matmul stays transposed: another layout could round differently in bf16), at its data
     pointer's alignment; one with gaps (a chunk of a fused qkv) comes back dense in its own order
-    of dimensions, and the gaps are not copied (_layout). A deep copy or a pickle of the model is a
-    plain model (stowage.torch._wrapping)."""
+    of dimensions, and the gaps are not copied (_layout), unless the call's earlier saves already
+    copied every byte of its span. One module call copies the bytes of a storage once however many
+    of its saves cover them (x saved by separate q, k and v projections; softmax's output and the
+    matmul's view of it), and they come back as one device copy that each is a view of (_Store).
+    A deep copy or a pickle of the model is a plain model (stowage.torch._wrapping)."""
     if not isinstance(prefetch, int) or prefetch < 0:
         raise InvalidArgumentError(f"swap_activations: prefetch must be an int >= 0 (got {prefetch!r})")
     found = dict(model.named_modules())
@@ -287,73 +436,141 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
                                    "name one of them (the outer one swaps what both save)")
     chosen = [n for n in chosen if n not in inner]
     # A parameter's storage, not the tensor: linear layers save views of their weights (weight.t()).
-    # Taken again at every forward of the model: an optimizer made after this call may have given
-    # the parameters new storage (a bf16 copy, shared-storage planes), and the old addresses may
-    # then hold activations.
+    # An optimizer made after this call may give the parameters new storage (a bf16 copy, apply()'s
+    # shared-storage planes), and the old addresses may then hold activations: the model's are
+    # taken again at the start of each forward (whether the loop calls the model or only its
+    # submodules), and each swapped module's own at each of its calls.
     params = {storage_of(p).data_ptr() for p in model.parameters()}
     stats, undo = SwapStats(), []
     copier = _Copier(stats)
-    # Each forward of the model gets its own list of its swapped module calls, in order, each a list
-    # of weak references to its _Packed (autograd owns them, so a saved tensor's copies go when its
-    # backward node lets it go). Two forwards before one backward keep apart.
-    forward_calls = [[]]
+    # The current forward's calls (a _Pass). Each forward of the model starts its own, so two
+    # forwards before one backward keep apart; a loop that calls only submodules goes on in one.
+    current = [_Pass()]
+    in_model = [0]  # the model's forwards running: a call inside one is part of the pass it started
 
-    def prefetch_before(calls, call):
-        for earlier in calls[max(0, call - prefetch):call]:
-            for ref in earlier:
-                p = ref()
-                if p is not None and p.back is None:
-                    p.back, p.back_ready = copier.to_device(p)
-                    stats.bytes_to_device += p.host.numel() * p.host.element_size()
+    def take_params():
+        params.clear()
+        params.update(storage_of(p).data_ptr() for p in model.parameters())
 
-    def make_hooks(calls, call):
-        def pack(t):
-            if storage_of(t).data_ptr() in params or t.numel() * t.element_size() < min_bytes:
-                return t
+    def bring_back(c, prefetched):
+        copier.to_device(c)
+        c.prefetched = prefetched
+        stats.bytes_to_device += c.nbytes
+
+    def prefetch_before(run, call):
+        for earlier in range(max(run.base, call - prefetch), call):
+            for ref in run.get(earlier):
+                c = ref()
+                if c is not None and c.back is None:
+                    bring_back(c, True)
+
+    def make_hooks(run, call, own):
+        # This call's storages so far: (storage, its address, version) -> (a weak reference that
+        # keeps the key's storage from being taken for another's while this call runs, _Store);
+        # the version keeps bytes changed in place between two saves apart. And its views with
+        # gaps copied on their own: (storage key, offset, shape, strides, dtype) -> _Dense.
+        stores, views = {}, {}
+
+        def keep(c):
+            run.get(call).append(weakref.ref(c))
+            return c
+
+        def dense(t):
             host, stride, ready = copier.to_host(t)
-            p = _Packed(host, t, stride, ready, call)
-            calls[call].append(weakref.ref(p))
+            c = keep(_Dense(host, t, stride, ready, call))
+            stats.bytes_to_host += c.nbytes
+            return c
+
+        def pack(t):
+            storage = storage_of(t)
+            ptr = storage.data_ptr()
+            if ptr in params or ptr in own or t.numel() * t.element_size() < min_bytes:
+                return t
             stats.swapped += 1
-            stats.bytes_to_host += host.numel() * host.element_size()
-            return p
+            if t.numel() == 0 or t.is_conj() or t.is_neg():
+                return dense(t)  # no bytes to share, or bytes that are not its values
+            ref = StorageWeakRef(storage)
+            key = (ref.cdata, ptr, t._version)
+            if key not in stores:
+                stores[key] = (ref, keep(_Store(t, call)))
+            store = stores[key][1]
+            t = t.detach()
+            span, size = _span(t), t.element_size()
+            lo, hi = t.storage_offset() * size, (t.storage_offset() + span) * size
+            if span <= t.numel():  # without gaps: its bytes as they lie, those not copied yet
+                raw = t.as_strided((span,), (1,)).view(torch.uint8)
+                for a, b in store.missing(lo, hi):
+                    host, ready = copier.bytes_to_host(raw[a - lo:b - lo])
+                    store.add(a, b, host, ready)
+                    stats.bytes_to_host += b - a
+                return _Saved(store, lo, t)
+            if not store.missing(lo, hi):
+                return _Saved(store, lo, t)  # its bytes, gaps included, are copied already
+            # With gaps: its own elements, dense (_layout), once for each distinct view.
+            view = (key, lo, tuple(t.shape), tuple(t.stride()), t.dtype)
+            if view not in views:
+                views[view] = dense(t)
+            return views[view]
 
         def unpack(p):
-            if not isinstance(p, _Packed):
-                return p
-            if p.back is None:
-                p.back, p.back_ready = copier.to_device(p)
-                stats.bytes_to_device += p.host.numel() * p.host.element_size()
-                stats.on_demand += 1
+            if isinstance(p, _Saved):
+                c = p.store
+            elif isinstance(p, _Dense):
+                c = p
             else:
+                return p
+            if c.back is None:
+                bring_back(c, False)
+            if c.prefetched:
                 stats.prefetched += 1
+            else:
+                stats.on_demand += 1
             if prefetch:
-                prefetch_before(calls, p.call)
-            return copier.use(p)
-        return pack, unpack
+                prefetch_before(run, c.call)
+            if c is p:
+                return copier.use(c, c.back)
+            return copier.use(c, c.view(p.offset, p.nbytes, p.shape, p.stride, p.dtype))
+        return pack, unpack, (stores, views)
 
     for name in chosen:
         module = found[name]
         original = module.forward
 
-        def forward(*args, __original=original, **kwargs):
+        def forward(*args, __original=original, __module=module, **kwargs):
             if not torch.is_grad_enabled():
                 return __original(*args, **kwargs)
-            calls = forward_calls[0]
-            calls.append([])
-            with torch.autograd.graph.saved_tensors_hooks(*make_hooks(calls, len(calls) - 1)):
-                return __original(*args, **kwargs)
+            run = current[0]
+            run.prune()
+            if not run.calls and not in_model[0]:
+                # The previous forward's backward has let every copy go: a new forward, of the
+                # submodules (one of the model takes the parameters' storages itself).
+                take_params()
+            own = {storage_of(p).data_ptr() for p in __module.parameters()}
+            call = run.add()
+            pack, unpack, seen = make_hooks(run, call, own)
+            run.running.add(call)
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                    return __original(*args, **kwargs)
+            finally:
+                run.running.discard(call)
+                for d in seen:
+                    d.clear()  # the storages' weak references; autograd owns the copies it saved
 
         set_forward(module, forward, undo)
-    # Each forward of the model starts its own list of calls and takes the parameters' storages
-    # again. A wrapper, as the modules' (not a forward pre-hook): a deep copy or a pickle of the
-    # model drops it with theirs (_wrapping).
+    # Each forward of the model starts its own pass and takes the parameters' storages again. A
+    # wrapper, as the modules' (not a forward pre-hook): a deep copy or a pickle of the model drops
+    # it with theirs (_wrapping).
     model_forward = model.forward
 
     def new_forward(*args, **kwargs):
-        forward_calls[0] = []
-        params.clear()
-        params.update(storage_of(p).data_ptr() for p in model.parameters())
-        return model_forward(*args, **kwargs)
+        current[0] = _Pass()
+        take_params()
+        in_model[0] += 1
+        try:
+            return model_forward(*args, **kwargs)
+        finally:
+            in_model[0] -= 1
 
     set_forward(model, new_forward, undo)
     return SwapHandle(stats, chosen, undo)
