@@ -674,3 +674,47 @@ def test_a_parent_returning_a_dataclass_releases_and_an_opaque_container_warns()
     with pytest.warns(UserWarning, match="a OpaqueMLP returned a Opaque with no tensor in it that stowage can find"):
         opaque(x)
     assert handle.stats.activations_released == 0
+
+
+class Cyclic(nn.Module):
+    """A submodule that holds its ancestor (a back reference some codebases register)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = SharedActMLP(nn.GELU())
+        self.mlp.owner = nn.ModuleList([self])  # a cycle through _modules
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+def test_a_module_graph_with_a_cycle_is_walked_once_per_path():
+    torch.manual_seed(0)
+    model = Cyclic()
+    handle = recompute_activations(model)  # named_modules(remove_duplicate=False) recursed for ever
+    assert handle.modules == ["mlp.act"]
+    x = inputs(0, torch.float32)
+    model(x).square().mean().backward()
+    assert handle.stats.activations_released == 1 and handle.stats.recomputations == 1
+    handle.remove()
+
+
+class TwoOutputsOneShared(nn.Module):
+    """Two activations in one parent; the second's output is also returned (cannot be released)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.a1, self.a2 = nn.Linear(HIDDEN, HIDDEN), nn.GELU(), nn.GELU()
+
+    def forward(self, x):
+        h = self.fc(self.a1(x))
+        return self.fc(h) + 1, self.a2(h)
+
+
+def test_a_refusal_among_several_activations_releases_none_of_them():
+    model = TwoOutputsOneShared()
+    handle = recompute_activations(model)
+    x = inputs(0, torch.float32).requires_grad_()
+    with pytest.raises(InvalidArgumentError, match="a2's output is .*an output of its parent"):
+        model(x)
+    assert handle.stats.activations_released == 0  # a1's was not released without its hook

@@ -10,7 +10,10 @@ remove()) stays with the original, which goes on as before.
 nn.DataParallel's replicas are refused: a replica copies its module's __dict__, so it would run
 the original's wrapped forward (the original's weights, the technique's state shared across the
 replicas' threads). A wrapped module's replication raises instead; DistributedDataParallel, one
-process per device, does not replicate modules."""
+process per device, does not replicate modules. A deep copy's replicas run their own class's
+forward. A pickled model loads with each wrapped module's forward bound to it in its __dict__
+(nothing of stowage's is needed to load it), which replicas would copy: build such a model from
+its class and load_state_dict() it before replicating (docs/pytorch.md)."""
 import copy
 import operator
 import weakref
@@ -79,10 +82,29 @@ class _NoReplicas:
 
     def __deepcopy__(self, memo):
         twin = memo.get(id(self.module))
-        return _ClassForward(twin, "_replicate_for_data_parallel") if twin is not None else self
+        return _PlainReplicas(twin) if twin is not None else self
 
     def __reduce__(self):
         return getattr, (self.module, "_replicate_for_data_parallel")  # as _ClassForward.__reduce__
+
+
+class _PlainReplicas(_ClassForward):
+    """A deep copy's _replicate_for_data_parallel: the class's, and the replica drops the copy's
+    _ClassForward (which would call the copy's forward) so it runs its own class's forward."""
+
+    def __init__(self, module):
+        super().__init__(module, "_replicate_for_data_parallel")
+
+    def __call__(self):
+        replica = super().__call__()
+        if isinstance(replica.__dict__.get("forward"), _ClassForward):
+            del replica.__dict__["forward"]
+        replica.__dict__.pop("_replicate_for_data_parallel", None)
+        return replica
+
+    def __deepcopy__(self, memo):
+        twin = memo.get(id(self._module()))
+        return _PlainReplicas(twin) if twin is not None else self
 
 
 class _Wrapped:

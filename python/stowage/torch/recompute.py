@@ -119,8 +119,8 @@ class _Checkpoint(torch.autograd.Function):
     def backward(ctx, grad):
         if torch.is_grad_enabled():
             # create_graph=True: the recomputed graph starts at detached copies of the inputs, so
-            # the gradient's own graph would miss every term through them. Refused, as
-            # torch.utils.checkpoint(use_reentrant=True) refuses it; the bytes are back already.
+            # the gradient's own graph would miss every term through them. Refused (the bytes are
+            # back already); torch.utils.checkpoint(use_reentrant=True) only warns here.
             raise UnsupportedError("recomputed activation: backward with create_graph=True (a gradient of a "
                                    "gradient: a gradient penalty, a Hessian-vector product) is not supported, its "
                                    "second-order terms would be lost; remove() recomputation for such a loss")
@@ -286,7 +286,7 @@ def _flat_tensors(value):
     if isinstance(value, torch.Tensor):
         return [value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+        value = [getattr(value, f.name, None) for f in dataclasses.fields(value)]  # init=False: maybe unset
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
@@ -316,7 +316,7 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     the model is a plain model (stowage.torch._wrapping)."""
     # Every name a module is held under: an activation instance shared by several layers (built
     # once, passed to each) is called by each of them, and each one is a parent to wrap.
-    modules = dict(model.named_modules(remove_duplicate=False))
+    modules = dict(_every_name(model))
     missing = [n for n in names if n not in modules]
     if missing:
         raise InvalidArgumentError(f"recompute_activations: no module named {', '.join(missing)}")
@@ -363,6 +363,17 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
 
     set_forward(model, new_forward, undo)
     return RecomputeHandle(stats, chosen, undo)
+
+
+def _every_name(module, prefix="", path=()):
+    """(name, module) for every path to every module: named_modules(remove_duplicate=False), which
+    recurses for ever in a module graph with a cycle (a submodule holding its ancestor); a module
+    already on the path is not entered again."""
+    yield prefix, module
+    path = path + (id(module),)
+    for name, child in module._modules.items():
+        if child is not None and id(child) not in path:
+            yield from _every_name(child, f"{prefix}.{name}" if prefix else name, path)
 
 
 def _callers_level():
@@ -455,7 +466,7 @@ def _release(acts, output, parent, warned):
     hooks = list({id(b): t for t in outputs for b in [t if t._base is None else t._base]
                   if b.requires_grad and b.grad_fn is not None}.values())  # one per base (see register_recompute)
     out_ptrs = {_storage(t).data_ptr() for t in outputs} - {0}
-    released = []
+    chosen = []
     for name, act in acts:
         out = act._output() if act._output is not None else None
         if not hooks or out is None:
@@ -467,12 +478,14 @@ def _release(acts, output, parent, warned):
                               f"{name}'s output is not released", stacklevel=_callers_level())
             act.forget()  # no backward through the parent: nothing saved it, nothing to gain
             continue
-        if _storage(out).data_ptr() in out_ptrs:
+        if _storage(out).data_ptr() in out_ptrs:  # checked for all before any is released
             raise InvalidArgumentError(f"recompute_activations: {name}'s output is (or shares storage with) an output "
                                        "of its parent module, which the caller reads: it cannot be released")
+        chosen.append(act)
+    for act in chosen:
+        # Each released output gets its hooks at once: a refused release (a view, an output
+        # modified in place) leaves the ones before it restorable.
+        act.graph_at_restore = len(chosen) == 1  # see ReleasedActivation.graph_at_restore
         act.release()
-        released.append(act)
-    for act in released:
-        act.graph_at_restore = len(released) == 1  # see ReleasedActivation.graph_at_restore
         for t in hooks:
             act.register_recompute(t)
