@@ -16,6 +16,7 @@ from stowage.torch.optim import SharedStorageAdamW  # noqa: E402
 from stowage.torch.recompute import recompute_activations  # noqa: E402
 from stowage.torch.swap import swap_activations  # noqa: E402
 from optim_training import batches, bits, make_model, train  # noqa: E402
+from pickling import loaded_without_stowage  # noqa: E402
 
 
 def test_an_lr_scheduler_drives_streamed_state_as_it_drives_state_on_the_device():
@@ -173,8 +174,6 @@ def test_data_parallel_replication_of_a_wrapped_model_is_refused_and_a_copy_or_r
     technique on the original's weights. Refused at replication; a deep copy's replicas (an EMA
     model's) run on their own weights."""
     import copy
-    import io
-    import pickle
     torch.manual_seed(0)
     model = nn.Sequential(Block(), Block())
     applied = apply(model, torch.optim.SGD(model.parameters(), lr=0.1), shared_storage=False, recompute=True,
@@ -201,11 +200,7 @@ def test_data_parallel_replication_of_a_wrapped_model_is_refused_and_a_copy_or_r
         twin2 = copy.deepcopy(twin)  # a copy of a copy replicates the same way
         assert torch.equal(replica_of(twin2, 0.0)(x), zero(x))
     # A pickle loads without stowage (the forwards are bound methods then; docs/pytorch.md).
-    assert b"stowage" not in pickle.dumps(model)
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer)
+    loaded = loaded_without_stowage(model)
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
     with pytest.raises(InvalidArgumentError, match="cannot replicate"):

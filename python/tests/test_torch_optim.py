@@ -14,14 +14,20 @@ from stowage.torch.reference import MasterWeightsOptimizer  # noqa: E402
 from optim_training import batches, bits, make_model, train  # noqa: E402
 
 
-@pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_losses_masters_and_bf16_weights_are_bit_identical_to_plain_pytorch(kind):
-    data = batches(12)
+def twins(kind):
+    """Two copies of the model: one under the shared-storage optimizer, one under the reference,
+    with the same hyper-parameters (clipping and weight decay on). (ours, opt, base, ref)."""
     ours, base = make_model(), make_model()
     hyper = dict(lr=3e-3, weight_decay=0.05, max_grad_norm=0.5) if kind == "adamw" else dict(
         lr=0.05, momentum=0.9, weight_decay=0.01, max_grad_norm=0.5)
     opt = (SharedStorageAdamW if kind == "adamw" else SharedStorageSGD)(ours.parameters(), **hyper)
-    ref = MasterWeightsOptimizer(base.parameters(), kind=kind, **hyper)
+    return ours, opt, base, MasterWeightsOptimizer(base.parameters(), kind=kind, **hyper)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_losses_masters_and_bf16_weights_are_bit_identical_to_plain_pytorch(kind):
+    data = batches(12)
+    ours, opt, base, ref = twins(kind)
     assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
     poison = {5}  # a NaN gradient: the step is skipped by both
     assert train(ours, opt, data, poison) == train(base, ref, data, poison)
@@ -285,11 +291,7 @@ def test_a_parameter_without_a_gradient_is_skipped_and_keeps_its_own_count_as_th
     """Each parameter counts its own steps, as torch.optim: AdamW's bias correction and the start of
     SGD's momentum buffer follow it. The reference once counted step() calls for all parameters."""
     data = batches(9)
-    ours, base = make_model(), make_model()
-    hyper = dict(lr=3e-3, weight_decay=0.05, max_grad_norm=0.5) if kind == "adamw" else dict(
-        lr=0.05, momentum=0.9, weight_decay=0.01, max_grad_norm=0.5)
-    opt = (SharedStorageAdamW if kind == "adamw" else SharedStorageSGD)(ours.parameters(), **hyper)
-    ref = MasterWeightsOptimizer(base.parameters(), kind=kind, **hyper)
+    ours, opt, base, ref = twins(kind)
     poison = {7}  # a skipped step moves no count either
     assert train(ours, opt, data, poison, MISSING) == train(base, ref, data, poison, MISSING)
     counts = [8 - sum(i in gone for gone in MISSING.values()) for i in range(4)]

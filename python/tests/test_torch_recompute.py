@@ -15,6 +15,7 @@ from stowage.torch import recompute as rc  # noqa: E402
 from stowage.torch.recompute import ReleasedActivation, recompute_activations  # noqa: E402
 from stowage.errors import UnsupportedError  # noqa: E402
 from memory_trace import forward_backward_bytes  # noqa: E402
+from pickling import loaded_without_stowage  # noqa: E402
 
 B, S, HIDDEN, INTER, LAYERS = 2, 8, 16, 48, 3
 TOKENS = B * S
@@ -428,19 +429,13 @@ def test_a_deep_copy_or_pickle_of_a_wrapped_model_is_a_plain_model_on_its_own_we
     """EMA copies (copy.deepcopy) and torch.save(model): the copy computes with its own weights and
     recomputes nothing; the original keeps recomputing, and its stats ("last forward") are not
     reset by the copy's forwards."""
-    import io
-    import pickle
     model = make("gelu")
     handle = recompute_activations(model)
     x = inputs(0, torch.float32)
     loss = loss_of(model, x)  # the original's forward: its activations released, backward pending
     assert handle.stats.activations_released == LAYERS
     ema = copy.deepcopy(model)
-    assert b"stowage" not in pickle.dumps(model)
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer)
+    loaded = loaded_without_stowage(model)
     for copied in (ema, loaded):
         with torch.no_grad():
             for p in copied.parameters():
