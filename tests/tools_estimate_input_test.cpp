@@ -701,3 +701,188 @@ TEST(EstimateMegatron, QueryGroupsWithoutGroupedQueryAttentionAreNoted) {
 }
 
 }  // namespace
+
+namespace {
+// The message of the ParseError or InvalidArgument `f` throws ("" when it throws nothing).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+RunConfig with_deepspeed(const std::string& json, std::int64_t dp = 1) {
+  RunConfig c = config_for("llama2-7b");
+  c.parallel.dp = dp;
+  apply_deepspeed_config(json, c, "ds.json");
+  resolve_deepspeed_batch(c);
+  return c;
+}
+}  // namespace
+
+// Old spellings DeepSpeed still maps (zero/config.py): cpu_offload, cpu_offload_param, and
+// "zero_optimization": true (stage 1).
+TEST(EstimateDeepSpeed, DeprecatedSpellingsAsDeepSpeedMapsThem) {
+  RunConfig c =
+      with_deepspeed(R"({"zero_optimization": {"stage": 3, "cpu_offload": true, "cpu_offload_param": true}})");
+  EXPECT_TRUE(c.parallel.offload_optimizer_deepspeed);
+  EXPECT_TRUE(c.parallel.offload_param_deepspeed);
+  c = with_deepspeed(R"({"zero_optimization": {"stage": 2, "cpu_offload": false}})");
+  EXPECT_FALSE(c.parallel.offload_optimizer_deepspeed);
+  c = with_deepspeed(R"({"zero_optimization": true})");
+  EXPECT_EQ(c.parallel.zero_stage, 1);
+  c = with_deepspeed(R"({"zero_optimization": false})");
+  EXPECT_EQ(c.parallel.zero_stage, 0);
+  EXPECT_EQ(error_of([] {
+              with_deepspeed(R"({"zero_optimization": {"stage": 2, "cpu_offload": true,
+                "offload_optimizer": {"device": "cpu"}}})");
+            }),
+            "ds.json.zero_optimization: 'cpu_offload' and 'offload_optimizer' both given; DeepSpeed takes one");
+}
+
+// config.py _set_batch_related_parameters / _batch_assertion with the data-parallel size.
+TEST(EstimateDeepSpeed, BatchSizesDerivedAsDeepSpeedDoes) {
+  RunConfig c = with_deepspeed(R"({"train_batch_size": 256})", 8);
+  EXPECT_EQ(c.training.micro_batch, 32);
+  EXPECT_EQ(c.training.grad_accumulation, 1);
+  c = with_deepspeed(R"({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4})", 8);
+  EXPECT_EQ(c.training.micro_batch, 4);
+  EXPECT_EQ(c.training.grad_accumulation, 8);
+  c = with_deepspeed(R"({"train_batch_size": 256, "gradient_accumulation_steps": 2})", 8);
+  EXPECT_EQ(c.training.micro_batch, 16);
+  EXPECT_EQ(c.training.grad_accumulation, 2);
+  c = with_deepspeed(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2})", 8);
+  EXPECT_EQ(c.training.micro_batch, 2);
+  EXPECT_EQ(c.training.grad_accumulation, 1);
+  EXPECT_EQ(error_of([] {
+              with_deepspeed(
+                  R"({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})",
+                  8);
+            }),
+            "ds.json: train_batch_size (100) is not train_micro_batch_size_per_gpu (4) × gradient_accumulation_steps "
+            "(2) × data-parallel size (8); DeepSpeed refuses it");
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 3})", 1); }),
+            "ds.json: train_batch_size (100) is not train_micro_batch_size_per_gpu (3) × gradient_accumulation_steps "
+            "(derived) × data-parallel size (1); DeepSpeed refuses it");
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"train_batch_size": -8})"); }),
+            "ds.json: field 'train_batch_size' must be a positive whole number or \"auto\", got -8");
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"train_batch_size": "lots"})"); }),
+            "ds.json: field 'train_batch_size' must be a positive whole number or \"auto\", got \"lots\"");
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"train_micro_batch_size_per_gpu": 2.5})"); }),
+            "ds.json: field 'train_micro_batch_size_per_gpu' must be a positive whole number or \"auto\", got 2.5");
+  // Through the command: the key and the file are named, exit 2; --dp takes part in the check.
+  const std::string zero_micro = temp_file("ds_mbs0.json", R"({"train_micro_batch_size_per_gpu": 0})");
+  auto r = run_cli("estimate --deepspeed-config " + zero_micro);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find(zero_micro + ": field 'train_micro_batch_size_per_gpu' must be a positive whole number or "
+                                       "\"auto\", got 0"),
+            std::string::npos)
+      << r.output;
+  const std::string tbs = temp_file("ds_tbs.json", R"({"bf16": {"enabled": true}, "train_batch_size": 256,
+    "zero_optimization": {"stage": 2}})");
+  r = run_cli("estimate --deepspeed-config " + tbs + " --dp 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["training"]["micro_batch"], 32);
+  EXPECT_EQ(j["training"]["grad_accumulation"], 1);
+  r = run_cli("estimate --deepspeed-config " + tbs + " --dp 8 --micro-batch 4 --grad-accum 4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find(tbs + ": train_batch_size (256) is not --micro-batch (4) × --grad-accum (4) × "
+                                "data-parallel size (8)"),
+            std::string::npos)
+      << r.output;
+}
+
+// engine.py builds no ZeRO optimizer at stage 0 (config.py zero_enabled = stage > 0).
+TEST(EstimateDeepSpeed, OptimizerOffloadAtStageZeroDoesNothing) {
+  const RunConfig c = with_deepspeed(R"({"bf16": {"enabled": true},
+    "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})");
+  EXPECT_FALSE(c.parallel.offload_optimizer_deepspeed);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_EQ(c.notes[0], "deepspeed offload_optimizer does nothing at ZeRO stage 0 (no ZeRO optimizer); ignored");
+  const StageMemory m = estimate_memory(c);
+  EXPECT_EQ(m.host_bytes, 0);
+  EXPECT_EQ(m.model_states(), 20 * std::int64_t{6738415616});  // 2 + 2 + 4 (fp32 grads) + 12
+}
+
+// DeepSpeed's zero config forbids unknown keys (config_utils.py extra="forbid"); its top level
+// ignores them; ratio < 1 needs stage 3; the sizes are Field(ge=0); bf16 and fp16 exclude each other.
+TEST(EstimateDeepSpeed, UnknownKeysAndValuesDeepSpeedRefuses) {
+  EXPECT_EQ(
+      error_of([] { with_deepspeed(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_sise": 5e7}})"); }),
+      "ds.json.zero_optimization: unknown key 'stage3_prefetch_bucket_sise' (did you mean "
+      "'stage3_prefetch_bucket_size'?) (DeepSpeed refuses unknown keys here)");
+  EXPECT_EQ(error_of([] {
+              with_deepspeed(R"({"zero_optimization": {"offload_param": {"device": "cpu", "bufer_count": 4}}})");
+            }),
+            "ds.json.zero_optimization.offload_param: unknown key 'bufer_count' (did you mean 'buffer_count'?) "
+            "(DeepSpeed refuses unknown keys here)");
+  const RunConfig c = with_deepspeed(R"({"zero_optimisation": {"stage": 3}, "steps_per_print": 10})");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings[0],
+            "ds.json: unknown top-level key 'zero_optimisation' ignored (as DeepSpeed does): did you mean "
+            "'zero_optimization'?");
+  EXPECT_EQ(c.parallel.zero_stage, 0);
+  EXPECT_EQ(
+      error_of([] {
+        with_deepspeed(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+      }),
+      "ds.json.zero_optimization.offload_optimizer: field 'ratio' 0.3 (partial offload) needs stage 3, got stage 2");
+  EXPECT_EQ(
+      error_of([] { with_deepspeed(R"({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": -1}})"); }),
+      "ds.json.zero_optimization: field 'stage3_max_live_parameters' must be 0 or more, got -1");
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"); }),
+            "ds.json: bf16.enabled and fp16.enabled are both true; DeepSpeed allows one");
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1.5}})"); }),
+            "ds.json.zero_optimization: field 'reduce_bucket_size' must be a whole number, got 1.5");
+}
+
+// DeepSpeed trains in fp32 unless bf16 or fp16 is enabled (both default to false).
+TEST(EstimateDeepSpeed, PrecisionFollowsDeepSpeed) {
+  RunConfig c = with_deepspeed(R"({"fp16": {"enabled": false}, "bf16": {"enabled": false}})");
+  EXPECT_EQ(c.training.precision, Precision::fp32);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_EQ(c.notes[0],
+            "ds.json: neither bf16 nor fp16 is enabled, so DeepSpeed trains in fp32; estimated in fp32 (--precision "
+            "overrides)");
+  EXPECT_EQ(with_deepspeed(R"({"zero_optimization": {"stage": 2}})").training.precision, Precision::fp32);
+  EXPECT_EQ(with_deepspeed(R"({"bfloat16": {"enabled": true}})").training.precision, Precision::bf16);
+  EXPECT_EQ(with_deepspeed(R"({"fp16": {"enabled": true}})").training.precision, Precision::fp16);
+  c = config_for("llama2-7b");
+  c.training.precision = Precision::fp16;
+  apply_deepspeed_config(R"({"bf16": {"enabled": "auto"}})", c);  // Hugging Face fills it: the command's
+  EXPECT_EQ(c.training.precision, Precision::fp16);
+  // fp32 at stage 2: 4-byte weights, own 4-byte gradient partition, fp32 grad partition, master
+  // clone and moments: 4Ψ + (4 + 4 + 4 + 8)Ψ/N.
+  c = with_deepspeed(R"({"zero_optimization": {"stage": 2}})", 4);
+  EXPECT_EQ(estimate_memory(c).model_states(), 4 * std::int64_t{6738415616} + 5 * std::int64_t{6738415616});
+}
+
+// Buffers DeepSpeed allocates: ZeRO-1/2 one reduce bucket (two with overlap_comm) and no
+// all-gather bucket; ZeRO-3 the reduce and prefetch buckets; stage 0 none. "auto" sizes as
+// Hugging Face's Trainer fills them (h = 4096).
+TEST(EstimateDeepSpeed, CommunicationBuffersAsAllocated) {
+  RunConfig c = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+    "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}})");
+  EXPECT_EQ(c.parallel.reduce_bucket_elements, 16777216);
+  EXPECT_EQ(c.parallel.allgather_bucket_elements, 15099494);
+  EXPECT_EQ(estimate_memory(c).communication, 2 * (16777216 + 15099494));
+  c = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
+  EXPECT_EQ(estimate_memory(c).communication, 1000000000);
+  c = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2, "overlap_comm": true}})");
+  EXPECT_EQ(estimate_memory(c).communication, 2000000000);
+  c = with_deepspeed(
+      R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 1, "contiguous_gradients": false}})");
+  EXPECT_EQ(estimate_memory(c).communication, 0);
+  c = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 0}})");
+  EXPECT_EQ(estimate_memory(c).communication, 0);
+  c = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}})");
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_EQ(c.notes[0],
+            "deepspeed offload to nvme: the offloaded states are counted in host memory, but live on NVMe (DeepSpeed "
+            "keeps pinned host staging buffers)");
+}

@@ -117,10 +117,17 @@ TEST(EstimateModelStates, MegatronAccountingUsesFp32MainGrads) {
 // DeepSpeed "Memory Requirements" (deepspeed.readthedocs.io/en/latest/memory.html, source
 // docs/code-docs/source/memory.rst): estimate_zero2/3_model_states_mem_needs_all_cold for
 // total_params=2851e6, largest_layer_params=32e6, 1 node × 8 GPUs, printed in GiB with 2 decimals.
+// The page's ZeRO-2 figures (5.31 / 15.93 GB) come from the estimator before v0.14.3: PR #5099
+// (f4cb866, first released in v0.14.3) changed it to 2Ψ + 18Ψ/N, and the page (unchanged at
+// edaa722) was not regenerated. Its 15.93 is what stage 1 allocates; stage 2 is now 11.28.
 TEST(EstimatePublished, DeepSpeedDocumentedEstimatorOutputs) {
   auto gib = [](double b) { return b / kGiB; };
+  EXPECT_NEAR(gib(deepspeed_zero2_gpu_bytes_before_0_14_3(2851e6, 8, true)), 5.31, 0.005);
+  EXPECT_NEAR(gib(deepspeed_zero2_gpu_bytes_before_0_14_3(2851e6, 8, false)), 15.93, 0.005);
   EXPECT_NEAR(gib(deepspeed_zero2_gpu_bytes(2851e6, 8, true)), 5.31, 0.005);
-  EXPECT_NEAR(gib(deepspeed_zero2_gpu_bytes(2851e6, 8, false)), 15.93, 0.005);
+  // 2·2851e6 + int(18·2851e6/8) = 12116750000 B.
+  EXPECT_EQ(deepspeed_zero2_gpu_bytes(2851e6, 8, false), 12116750000.0);
+  EXPECT_NEAR(gib(deepspeed_zero2_gpu_bytes(2851e6, 8, false)), 11.28, 0.005);
   EXPECT_NEAR(gib(deepspeed_zero3_gpu_bytes(2851e6, 32e6, 8, true, true)), 0.12, 0.005);
   EXPECT_NEAR(gib(deepspeed_zero3_gpu_bytes(2851e6, 32e6, 8, true, false)), 0.78, 0.005);
   EXPECT_NEAR(gib(deepspeed_zero3_gpu_bytes(2851e6, 32e6, 8, false, false)), 6.09, 0.005);
@@ -132,7 +139,8 @@ TEST(EstimatePublished, DeepSpeedDocumentedEstimatorOutputs) {
   EXPECT_NEAR(mib(deepspeed_zero3_gpu_bytes(737.67e6, 32.90e6, 4, true, false)), 477, 1);
 }
 
-// The full model, with DeepSpeed's bookkeeping, gives the same model states as its estimator.
+// The full model, with DeepSpeed's bookkeeping, gives the same model states as its estimator:
+// stage 2 as the current one, stage 1 as the one before v0.14.3 (which described stage 1's tensors).
 TEST(EstimatePublished, DeepSpeedAccountingMatchesEstimatorThroughTheModel) {
   RunConfig c = config_for("llama2-7b");
   c.parallel.accounting = Accounting::deepspeed;
@@ -143,10 +151,27 @@ TEST(EstimatePublished, DeepSpeedAccountingMatchesEstimatorThroughTheModel) {
   c.parallel.offload_optimizer_deepspeed = true;
   EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero2_gpu_bytes(P, 8, true), 2.0);
   c.parallel.offload_optimizer_deepspeed = false;
+  c.parallel.zero_stage = 1;
+  EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero2_gpu_bytes_before_0_14_3(P, 8, false), 2.0);
   c.parallel.zero_stage = 3;
   // Largest layer: the 32000 × 4096 embedding.
   EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero3_gpu_bytes(P, 32000.0 * 4096, 8, false, false),
               2.0);
+}
+
+// ZeRO-2 frees the 16-bit gradients of partitions it does not own and keeps its own in a 2Ψ/N
+// buffer (stage_1_and_2.py clear_grad_attribute, grads_in_partition); ZeRO-1 keeps them all.
+TEST(EstimateModelStates, DeepSpeedZero2KeepsOnlyItsGradientPartition) {
+  RunConfig c = config_for("llama2-7b");
+  c.parallel.accounting = Accounting::deepspeed;
+  c.parallel.dp = 8;
+  const std::int64_t P = 6738415616;
+  c.parallel.zero_stage = 1;
+  EXPECT_EQ(estimate_memory(c).gradients, 2 * P + 4 * P / 8);
+  EXPECT_EQ(estimate_memory(c).model_states(), 4 * P + 16 * P / 8);
+  c.parallel.zero_stage = 2;
+  EXPECT_EQ(estimate_memory(c).gradients, 2 * P / 8 + 4 * P / 8);
+  EXPECT_EQ(estimate_memory(c).model_states(), 2 * P + 18 * P / 8);
 }
 
 // Korthikanti et al. 2022, Table 2, for GPT-3 175B (s = 2048, b = 1, h = 12288, a = 96):

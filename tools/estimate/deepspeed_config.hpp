@@ -1,16 +1,25 @@
 #pragma once
 // A DeepSpeed config JSON applied to a RunConfig: ZeRO stage, optimizer/parameter offload,
-// bucket sizes, micro-batch, gradient accumulation and precision. Switches the model-state
-// bookkeeping to DeepSpeed's (Accounting::deepspeed).
+// bucket sizes, batch sizes and precision. Switches the model-state bookkeeping to DeepSpeed's
+// (Accounting::deepspeed).
 #include <string>
 
 #include "tools/estimate/run_config.hpp"
 
 namespace stowage::estimate {
 
-// ParseError naming the field ("zero_optimization.stage") for malformed or wrongly typed values.
-// "auto" values (Hugging Face integration) leave the setting as it is.
+// ParseError naming the file, the key ("zero_optimization.stage") and the value for malformed,
+// wrongly typed, unknown (inside zero_optimization, as DeepSpeed) or contradictory settings.
+// "auto" values (Hugging Face integration) keep the command's setting, except the bucket sizes,
+// which are filled as Hugging Face's Trainer fills them from the hidden size. The batch values
+// are recorded in config.deepspeed_batch for resolve_deepspeed_batch.
 void apply_deepspeed_config(const std::string& json_text, RunConfig& config,
                             const std::string& name = "deepspeed config");
+
+// Micro-batch and gradient accumulation from the config's train_batch_size,
+// train_micro_batch_size_per_gpu and gradient_accumulation_steps and the data-parallel size, as
+// DeepSpeed derives them (runtime/config.py _set_batch_related_parameters). InvalidArgument naming
+// the keys and the file when train_batch_size ≠ micro × accumulation × DP. No-op without a config.
+void resolve_deepspeed_batch(RunConfig& config);
 
 }  // namespace stowage::estimate

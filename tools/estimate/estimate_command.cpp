@@ -113,6 +113,14 @@ RunConfig build_config(const Options& o) {
   }
   if (k.shared_storage && k.optimizer_offload != OffloadMode::none)
     c.notes.push_back("shared storage needs the fp32 master on the device; with optimizer offload it saves nothing");
+  // The options replace the DeepSpeed config's batch keys before DeepSpeed's derivation.
+  if (auto& b = c.deepspeed_batch) {
+    if (o.micro_batch) b->micro = t.micro_batch, b->micro_name = "--micro-batch";
+    if (o.grad_accum) b->accumulation = t.grad_accumulation, b->accumulation_name = "--grad-accum";
+    if (o.global_batch) b->train = t.global_batch, b->train_name = "--global-batch";
+    resolve_deepspeed_batch(c);
+    t.global_batch = 0;
+  }
   finalize(c);
   if (o.global_batch && o.grad_accum && t.grad_accumulation != *o.grad_accum)
     throw InvalidArgument(

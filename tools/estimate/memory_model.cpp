@@ -25,7 +25,13 @@ double korthikanti_layer_bytes(double s, double b, double h, double a, double t,
 }
 
 double deepspeed_zero2_gpu_bytes(double params, double gpus, bool offload_optimizer) {
-  // estimate_zero2_model_states_mem_needs: 2·P with offload_optimizer=cpu, else 4·P + 16·P/N.
+  // estimate_zero2_model_states_mem_needs since v0.14.3 (PR #5099): 2·P with offload_optimizer=cpu,
+  // else 2·P + 18·P/N.
+  return offload_optimizer ? 2.0 * params : 2.0 * params + std::floor(18.0 * params / gpus);
+}
+
+double deepspeed_zero2_gpu_bytes_before_0_14_3(double params, double gpus, bool offload_optimizer) {
+  // The same function up to v0.14.2: 4·P + 16·P/N (what stage 1 allocates).
   return offload_optimizer ? 2.0 * params : 4.0 * params + std::floor(16.0 * params / gpus);
 }
 
@@ -267,13 +273,14 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
 
   // Communication buffers alive at the peak: the pipeline receive of the next micro-batch's
   // input (2·s·b·h, ÷ t with SP), the MoE all-to-all send/receive of the routed tokens, and
-  // DeepSpeed's reduce/all-gather buckets (reduce_bucket_size, allgather_bucket_size).
+  // DeepSpeed's reduce buckets (reduce_bucket_size, twice with overlap_comm at ZeRO-1/2) and
+  // ZeRO-3's prefetch bucket; ZeRO-1/2 all-gather into the flat weights (no bucket), stage 0 has none.
   // Megatron's gradient buckets are views into the gradient buffer (counted with the gradients).
   double comm = 0.0;
   if (p.pp > 1) comm += T * 2.0 * h / rep;
   if (m.moe() && p.ep > 1) comm += 2.0 * T * double(m.experts_per_token) * 2.0 * h / rep;
   const double W = mixed ? 2.0 : 4.0;
-  comm += W * double(p.reduce_bucket_elements + p.allgather_bucket_elements);
+  comm += W * (double(p.reduce_bucket_elements) * double(p.reduce_buffers) + double(p.allgather_bucket_elements));
   out.communication = to_bytes(comm, "communication buffers");
   out.framework = c.framework.total();
 

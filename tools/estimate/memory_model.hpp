@@ -62,9 +62,11 @@ std::int64_t chunks_in_flight(const RunConfig& config, std::int64_t stage);
 // s·b·h·(34 + 5·a·s/h) without parallelism, and its TP / SP / selective variants.
 double korthikanti_layer_bytes(double s, double b, double h, double a, double t, bool sp, bool selective);
 
-// DeepSpeed's documented estimators (deepspeed.readthedocs.io "Memory Requirements"): bytes per
-// GPU for params, gradients and optimizer states.
+// DeepSpeed's estimators (estimate_zero2/3_model_states_mem_needs): bytes per GPU for params,
+// gradients and optimizer states. ZeRO-2 as of v0.14.3 (2Ψ + 18Ψ/N) and as it was before (4Ψ +
+// 16Ψ/N, the figures of deepspeed.readthedocs.io "Memory Requirements", now ZeRO-1's).
 double deepspeed_zero2_gpu_bytes(double params, double gpus, bool offload_optimizer);
+double deepspeed_zero2_gpu_bytes_before_0_14_3(double params, double gpus, bool offload_optimizer);
 double deepspeed_zero3_gpu_bytes(double params, double largest_layer_params, double gpus, bool offload_optimizer,
                                  bool offload_params);
 

@@ -8,8 +8,11 @@ namespace stowage::estimate {
 // 2Ψ (16-bit weights) + 2Ψ (16-bit grads) + KΨ (K = 12: fp32 master, momentum, variance);
 // stage 1 shards KΨ, stage 2 also the gradients, stage 3 also the weights (each ÷ N).
 // Megatron-LM keeps fp32 main gradients (4 B; 18 B/param, or 6 + 12/d with the distributed
-// optimizer — theoretical_memory_usage.py). DeepSpeed's estimator keeps the 16-bit gradients
-// whole and an fp32 gradient partition: 4Ψ + 16Ψ/N (stage 2), 18Ψ/N + 4·largest layer (stage 3).
+// optimizer — theoretical_memory_usage.py). DeepSpeed (what its ZeRO optimizers allocate,
+// stage_1_and_2.py / stage3.py): an fp32 master and fp32 gradient partition beside the moments;
+// stage 1 keeps every 16-bit gradient (4Ψ + 16Ψ/N), stage 2 frees those of partitions it does not
+// own and copies its own into a 2Ψ/N buffer (2Ψ + 18Ψ/N, the estimator since v0.14.3), stage 3
+// 18Ψ/N + 4·largest layer.
 States model_states(const RunConfig& c, double params, double n, double largest_layer) {
   const auto& tr = c.training;
   const auto& p = c.parallel;
@@ -24,15 +27,22 @@ States model_states(const RunConfig& c, double params, double n, double largest_
   States s;
   if (p.accounting == Accounting::deepspeed) {
     const double n_opt = z >= 1 ? n : 1;
+    // ZeRO-1/2 clone their fp32 master partition even in fp32 training; stage 3 shares it then,
+    // and stage 0 in fp32 runs the torch optimizer on the weights (no master, no fp32 grad copy).
+    const double ds_master = (z == 1 || z == 2) ? 4 : master;
+    const double ds_K = ds_master + moments;
+    const double fp32_grad = z == 0 && !mixed ? 0 : 4;
     if (z == 3) {
       s.weights = (p.offload_param_deepspeed ? 0 : W * params / n) + W * largest_layer;
       s.gradients = (p.offload_optimizer_deepspeed ? 0 : 4 * params / n) + W * largest_layer;
     } else {
       s.weights = W * params;
-      s.gradients = p.offload_optimizer_deepspeed ? 0 : W * params + 4 * params / n_opt;
+      // Stage 2 keeps only its own partition of the 16-bit gradients (clear_grad_attribute).
+      const double grads16 = z == 2 ? W * params / n : W * params;
+      s.gradients = p.offload_optimizer_deepspeed ? 0 : grads16 + fp32_grad * params / n_opt;
     }
-    s.optimizer = p.offload_optimizer_deepspeed ? 0 : K * params / n_opt;
-    if (p.offload_optimizer_deepspeed) s.host += (K + 4) * params / n_opt;
+    s.optimizer = p.offload_optimizer_deepspeed ? 0 : ds_K * params / n_opt;
+    if (p.offload_optimizer_deepspeed) s.host += (ds_K + 4) * params / n_opt;
     if (z == 3 && p.offload_param_deepspeed) s.host += W * params / n;
   } else {
     s.weights = (z >= 3 ? W * params / n : W * params) + (z >= 3 ? W * largest_layer : 0);

@@ -2,6 +2,7 @@
 // How a model is trained: batch shape, precision, parallelism, recompute, and which of stowage's
 // memory techniques are on. Everything the memory model reads besides the model's shape.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,7 +81,20 @@ struct Parallelism {
   std::int64_t first_stage_layers = 0, last_stage_layers = 0;
   bool embedding_as_layer = false, loss_as_layer = false;
   std::int64_t reduce_bucket_elements = 0;  // DeepSpeed reduce_bucket_size (0: not DeepSpeed)
-  std::int64_t allgather_bucket_elements = 0;
+  // ZeRO-1/2 double-buffer the reduce bucket with overlap_comm (stage_1_and_2.py); stage 3 has one.
+  std::int64_t reduce_buffers = 1;
+  std::int64_t allgather_bucket_elements = 0;  // ZeRO-3 stage3_prefetch_bucket_size (no buffer at 0–2)
+};
+
+// The batch sizes of a DeepSpeed config, resolved as DeepSpeed does once the data-parallel size is
+// known (resolve_deepspeed_batch): 0 absent, kAuto "auto" (the command's value stands in).
+struct DeepSpeedBatch {
+  static constexpr std::int64_t kAuto = -1;
+  std::int64_t train = 0, micro = 0, accumulation = 0;
+  // What each value is called in messages: the config key, or the option that replaced it.
+  std::string train_name = "train_batch_size", micro_name = "train_micro_batch_size_per_gpu",
+              accumulation_name = "gradient_accumulation_steps";
+  std::string file;
 };
 
 struct RecomputeSettings {
@@ -116,8 +130,9 @@ struct RunConfig {
   // Pipeline stage to report: -1 the most loaded (largest peak), else that stage (0..pp−1).
   // Megatron logs memory from the last rank, which is the last stage.
   std::int64_t stage = -1;
-  std::vector<std::string> notes;     // what the reader of the estimate should know
-  std::vector<std::string> warnings;  // settings that change memory but the model does not represent
+  std::optional<DeepSpeedBatch> deepspeed_batch;  // set by --deepspeed-config
+  std::vector<std::string> notes;                 // what the reader of the estimate should know
+  std::vector<std::string> warnings;              // settings that change memory but the model does not represent
 };
 
 // Derives what follows from the settings once every source is applied (grad accumulation from
