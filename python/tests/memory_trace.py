@@ -13,13 +13,19 @@ def _records(fn):
     legacy = getattr(getattr(torch.autograd, "profiler_legacy", None), "profile", None)
     if enable is None or disable is None or legacy is None:
         pytest.skip("this PyTorch has no legacy profiler records to measure allocations with")
-    enable(legacy(profile_memory=True).config())
+    try:
+        enable(legacy(profile_memory=True).config())
+    except (TypeError, RuntimeError) as e:  # a PyTorch whose legacy profiler takes another config
+        pytest.skip(f"this PyTorch's legacy profiler does not start here: {e}")
     try:
         fn()
     finally:
         records = disable()
-    events = sorted((r.start_us(), i, r.cpu_memory_usage()) for thread in records for i, r in enumerate(thread)
-                    if r.kind() == "memory_alloc")
+    try:
+        events = sorted((r.start_us(), i, r.cpu_memory_usage()) for thread in records for i, r in enumerate(thread)
+                        if r.kind() == "memory_alloc")
+    except AttributeError as e:
+        pytest.skip(f"this PyTorch's profiler records have another form: {e}")
     return [b for _, _, b in events]
 
 
