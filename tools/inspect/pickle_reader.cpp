@@ -26,7 +26,8 @@ struct Value {
 
 class Reader {
  public:
-  Reader(std::string_view data, const std::string& what) : d_(data), what_(what) {}
+  Reader(std::string_view data, const std::string& what, const ListSelector* selector)
+      : d_(data), what_(what), selector_(selector) {}
 
   nlohmann::json run() {
     while (true) {
@@ -146,7 +147,7 @@ class Reader {
     switch (op) {
       case 0x80: {  // PROTO
         const auto v = static_cast<unsigned char>(take(1)[0]);
-        if (v < 2 || v > 5) fail(fmt::format("protocol {} (2 to 5 are read)", v), at);
+        if (v < 2 || v > 5) fail(fmt::format("protocol {} is not supported (2 to 5 are read)", v), at);
         return true;
       }
       case 0x95: take(8); return true;  // FRAME: a length hint
@@ -263,11 +264,40 @@ class Reader {
       }
       case Value::Kind::dict: {
         nlohmann::json out = nlohmann::json::object();
-        for (const auto& [k, i] : v.pairs) out[k] = to_json(i, depth + 1, budget);
+        for (const auto& [k, i] : v.pairs)
+          out[k] = selector_ && k == selector_->key && values_[i].kind == Value::Kind::list
+                       ? selected(i, depth + 1, budget)
+                       : to_json(i, depth + 1, budget);
         return out;
       }
     }
     return nullptr;
+  }
+
+  // The kept items of a list under the selector's key: chosen once per distinct list (the memo
+  // shares one among many dicts), then copied. Every copy is charged to the budget as if it had
+  // been expanded, so a selector that keeps everything is bounded as before.
+  nlohmann::json selected(std::size_t index, int depth, std::size_t& budget) const {
+    if (depth > kMaxPickleDepth)
+      fail(fmt::format("nesting deeper than {} levels (or a value that contains itself)", kMaxPickleDepth));
+    auto it = selected_.find(index);
+    if (it == selected_.end()) {
+      const std::vector<std::size_t>& items = values_[index].items;
+      const std::function<nlohmann::json(std::size_t)> item = [&](std::size_t i) {
+        if (i >= items.size()) fail(fmt::format("the selector asked for item {} of {}", i, items.size()));
+        return to_json(items[i], depth + 1, budget);
+      };
+      Selected s{nlohmann::json::array(), 1};
+      for (std::size_t i : selector_->select(items.size(), item)) {
+        std::size_t before = budget;
+        s.value.push_back(item(i));
+        s.values += before - budget;
+      }
+      it = selected_.emplace(index, std::move(s)).first;
+    }
+    if (budget < it->second.values) fail("a value that expands beyond the reader's limit");
+    budget -= it->second.values;
+    return it->second.value;
   }
 
   std::string_view d_;
@@ -276,6 +306,12 @@ class Reader {
   std::vector<Value> values_;
   std::vector<std::size_t> stack_, marks_;
   std::unordered_map<std::uint64_t, std::size_t> memo_;
+  const ListSelector* selector_;
+  struct Selected {
+    nlohmann::json value;
+    std::size_t values;  // how many values a copy counts for
+  };
+  mutable std::unordered_map<std::size_t, Selected> selected_;  // by arena index
 };
 
 void put_le(std::string& out, std::uint64_t v, int n) {
@@ -348,7 +384,9 @@ void write(std::string& out, const nlohmann::json& v) {
 
 }  // namespace
 
-nlohmann::json read_pickle(std::string_view data, const std::string& what) { return Reader(data, what).run(); }
+nlohmann::json read_pickle(std::string_view data, const std::string& what, const ListSelector* selector) {
+  return Reader(data, what, selector).run();
+}
 
 std::string write_pickle(const nlohmann::json& value) {
   std::string out = "\x80\x02";

@@ -5,18 +5,32 @@
 // object (GLOBAL, REDUCE, BUILD, ...) is refused by name and offset: nothing is executed.
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace stowage::inspect {
 
+// Which items to keep of the lists stored under one dict key, decided before they are expanded:
+// a pickle may share one list (through the memo) among many dicts, and expanding every reference
+// in full can cost far more than the file. `select` is called once per distinct list with its
+// item count and a way to expand item i, and returns the indices to keep, in the order wanted;
+// every reference to that list then reads as the kept items. Lists elsewhere expand in full.
+struct ListSelector {
+  std::string key;
+  std::function<std::vector<std::size_t>(std::size_t count, const std::function<nlohmann::json(std::size_t)>& item)>
+      select;
+};
+
 // Tuples become arrays; dict keys must be strings or integers (written as decimal strings).
 // ParseError("<what>: pickle: ... at byte N") for anything else, truncated input, nesting deeper
-// than kMaxPickleDepth, or a value that would expand (through shared memo references) beyond
-// kMaxPickleValues values.
+// than kMaxPickleDepth, or a result (the values expanded, and the items a selector looks at)
+// beyond kMaxPickleValues values: the guard against memo references that multiply a value.
 inline constexpr int kMaxPickleDepth = 64;
 inline constexpr std::size_t kMaxPickleValues = std::size_t{1} << 24;
-nlohmann::json read_pickle(std::string_view data, const std::string& what);
+nlohmann::json read_pickle(std::string_view data, const std::string& what, const ListSelector* selector = nullptr);
 
 // Writes `value` as a protocol-2 pickle that Python's pickle.load reads back: objects become
 // dicts, arrays lists; integers beyond 32 bits use LONG1.

@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
 
 #include "stowage/error.hpp"
 #include "tools/common/json_input.hpp"
+#include "tools/inspect/snapshot_analysis.hpp"
 
 namespace stowage::inspect {
 
@@ -18,8 +22,22 @@ const nlohmann::json& array_at(const nlohmann::json& j, const char* key, const s
   return *it;
 }
 
+// PyTorch writes integers (Python ints) in every integer field: a float there is refused rather
+// than truncated (or rounded, past 2^53).
+std::int64_t int_at(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j.is_object()) throw ParseError(fmt::format("{}: expected a dict", where));
+  const auto it = j.find(key);
+  if (it == j.end()) throw ParseError(fmt::format("{}: field '{}' is missing", where, key));
+  if (it->is_number_float())
+    throw ParseError(fmt::format("{}: field '{}' is {}, not an integer", where, key, it->dump()));
+  return tools::get_int(j, key, where);
+}
+std::int64_t int_or(const nlohmann::json& j, const char* key, std::int64_t fallback, const std::string& where) {
+  return j.is_object() && j.contains(key) ? int_at(j, key, where) : fallback;
+}
+
 std::uint64_t unsigned_at(const nlohmann::json& j, const char* key, const std::string& where) {
-  const std::int64_t v = tools::get_int(j, key, where);
+  const std::int64_t v = int_at(j, key, where);
   if (v < 0) throw ParseError(fmt::format("{}: field '{}' is negative", where, key));
   return static_cast<std::uint64_t>(v);
 }
@@ -43,13 +61,55 @@ std::string frame_line(const nlohmann::json& f) {
   return it != f.end() && it->is_number_integer() ? it->dump() : "?";
 }
 
+// PyTorch's _frame_filter (torch/cuda/_memory_viz.py): the frames memory_viz leaves out of a
+// stack (the unwinder, the dispatcher, the interpreter).
+bool frame_shown(const std::string& name, const std::string& filename) {
+  static constexpr std::string_view omit_functions[] = {"unwind::unwind",    "CapturedTraceback::gather",
+                                                        "gather_with_cpp",   "_start",
+                                                        "__libc_start_main", "PyEval_",
+                                                        "PyObject_",         "PyFunction_"};
+  static constexpr std::string_view omit_filenames[] = {"core/boxing",
+                                                        "/Register",
+                                                        "/Redispatch",
+                                                        "pythonrun.c",
+                                                        "Modules/main.c",
+                                                        "Objects/call.c",
+                                                        "Objects/methodobject.c",
+                                                        "pycore_ceval.h",
+                                                        "ceval.c",
+                                                        "cpython/abstract.h"};
+  for (auto of : omit_functions)
+    if (name.find(of) != std::string::npos) return false;
+  for (auto of : omit_filenames)
+    if (filename.find(of) != std::string::npos) return false;
+  return true;
+}
+
+// The frame that names a block (innermost first, as PyTorch lists them): stowage's tag frame
+// anywhere; else the first Python frame memory_viz shows; else the first frame it shows; else
+// the innermost. With stacks="all" the innermost is always the unwinder itself.
+std::optional<std::size_t> tag_frame(std::size_t count, const std::function<nlohmann::json(std::size_t)>& item) {
+  if (count == 0) return std::nullopt;
+  std::optional<std::size_t> python, shown;
+  for (std::size_t i = 0; i < count; ++i) {
+    const nlohmann::json f = item(i);
+    if (!f.is_object()) continue;
+    const std::string file = frame_string(f, "filename", "");
+    if (file == kTagFrameFile) return i;
+    if (python || !frame_shown(frame_string(f, "name", ""), file)) continue;
+    if (!shown) shown = i;
+    if (file.size() >= 3 && file.compare(file.size() - 3, 3, ".py") == 0) python = i;
+  }
+  return python ? python : shown ? shown : std::optional<std::size_t>(0);
+}
+
 std::string tag_of(const nlohmann::json& entry) {
   const auto it = entry.find("frames");
   if (it == entry.end() || !it->is_array() || it->empty()) return "";
-  for (const auto& f : *it)
-    if (f.is_object() && frame_string(f, "filename", "") == kTagFrameFile) return frame_string(f, "name", "");
-  const auto& f = it->front();
+  const auto i = tag_frame(it->size(), [&](std::size_t k) { return (*it)[k]; });
+  const auto& f = (*it)[*i];
   if (!f.is_object()) return "";
+  if (frame_string(f, "filename", "") == kTagFrameFile) return frame_string(f, "name", "");
   return fmt::format("{} ({}:{})", frame_string(f, "name", "?"), frame_string(f, "filename", "?"), frame_line(f));
 }
 
@@ -64,7 +124,7 @@ bool trace_action(const std::string& s, TraceAction& out) {
   if (s == "alloc") out = TraceAction::alloc;
   else if (s == "free_requested") out = TraceAction::free_requested;
   else if (s == "free_completed") out = TraceAction::free_completed;
-  else if (s == "segment_alloc" || s == "segment_map") out = TraceAction::segment_map;
+  else if (s == "segment_alloc" || s == "segment_map") out = TraceAction::segment_map;  // classic or expandable
   else if (s == "segment_free" || s == "segment_unmap") out = TraceAction::segment_unmap;
   else if (s == "oom") out = TraceAction::oom;
   else return false;  // "snapshot" and what later versions add: not memory changes
@@ -82,14 +142,78 @@ bool is_pytorch_snapshot(const nlohmann::json& j) {
   return j.is_object() && j.contains("segments") && j.contains("device_traces") && !j.contains("version");
 }
 
+const ListSelector& pytorch_frames_selector() {
+  static const ListSelector selector{"frames", [](std::size_t count, const auto& item) {
+                                       std::vector<std::size_t> keep;
+                                       if (const auto i = tag_frame(count, item)) keep.push_back(*i);
+                                       return keep;
+                                     }};
+  return selector;
+}
+
+nlohmann::json read_pytorch_pickle(std::string_view data, const std::string& what) {
+  return read_pickle(data, what, &pytorch_frames_selector());
+}
+
+namespace {
+
+// The bytes PyTorch's allocator accounts for a request it traced (CUDACachingAllocator.cpp
+// round_size: at least 512, a multiple of 512; roundup_power2_divisions is not applied).
+std::uint64_t rounded(std::uint64_t requested) {
+  return requested == 0 ? 0 : requested < 512 ? 512 : (requested + 511) / 512 * 512;
+}
+
+// PyTorch's trace holds the requested size of an allocation and of its frees; stowage's, like
+// allocated_bytes, the block's. An allocation that is live now takes its block's size, one freed
+// in the trace the rounded request, its frees the size of their allocation.
+void to_block_sizes(Snapshot& s, const std::vector<std::size_t>& requested) {
+  std::unordered_map<std::uintptr_t, std::uint64_t> active;  // block address → size, live blocks
+  for (const auto& seg : s.segments)
+    for (const auto& b : seg.blocks)
+      if (b.state != BlockState::inactive) active[b.address] = b.size;
+  struct Open {
+    std::vector<std::size_t> entries;  // its alloc and free_requested, in the trace
+  };
+  std::unordered_map<std::uintptr_t, Open> open;
+  for (std::size_t i = 0; i < s.trace.size(); ++i) {
+    TraceEntry& t = s.trace[i];
+    if (t.action == TraceAction::alloc) {
+      t.size = rounded(requested[i]);
+      open[t.address] = Open{{i}};
+    } else if (t.action == TraceAction::free_requested || t.action == TraceAction::free_completed) {
+      auto it = open.find(t.address);
+      t.size = it != open.end() ? s.trace[it->second.entries.front()].size : rounded(requested[i]);
+      if (t.action == TraceAction::free_completed) {
+        if (it != open.end()) open.erase(it);
+      } else if (it != open.end()) {
+        it->second.entries.push_back(i);
+      } else {
+        open[t.address] = Open{{i}};
+      }
+    }
+  }
+  for (const auto& [address, o] : open)
+    if (const auto b = active.find(address); b != active.end())
+      for (std::size_t i : o.entries) s.trace[i].size = b->second;
+}
+
+}  // namespace
+
 Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what) {
+  // A bare list of segments is an older form that PyTorch's own reader still takes
+  // (_memory_viz._read: {'segments': data, 'traces': []}).
+  if (j.is_array()) return snapshot_from_pytorch({{"segments", j}, {"device_traces", nlohmann::json::array()}}, what);
+  if (!j.is_object())
+    throw ParseError(
+        fmt::format("{}: expected a dict with \"segments\" and \"device_traces\" (or a list of segments)", what));
   const nlohmann::json& segments = array_at(j, "segments", what);
   const nlohmann::json& traces = array_at(j, "device_traces", what);
   // The device: the lowest with segments or trace entries.
   int device = -1;
-  for (const auto& seg : segments) {
-    const auto d = tools::get_int_or(seg, "device", 0, what + ".segments[]");
-    if (d < 0 || d > 1024) throw ParseError(fmt::format("{}.segments[]: device {} is out of range", what, d));
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const std::string where = fmt::format("{}.segments[{}]", what, i);
+    const auto d = int_or(segments[i], "device", 0, where);
+    if (d < 0 || d > 1024) throw ParseError(fmt::format("{}: device {} is out of range", where, d));
     device = device < 0 ? int(d) : std::min(device, int(d));
   }
   for (std::size_t d = 0; d < traces.size() && (device < 0 || int(d) < device); ++d)
@@ -102,11 +226,11 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const nlohmann::json& seg = segments[i];
     const std::string where = fmt::format("{}.segments[{}]", what, i);
-    if (tools::get_int_or(seg, "device", 0, where) != device) continue;
+    if (int_or(seg, "device", 0, where) != device) continue;
     SegmentInfo info;
     info.address = unsigned_at(seg, "address", where);
     info.total_size = bytes_at(seg, "total_size", where);
-    info.stream = Stream{static_cast<std::uintptr_t>(tools::get_int_or(seg, "stream", 0, where))};
+    info.stream = Stream{static_cast<std::uintptr_t>(int_or(seg, "stream", 0, where))};
     info.pool = tools::get_string_or(seg, "segment_type", "large", where) == "small" ? Pool::small : Pool::large;
     info.expandable = tools::get_bool_or(seg, "is_expandable", false, where);
     const nlohmann::json& blocks = array_at(seg, "blocks", where);
@@ -114,7 +238,7 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
     for (std::size_t k = 0; k < blocks.size(); ++k) {
       const std::string bw = fmt::format("{}.blocks[{}]", where, k);
       BlockInfo b;
-      b.address = blocks[k].contains("address") ? unsigned_at(blocks[k], "address", bw) : next;
+      b.address = blocks[k].is_object() && blocks[k].contains("address") ? unsigned_at(blocks[k], "address", bw) : next;
       b.size = bytes_at(blocks[k], "size", bw);
       b.requested_size = blocks[k].contains("requested_size") ? bytes_at(blocks[k], "requested_size", bw) : b.size;
       b.state = block_state(tools::get_string_or(blocks[k], "state", "", bw), bw);
@@ -138,34 +262,39 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
     s.capacity += info.total_size;
     s.segments.push_back(std::move(info));
   }
+  std::vector<std::size_t> requested;  // the trace's sizes as PyTorch wrote them
   if (std::size_t(device) < traces.size() && traces[std::size_t(device)].is_array()) {
     const nlohmann::json& trace = traces[std::size_t(device)];
     for (std::size_t i = 0; i < trace.size(); ++i) {
       const std::string where = fmt::format("{}.device_traces[{}][{}]", what, device, i);
       TraceEntry t;
       if (!trace_action(tools::get_string_or(trace[i], "action", "", where), t.action)) continue;
-      t.address = unsigned_at(trace[i], "addr", where);
+      // An OOM has no address: PyTorch writes the device's free bytes in its place.
+      t.address = unsigned_at(trace[i], t.action == TraceAction::oom ? "device_free" : "addr", where);
       t.size = bytes_at(trace[i], "size", where);
-      t.stream = Stream{static_cast<std::uintptr_t>(tools::get_int_or(trace[i], "stream", 0, where))};
-      const std::int64_t us = tools::get_int_or(trace[i], "time_us", 0, where);
+      t.stream = Stream{static_cast<std::uintptr_t>(int_or(trace[i], "stream", 0, where))};
+      const std::int64_t us = int_or(trace[i], "time_us", 0, where);
       t.time_ns = us > INT64_MAX / 1000 ? INT64_MAX : us < INT64_MIN / 1000 ? INT64_MIN : us * 1000;
       t.tag = tag_of(trace[i]);
       if (t.action == TraceAction::oom) ++s.stats.num_ooms;
+      requested.push_back(t.size);
       s.trace.push_back(std::move(t));
     }
   }
+  to_block_sizes(s, requested);
   // No counters in PyTorch's snapshot: a peak is the trace's highest point (shifted so the
   // trace ends at now), at least now.
-  std::int64_t alloc = 0, reserved = 0, high_alloc = 0, high_reserved = 0;
-  for (const auto& t : s.trace) {
+  const std::vector<std::int64_t> along = allocated_along(s.trace);
+  std::int64_t reserved = 0, high_alloc = 0, high_reserved = 0;
+  for (std::size_t i = 0; i < s.trace.size(); ++i) {
+    const auto& t = s.trace[i];
     const auto n = std::int64_t(std::min<std::size_t>(t.size, INT64_MAX / 2));
-    if (t.action == TraceAction::alloc) alloc += n;
-    if (t.action == TraceAction::free_completed) alloc -= n;
     if (t.action == TraceAction::segment_map) reserved += n;
     if (t.action == TraceAction::segment_unmap) reserved -= n;
-    high_alloc = std::max(high_alloc, alloc);
+    high_alloc = std::max(high_alloc, along[i]);
     high_reserved = std::max(high_reserved, reserved);
   }
+  const std::int64_t alloc = along.empty() ? 0 : along.back();
   for (StatArray* a : {&s.stats.allocated_bytes, &s.stats.reserved_bytes, &s.stats.active_bytes,
                        &s.stats.requested_bytes, &s.stats.allocation, &s.stats.segment})
     for (Stat* st : {&a->all, &a->small_pool, &a->large_pool}) st->peak = st->allocated = st->current;
@@ -234,16 +363,34 @@ nlohmann::json to_pytorch(const Snapshot& s) {
         first = k;
       }
   }
+  // PyTorch names a classic segment's events segment_alloc/segment_free (cudaMalloc, cudaFree)
+  // and only an expandable one's segment_map/segment_unmap; memory_viz and _memory_viz.trace()
+  // know classic segments by the former. An event inside a segment of the snapshot takes its
+  // kind; one outside every segment (since released) the kind the snapshot's segments have.
+  bool any_expandable = false;
+  for (const auto& seg : s.segments) any_expandable |= seg.expandable;
+  auto expandable_at = [&](std::uintptr_t address) {
+    for (const auto& seg : s.segments) {
+      const std::uintptr_t end = seg.expandable && !seg.blocks.empty()
+                                     ? seg.blocks.back().address + seg.blocks.back().size
+                                     : seg.address + seg.total_size;
+      if (address >= seg.address && address < end) return seg.expandable;
+    }
+    return any_expandable;
+  };
   nlohmann::json trace = nlohmann::json::array();
   for (const auto& t : s.trace) {
+    const bool segment = t.action == TraceAction::segment_map || t.action == TraceAction::segment_unmap;
+    const bool expandable = segment && expandable_at(t.address);
     const char* action = t.action == TraceAction::alloc            ? "alloc"
                          : t.action == TraceAction::free_requested ? "free_requested"
                          : t.action == TraceAction::free_completed ? "free_completed"
-                         : t.action == TraceAction::segment_map    ? "segment_map"
-                         : t.action == TraceAction::segment_unmap  ? "segment_unmap"
+                         : t.action == TraceAction::segment_map    ? (expandable ? "segment_map" : "segment_alloc")
+                         : t.action == TraceAction::segment_unmap  ? (expandable ? "segment_unmap" : "segment_free")
                                                                    : "oom";
+    // An OOM's address slot holds the device's free bytes, under PyTorch's name for them.
     trace.push_back({{"action", action},
-                     {"addr", t.address},
+                     {t.action == TraceAction::oom ? "device_free" : "addr", t.address},
                      {"size", t.size},
                      {"stream", static_cast<std::int64_t>(t.stream)},  // PyTorch's are int64: any stream is -1
                      {"time_us", t.time_ns / 1000},

@@ -5,8 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <string_view>
 
 #include "stowage/snapshot.hpp"
+#include "tools/inspect/pickle_reader.hpp"
 
 namespace stowage::inspect {
 
@@ -16,15 +18,28 @@ inline constexpr const char* kTagFrameFile = "stowage tag";
 // True for PyTorch's top-level dict ("segments" and "device_traces", no stowage "version").
 bool is_pytorch_snapshot(const nlohmann::json& j);
 
-// One device's memory (the lowest that has segments or trace entries). Statistics are what the
-// segments say now; peaks come from replaying the trace, shifted to end at now (PyTorch's
-// snapshot keeps no counters). A block's tag is its stowage tag frame when it has one, else its
-// innermost frame ("name (file:line)"), else empty. ParseError naming the field otherwise.
+// Keeps, of every "frames" list, only the frame that becomes the tag (see snapshot_from_pytorch):
+// PyTorch shares one frames list per distinct stack, and with stacks="all" expanding each
+// reference in full costs gigabytes.
+const ListSelector& pytorch_frames_selector();
+// read_pickle with that selector.
+nlohmann::json read_pytorch_pickle(std::string_view data, const std::string& what);
+
+// One device's memory (the lowest that has segments or trace entries); a bare list of segments
+// (an older form) reads as segments without a trace. Statistics are what the segments say now;
+// peaks come from replaying the trace, shifted to end at now (PyTorch's snapshot keeps no
+// counters). Trace sizes become block sizes (PyTorch traces the requested size): a live block's
+// size, else the request rounded up to 512 bytes. An OOM entry's address is the device_free
+// PyTorch wrote there. A block's tag is its stowage tag frame when it has one, else the first
+// frame that memory_viz shows (its _frame_filter) from a .py file, else the first it shows, else
+// the innermost ("name (file:line)"), else empty. ParseError naming the field and the entry
+// otherwise, floats in integer fields included.
 Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what);
 
 // PyTorch's form of `snapshot`: segments with blocks, and the trace as device_traces[device]
-// (times in microseconds); every block and trace entry carries its tag as a frame and as
-// "category".
+// (times in microseconds; segment_alloc/segment_free for classic segments, segment_map/
+// segment_unmap for expandable ones; device_free for an OOM); every block and trace entry
+// carries its tag as a frame and as "category".
 nlohmann::json to_pytorch(const Snapshot& snapshot);
 
 }  // namespace stowage::inspect

@@ -26,7 +26,54 @@ std::vector<TagBytes> top_tags(const std::map<std::string, std::int64_t>& bytes,
 
 std::int64_t as_bytes(std::size_t v) { return static_cast<std::int64_t>(std::min<std::size_t>(v, INT64_MAX)); }
 
+// Replays allocated bytes entry by entry (see allocated_along), optionally per tag.
+class AllocatedReplay {
+ public:
+  void step(const TraceEntry& t, std::map<std::string, std::int64_t>* tags) {
+    const std::int64_t size = as_bytes(t.size);
+    if (t.action == TraceAction::alloc) {
+      live_[t.address] = {size, &t.tag, false};
+      bytes_ += size;
+      if (tags) (*tags)[t.tag] += size;
+    } else if (t.action == TraceAction::free_requested || t.action == TraceAction::free_completed) {
+      const auto it = live_.find(t.address);
+      if (it == live_.end()) {
+        // Allocated before the trace: its request ends it (a completion's request came before).
+        if (t.action == TraceAction::free_requested) bytes_ -= size;
+        return;
+      }
+      if (!it->second.requested) {
+        bytes_ -= it->second.size;
+        if (tags) (*tags)[*it->second.tag] -= it->second.size;
+        it->second.requested = true;
+      }
+      if (t.action == TraceAction::free_completed) live_.erase(it);
+    }
+  }
+  std::int64_t bytes() const { return bytes_; }
+
+ private:
+  struct Live {
+    std::int64_t size;
+    const std::string* tag;
+    bool requested;
+  };
+  std::unordered_map<std::uintptr_t, Live> live_;
+  std::int64_t bytes_ = 0;
+};
+
 }  // namespace
+
+std::vector<std::int64_t> allocated_along(const std::vector<TraceEntry>& trace) {
+  std::vector<std::int64_t> out;
+  out.reserve(trace.size());
+  AllocatedReplay replay;
+  for (const auto& t : trace) {
+    replay.step(t, nullptr);
+    out.push_back(replay.bytes());
+  }
+  return out;
+}
 
 std::int64_t step_of_tag(std::string_view tag) {
   auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; };
@@ -66,7 +113,8 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
         continue;
       }
       a.largest_blocks.push_back({b.address, as_bytes(b.size), as_bytes(b.requested_size), to_string(b.state), b.tag});
-      now[b.tag] += as_bytes(b.size);
+      // Allocated bytes only, as `allocated` counts them: a block pending free is not.
+      if (b.state == BlockState::active_allocated) now[b.tag] += as_bytes(b.size);
     }
   std::stable_sort(a.largest_blocks.begin(), a.largest_blocks.end(),
                    [](const BlockSummary& x, const BlockSummary& y) { return x.size > y.size; });
@@ -76,24 +124,22 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
   // The trace is a ring: it may begin mid-run. Deltas are replayed forward, then shifted so the
   // last point equals the snapshot's current allocated/reserved bytes. One pass finds the peak,
   // a second replays up to it for the tags there: linear in the trace.
-  std::int64_t alloc = 0, reserved = 0;
+  std::int64_t reserved = 0;
   std::int64_t best = INT64_MIN;
   std::size_t peak_index = 0;
   std::int64_t step = -1;
   a.timeline.reserve(s.trace.size());
+  AllocatedReplay replay;
   for (const auto& t : s.trace) {
     if (const std::int64_t n = step_of_tag(t.tag); n >= 0 && n != step) {
       a.steps.push_back({t.time_ns, n});
       step = n;
     }
     const std::int64_t size = as_bytes(t.size);
-    switch (t.action) {
-      case TraceAction::alloc: alloc += size; break;
-      case TraceAction::free_completed: alloc -= size; break;
-      case TraceAction::segment_map: reserved += size; break;
-      case TraceAction::segment_unmap: reserved -= size; break;
-      default: break;
-    }
+    if (t.action == TraceAction::segment_map) reserved += size;
+    if (t.action == TraceAction::segment_unmap) reserved -= size;
+    replay.step(t, nullptr);
+    const std::int64_t alloc = replay.bytes();
     a.timeline.push_back({t.time_ns, alloc, reserved});
     if (alloc > best) {
       best = alloc;
@@ -102,19 +148,8 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
   }
   std::map<std::string, std::int64_t> at_peak;
   if (!s.trace.empty()) {
-    std::unordered_map<std::uintptr_t, std::pair<std::int64_t, const std::string*>> live;
-    for (std::size_t i = 0; i <= peak_index; ++i) {
-      const auto& t = s.trace[i];
-      if (t.action == TraceAction::alloc) {
-        live[t.address] = {as_bytes(t.size), &t.tag};
-        at_peak[t.tag] += as_bytes(t.size);
-      } else if (t.action == TraceAction::free_completed) {
-        if (auto it = live.find(t.address); it != live.end()) {
-          at_peak[*it->second.second] -= it->second.first;
-          live.erase(it);
-        }
-      }
-    }
+    AllocatedReplay to_peak;
+    for (std::size_t i = 0; i <= peak_index; ++i) to_peak.step(s.trace[i], &at_peak);
   }
   if (!a.timeline.empty()) {
     const std::int64_t da = a.allocated - a.timeline.back().allocated, dr = a.reserved - a.timeline.back().reserved;
@@ -144,7 +179,13 @@ Snapshot load_snapshot(const std::string& path) {
   };
   Snapshot snapshot;
   if (!text.empty() && static_cast<unsigned char>(text[0]) == 0x80) {  // a pickle's PROTO opcode
-    snapshot = snapshot_from_pytorch(read_pickle(text, path), path);
+    snapshot = snapshot_from_pytorch(read_pytorch_pickle(text, path), path);
+  } else if (!text.empty() && std::string_view("(}])").find(text[0]) != std::string_view::npos && text.back() == '.') {
+    // Protocols 0 and 1 have no PROTO opcode; no JSON starts this way.
+    throw ParseError(
+        fmt::format("{}: a pickle of protocol 0 or 1, which is not supported (2 to 5 are read; "
+                    "torch.cuda.memory._dump_snapshot writes Python's default, 4 or later)",
+                    path));
   } else if (text.find("\"device_traces\"") != std::string::npos) {  // PyTorch's dict as JSON?
     const nlohmann::json j = tools::parse_json(text, path);
     snapshot = is_pytorch_snapshot(j) ? snapshot_from_pytorch(j, path) : stowage_snapshot();

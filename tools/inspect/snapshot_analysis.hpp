@@ -47,7 +47,7 @@ struct SnapshotAnalysis {
   double fragmentation = 0;                  // 1 − allocated / reserved now
   std::int64_t largest_free = 0;             // largest inactive block
   std::vector<BlockSummary> largest_blocks;  // allocated blocks, largest first
-  std::vector<TagBytes> tags_now;            // allocated bytes per tag now, most first
+  std::vector<TagBytes> tags_now;            // allocated bytes per tag now, most first (add up to allocated)
   std::vector<TagBytes> tags_at_peak;        // per tag at the trace's allocated peak
   std::vector<TimelinePoint> timeline;       // from the trace (empty without one)
   std::int64_t trace_peak_allocated = 0;     // the highest point of the timeline
@@ -60,6 +60,12 @@ struct SnapshotAnalysis {
 // '#', then decimal digits, then the end of the tag or '/', '.' or ':' and anything
 // ("step 3", "step_12/attn", "Step:7.fwd"). "step 3 (train.py:10)", a PyTorch frame, names none.
 std::int64_t step_of_tag(std::string_view tag);
+
+// Allocated bytes after each trace entry, from 0 at the start. Bytes count from an alloc to its
+// free_requested, as the allocators' allocated_bytes do (a block pending free on another stream
+// is no longer allocated); a free_completed counts only for an allocation whose request the
+// trace lacks. A free_requested for a block allocated before the trace counts too.
+std::vector<std::int64_t> allocated_along(const std::vector<TraceEntry>& trace);
 
 // `top` bounds largest_blocks and the tag lists.
 SnapshotAnalysis analyze(const Snapshot& snapshot, std::size_t top = 10);
