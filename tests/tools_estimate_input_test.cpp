@@ -879,10 +879,48 @@ TEST(EstimateDeepSpeed, CommunicationBuffersAsAllocated) {
   EXPECT_EQ(estimate_memory(c).communication, 0);
   c = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 0}})");
   EXPECT_EQ(estimate_memory(c).communication, 0);
+  // An optimizer offload turns contiguous gradients back on at ZeRO-1/2 (stage_1_and_2.py).
+  c = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2, "contiguous_gradients": false,
+    "offload_optimizer": {"device": "cpu"}}})");
+  EXPECT_EQ(estimate_memory(c).communication, 1000000000);
   c = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
     "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}})");
   ASSERT_EQ(c.notes.size(), 1u);
   EXPECT_EQ(c.notes[0],
             "deepspeed offload to nvme: the offloaded states are counted in host memory, but live on NVMe (DeepSpeed "
             "keeps pinned host staging buffers)");
+}
+
+// Found by a review: batch products that wrap divided by zero (SIGFPE); an option stage other
+// than the config's mixed two setups; DeepSpeed's pipeline engine refuses ZeRO-2/3 and turns
+// overlap_comm off.
+TEST(EstimateDeepSpeed, OptionsThatContradictTheConfigAndHugeBatchesAreRefused) {
+  const std::string huge = temp_file("ds_huge.json", R"({"train_batch_size": 1,
+    "train_micro_batch_size_per_gpu": 562949953421312})");
+  auto r = run_cli("estimate --model llama2-7b --deepspeed-config " + huge + " --dp 32768");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel size "
+                          "(32768) is beyond any batch"),
+            std::string::npos)
+      << r.output;
+  const std::string z3 = temp_file("ds_z3.json", R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3}})");
+  r = run_cli("estimate --model llama2-7b --deepspeed-config " + z3 + " --dp 8 --zero 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("zero_optimization.stage is 3, but the options ask for stage 2"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(run_cli("estimate --model llama2-7b --deepspeed-config " + z3 + " --dp 8 --zero 3").exit_code, 0);
+  const std::string z2 = temp_file("ds_z2.json", R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
+  r = run_cli("estimate --model llama2-7b --deepspeed-config " + z2 + " --dp 8 --pp 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ZeRO stage 2 with --pp 2: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3"),
+            std::string::npos)
+      << r.output;
+  const std::string z1 = temp_file("ds_z1.json", R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 1,
+    "overlap_comm": true}})");
+  const auto one = nlohmann::json::parse(
+      run_cli("estimate --model llama2-7b --deepspeed-config " + z1 + " --dp 8 --pp 2 --json").output);
+  EXPECT_EQ(one.at("baseline").at("communication").get<std::int64_t>() -
+                2 * 4096 * 4096,  // the pipeline's receive buffer: seq 4096 × micro-batch 1 × h × 2 B
+            1000000000)
+      << one.dump(1);
 }

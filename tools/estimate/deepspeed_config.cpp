@@ -344,7 +344,10 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   // overlap_comm defaults to true at stage 3 only (overlap_comm_valid); ZeRO-1/2 then allocate a
   // second reduce buffer; without contiguous_gradients there is no reduce buffer.
   const bool overlap = bool_at(zero, "overlap_comm", zname).value_or(stage == 3);
-  const bool contiguous = bool_at(zero, "contiguous_gradients", zname).value_or(true);
+  // ZeRO-1/2 turn contiguous gradients on for an optimizer offload (stage_1_and_2.py:
+  // contiguous_gradients or cpu_offload).
+  const bool contiguous = bool_at(zero, "contiguous_gradients", zname).value_or(true) ||
+                          ((stage == 1 || stage == 2) && opt_dev != Device::none);
   p.reduce_bucket_elements = stage == 0 || !contiguous ? 0 : reduce;
   p.reduce_buffers = (stage == 1 || stage == 2) && overlap ? 2 : 1;
   // ZeRO-1/2 all-gather straight into the flat 16-bit weights (runtime/utils.py
@@ -367,6 +370,15 @@ void resolve_deepspeed_batch(RunConfig& c) {
     if (!G) G = t.grad_accumulation;
   }
   if (dp <= 0 || M < 0 || G < 0) return;  // validate() reports these
+  // The products are checked: values up to 1e15 each would wrap (and divide by zero below).
+  auto product = [&](std::initializer_list<std::int64_t> factors) {
+    std::int64_t r = 1;
+    for (const std::int64_t f : factors)
+      if (__builtin_mul_overflow(r, f, &r))
+        throw InvalidArgument(fmt::format("{}: {} × {} × data-parallel size ({}) is beyond any batch", b.file,
+                                          b.micro_name, b.accumulation_name, dp));
+    return r;
+  };
   // config.py _set_batch_related_parameters, then _batch_assertion: train = micro × accum × dp.
   auto refuse = [&](std::int64_t m, std::int64_t g) {
     throw InvalidArgument(fmt::format(
@@ -374,13 +386,15 @@ void resolve_deepspeed_batch(RunConfig& c) {
         b.micro_name, m ? std::to_string(m) : "derived", b.accumulation_name, g ? std::to_string(g) : "derived", dp));
   };
   if (T && M && G) {
-    if (T != M * G * dp) refuse(M, G);
+    if (T != product({M, G, dp})) refuse(M, G);
   } else if (T && M) {
-    if (T % (M * dp)) refuse(M, 0);
-    G = T / (M * dp);
+    const std::int64_t per_step = product({M, dp});
+    if (T % per_step) refuse(M, 0);
+    G = T / per_step;
   } else if (T && G) {
-    if (T % (G * dp)) refuse(0, G);
-    M = T / (G * dp);
+    const std::int64_t per_micro = product({G, dp});
+    if (T % per_micro) refuse(0, G);
+    M = T / per_micro;
   } else if (T) {
     G = 1;
     if (T % dp) refuse(0, G);

@@ -81,11 +81,30 @@ RunConfig build_config(const Options& o) {
   if (o.cp) p.cp = positive(o.cp, "--cp");
   if (o.ep) p.ep = positive(o.ep, "--ep");
   if (o.sp) p.sequence_parallel = true;
+  const int config_stage = p.zero_stage;
   if (o.zero) {
     if (*o.zero < 0 || *o.zero > 3) throw InvalidArgument(fmt::format("--zero must be 0 to 3, got {}", *o.zero));
     p.zero_stage = static_cast<int>(*o.zero);
   }
   if (o.dist_opt) p.zero_stage = std::max(p.zero_stage, 1);
+  if (!o.deepspeed_config.empty()) {
+    // The config's buckets and offloads are its stage's: another stage would mix two setups.
+    if (p.zero_stage != config_stage)
+      throw InvalidArgument(
+          fmt::format("{}: zero_optimization.stage is {}, but the options ask for stage {}; change "
+                      "the one that is wrong",
+                      o.deepspeed_config, config_stage, p.zero_stage));
+    // DeepSpeed's pipeline engine refuses ZeRO-2/3 and turns overlap_comm off (pipe/engine.py,
+    // engine.py).
+    if (o.pp && *o.pp > 1) {
+      if (p.zero_stage >= 2)
+        throw InvalidArgument(
+            fmt::format("{}: ZeRO stage {} with --pp {}: DeepSpeed's pipeline engine refuses ZeRO-2 "
+                        "and ZeRO-3",
+                        o.deepspeed_config, p.zero_stage, *o.pp));
+      p.reduce_buffers = 1;
+    }
+  }
   if (!o.accounting.empty()) p.accounting = parse_accounting(o.accounting);
   if (!o.recompute.empty()) c.recompute.granularity = parse_recompute(o.recompute);
   if (!o.recompute_method.empty()) c.recompute.method = parse_recompute_method(o.recompute_method);
