@@ -44,4 +44,11 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+Nearest nearest(std::string_view word, std::span<const std::string_view> names, std::size_t max_distance) {
+  Nearest best{{}, max_distance + 1};
+  for (std::string_view n : names)
+    if (const std::size_t d = edit_distance(word, n); d < best.distance) best = {n, d};
+  return best.name.empty() ? Nearest{} : best;
+}
+
 }  // namespace stowage::detail

@@ -21,8 +21,9 @@
 
 namespace stowage {
 
-using detail::edit_distance;
 using detail::lower;
+using detail::Nearest;
+using detail::nearest;
 using detail::parse_number;
 using detail::trim;
 
@@ -114,20 +115,11 @@ std::vector<std::string> unknown_variable_warnings(const std::vector<std::string
     // The project's own test and benchmark switches are not configuration.
     if (name.starts_with("STOWAGE_BENCH_") || name.starts_with("STOWAGE_TEST_") || name.ends_with("_TEST_CHILD"))
       continue;
-    std::string_view best;
-    std::size_t best_distance = std::string_view::npos;
-    bool known = false;
-    for (std::string_view k : kKnownVariables) {
-      if (k == name) known = true;
-      if (const std::size_t d = edit_distance(name, k); d < best_distance) {
-        best_distance = d;
-        best = k;
-      }
-    }
-    if (known) continue;
+    const Nearest near = nearest(name, kKnownVariables, 3);
+    if (!near.name.empty() && near.distance == 0) continue;  // known
     out.push_back(
-        best_distance <= 3
-            ? fmt::format("{} is not a stowage variable (did you mean {}?); it is ignored", name, best)
+        !near.name.empty()
+            ? fmt::format("{} is not a stowage variable (did you mean {}?); it is ignored", name, near.name)
             : fmt::format("{} is not a stowage variable; it is ignored (docs/configuration.md lists them)", name));
   }
   return out;

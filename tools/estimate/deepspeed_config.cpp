@@ -104,18 +104,10 @@ constexpr std::string_view kTopKeys[] = {"train_batch_size",
                                          "allgather_size",
                                          "zero_allow_untested_optimizer"};
 
-std::string nearest(std::string_view key, Names names, std::size_t limit) {
-  std::size_t best = limit + 1;
-  std::string_view found;
-  for (std::string_view n : names)
-    if (const std::size_t d = detail::edit_distance(key, n); d < best) best = d, found = n;
-  return std::string(found);
-}
-
 void forbid_unknown(const nlohmann::json& obj, Names names, const std::string& where) {
   for (const auto& [key, value] : obj.items()) {
     if (std::find(names.begin(), names.end(), key) != names.end()) continue;
-    const std::string near = nearest(key, names, key.size() / 3 + 1);
+    const std::string_view near = detail::nearest(key, names, key.size() / 3 + 1).name;
     throw ParseError(fmt::format("{}: unknown key '{}'{} (DeepSpeed refuses unknown keys here)", where, key,
                                  near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near)));
   }
@@ -230,7 +222,7 @@ void apply_precision(const nlohmann::json& j, RunConfig& c, const std::string& n
 void warn_near_misses(const nlohmann::json& j, RunConfig& c, const std::string& name) {
   for (const auto& [key, value] : j.items()) {
     if (std::find(std::begin(kTopKeys), std::end(kTopKeys), key) != std::end(kTopKeys)) continue;
-    const std::string near = nearest(key, kTopKeys, std::max<std::size_t>(1, key.size() / 5));
+    const std::string_view near = detail::nearest(key, kTopKeys, std::max<std::size_t>(1, key.size() / 5)).name;
     if (!near.empty())
       c.warnings.push_back(fmt::format("{}: unknown top-level key '{}' ignored (as DeepSpeed does): did you mean '{}'?",
                                        name, key, near));

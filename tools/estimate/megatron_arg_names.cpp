@@ -1207,18 +1207,12 @@ bool is_mindspeed_argument(std::string_view name) {
 
 std::string nearest_megatron_argument(std::string_view name) {
   const std::string_view n = bare(name);
-  std::size_t best = n.size() / 3 + 1;
-  std::string_view found;
-  for (const auto& names :
-       {std::span<const std::string_view>(kNames), std::span<const std::string_view>(kMindSpeedNames)})
-    for (std::string_view k : names) {
-      const std::size_t d = detail::edit_distance(n, k);
-      if (d < best) {
-        best = d;
-        found = k;
-      }
-    }
-  return found.empty() ? std::string() : "--" + std::string(found);
+  const detail::Nearest megatron = detail::nearest(n, kNames, n.size() / 3);
+  const detail::Nearest mindspeed = detail::nearest(n, kMindSpeedNames, n.size() / 3);
+  const detail::Nearest& found =
+      !mindspeed.name.empty() && (megatron.name.empty() || mindspeed.distance < megatron.distance) ? mindspeed
+                                                                                                   : megatron;
+  return found.name.empty() ? std::string() : "--" + std::string(found.name);
 }
 
 }  // namespace stowage::estimate
