@@ -4,6 +4,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/text.hpp"
 #include "stowage/error.hpp"
@@ -17,18 +18,18 @@ namespace {
 std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return {};
   const std::string_view word = argv[1];
-  std::string names, best;
-  std::size_t best_distance = word.size() / 2 + 1;
+  std::vector<std::string_view> subcommands;
+  std::string names;
   for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-    if (sub->get_name() == word) return {};
+    subcommands.push_back(sub->get_name());
     names += (names.empty() ? "" : ", ") + sub->get_name();
-    if (const std::size_t d = stowage::detail::edit_distance(word, sub->get_name()); d < best_distance) {
-      best_distance = d;
-      best = sub->get_name();
-    }
   }
-  return "unknown subcommand '" + std::string(word) + "'" + (best.empty() ? "" : " (did you mean " + best + "?)") +
-         "; the subcommands are " + names + " (stowage --help)";
+  if (std::find(subcommands.begin(), subcommands.end(), word) != subcommands.end()) return {};
+  // Within half the word's length: a short word's one-letter slip still finds its subcommand.
+  const std::string_view near = stowage::detail::nearest(word, subcommands, word.size() / 2).name;
+  return "unknown subcommand '" + std::string(word) + "'" +
+         (near.empty() ? "" : " (did you mean " + std::string(near) + "?)") + "; the subcommands are " + names +
+         " (stowage --help)";
 }
 
 }  // namespace

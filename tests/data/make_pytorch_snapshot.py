@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the PyTorch-format memory snapshots tests/tools_inspect_test.cpp reads: the dict
+"""Writes the PyTorch-format memory snapshots tests/tools_inspect_pytorch_test.cpp reads: the dict
 torch.cuda.memory._snapshot() returns (built by hand: no GPU needed), pickled as
 torch.cuda.memory._dump_snapshot does (pickle.dump, default protocol) and at protocol 2, and as
 JSON. Frames lists are shared between a block and its trace entries, as PyTorch's are, so the

@@ -159,7 +159,7 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
   return {{"schema", "stowage.inspect/1"},
           {"kind", "snapshot"},
           {"device_name", a.device_name},
-          {"capacity", a.capacity},
+          {"capacity", a.capacity > 0 ? nlohmann::json(a.capacity) : nlohmann::json()},  // null: unknown
           {"allocated", a.allocated},
           {"reserved", a.reserved},
           {"peak_allocated", a.peak_allocated},
@@ -179,7 +179,8 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
 }
 
 std::string to_table(const SnapshotAnalysis& a) {
-  std::string out = fmt::format("device {} (capacity {})\n", a.device_name, format_bytes(a.capacity));
+  std::string out = fmt::format("device {} (capacity {})\n", a.device_name,
+                                a.capacity > 0 ? format_bytes(a.capacity) : std::string("unknown"));
   out += fmt::format("  allocated {:>14}   peak {:>14}\n", format_bytes(a.allocated), format_bytes(a.peak_allocated));
   out += fmt::format("  reserved  {:>14}   peak {:>14}\n", format_bytes(a.reserved), format_bytes(a.peak_reserved));
   out += fmt::format("  fragmentation {:.1f}% (reserved but free), largest free block {}, {} segments, {} OOMs\n",

@@ -220,7 +220,7 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
     if (traces[d].is_array() && !traces[d].empty()) device = int(d);
   if (device < 0) device = 0;
 
-  Snapshot s;
+  Snapshot s;  // capacity stays 0, unknown: PyTorch's snapshot does not hold the device's memory
   s.device = device;
   s.device_name = fmt::format("cuda:{} (PyTorch snapshot)", device);
   for (std::size_t i = 0; i < segments.size(); ++i) {
@@ -259,7 +259,6 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
     }
     add(s.stats.reserved_bytes, info.pool, std::int64_t(info.total_size));
     add(s.stats.segment, info.pool, 1);
-    s.capacity += info.total_size;
     s.segments.push_back(std::move(info));
   }
   std::vector<std::size_t> requested;  // the trace's sizes as PyTorch wrote them

@@ -186,6 +186,10 @@ Snapshot load_snapshot(const std::string& path) {
         fmt::format("{}: a pickle of protocol 0 or 1, which is not supported (2 to 5 are read; "
                     "torch.cuda.memory._dump_snapshot writes Python's default, 4 or later)",
                     path));
+  } else if (const auto first = text.find_first_not_of(" \t\r\n"); first != std::string::npos && text[first] == '[') {
+    // A bare list of segments (torch.cuda.memory_snapshot()) as JSON: PyTorch's older form, as in
+    // a pickle; stowage's own snapshot is an object.
+    snapshot = snapshot_from_pytorch(tools::parse_json(text, path), path);
   } else if (text.find("\"device_traces\"") != std::string::npos) {  // PyTorch's dict as JSON?
     const nlohmann::json j = tools::parse_json(text, path);
     snapshot = is_pytorch_snapshot(j) ? snapshot_from_pytorch(j, path) : stowage_snapshot();

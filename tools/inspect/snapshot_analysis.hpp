@@ -40,6 +40,7 @@ struct StepMark {
 
 struct SnapshotAnalysis {
   std::string device_name;
+  // The device's memory; 0 when the snapshot does not say (PyTorch's).
   std::int64_t capacity = 0;
   std::int64_t allocated = 0, reserved = 0;            // now (stats)
   std::int64_t peak_allocated = 0, peak_reserved = 0;  // since the last reset (stats)
