@@ -85,7 +85,10 @@ set_target_properties(stowage PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${
 # Only stowage's own API leaves the shared library (tests/check_exports.cmake checks it).
 target_link_options(stowage PRIVATE "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/stowage.map"
                     # calls between the library's own files bind inside it, with no PLT
-                    "LINKER:-Bsymbolic-functions")
+                    "LINKER:-Bsymbolic-functions"
+                    # dlclose never unmaps it: the process-wide devices' stream workers run its
+                    # code until the process ends (tests/capi_dlopen_test.cpp)
+                    "LINKER:-z,nodelete")
 set_property(TARGET stowage APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/stowage.map)
 set_target_properties(stowage_static PROPERTIES OUTPUT_NAME stowage)
 add_library(stowage::stowage ALIAS stowage)

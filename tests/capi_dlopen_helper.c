@@ -2,7 +2,9 @@
  * process that links nothing of stowage, drives it only through dlsym'd C symbols, and prints
  * one fact per line for tests/capi_dlopen_test.cpp to check. Usage: helper <libstowage.so> */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
@@ -48,6 +50,41 @@ static void report_bad(const char* name, int rejected, const char* before) {
   printf("bad %s rejected=%d unchanged=%d error=%s\n", name, rejected, strcmp(before, after) == 0, error);
 }
 
+static int mapped(const char* name) {
+  FILE* maps = fopen("/proc/self/maps", "r");
+  char line[4096];
+  int found = 0;
+  while (maps && fgets(line, sizeof line, maps))
+    if (strstr(line, name)) found = 1;
+  if (maps) fclose(maps);
+  return found;
+}
+
+static void* allocate_once(void* unused) {
+  (void)unused;
+  void* p = s_malloc(1 << 20, 0, NULL);
+  if (p) s_free(p, 1 << 20, 0, NULL);
+  return p;
+}
+
+/* Uses the library from one joined thread only, then dlcloses it: its device's stream workers
+ * still run code inside it, so it must stay mapped. */
+static int dlclose_after_joined_thread(void* lib) {
+  s_malloc = (malloc_fn)dlsym(lib, "stowage_malloc");
+  s_free = (free_fn)dlsym(lib, "stowage_free");
+  if (!s_malloc || !s_free) return 3;
+  pthread_t thread;
+  void* result = NULL;
+  if (pthread_create(&thread, NULL, allocate_once, NULL) != 0) return 5;
+  pthread_join(thread, &result);
+  printf("joined %s\n", result ? "ok" : "FAIL");
+  dlclose(lib);
+  const struct timespec pause = {0, 50 * 1000 * 1000};
+  nanosleep(&pause, NULL); /* the stream workers run on */
+  printf("after_dlclose stowage=%d\n", mapped("libstowage"));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) return 64;
   void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -56,6 +93,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   printf("dlopen ok\n");
+  if (getenv("HELPER_DLCLOSE_AFTER_JOINED_THREAD")) return dlclose_after_joined_thread(lib);
 #define LOAD(var, type, name)          \
   var = (type)dlsym(lib, name);        \
   if (!var) {                          \
@@ -142,14 +180,6 @@ int main(int argc, char** argv) {
   printf("empty_cache reserved=%lld\n", stat_value(stats(), "reserved_bytes.all.current"));
 
   /* What the dynamic loader brought in with the library. */
-  FILE* maps = fopen("/proc/self/maps", "r");
-  char line[4096];
-  int jemalloc = 0, stowage = 0;
-  while (maps && fgets(line, sizeof line, maps)) {
-    if (strstr(line, "jemalloc")) jemalloc = 1;
-    if (strstr(line, "libstowage")) stowage = 1;
-  }
-  if (maps) fclose(maps);
-  printf("mapped stowage=%d jemalloc=%d\n", stowage, jemalloc);
+  printf("mapped stowage=%d jemalloc=%d\n", mapped("libstowage"), mapped("jemalloc"));
   return 0;
 }

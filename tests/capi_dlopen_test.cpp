@@ -146,4 +146,15 @@ TEST(CApiDlopen, MalformedConfigurationFailsTheCallNotTheProcess) {
       << run.output;
 }
 
+// The process-wide devices live until the process ends and their stream workers run the
+// library's code, so dlclose must not unmap it (linked with -z nodelete) — even when only joined
+// threads used it and nothing else holds it mapped.
+TEST(CApiDlopen, DlcloseKeepsTheLibraryMappedUnderItsWorkers) {
+  const HelperRun run = run_helper("HELPER_DLCLOSE_AFTER_JOINED_THREAD=1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto f = facts(run.output);
+  EXPECT_EQ(f["joined"], "ok") << run.output;
+  EXPECT_EQ(f["after_dlclose"], "stowage=1") << run.output;
+}
+
 }  // namespace
