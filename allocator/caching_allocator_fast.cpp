@@ -3,7 +3,11 @@
 //
 // Locks, always taken in this order: mu, then thread caches' locks, then live-map shards. A fast
 // operation holds its own cache's lock and at most one shard's.
+#include <pthread.h>
+
 #include <algorithm>
+#include <memory>
+#include <new>
 
 #include "allocator/caching_allocator_impl.hpp"
 #include "allocator/size_classes.hpp"
@@ -22,8 +26,8 @@ struct TlsEntry {
 
 // The cache the thread used last, and for which allocator: one thread-local access on the hot
 // path (a thread-local with no destructor needs no guard). `owner` stays alive while an entry of
-// tls_caches names it, and the memo is cleared whenever entries go. `exited`: tls_caches is gone
-// (a later thread-local's destructor that frees takes the slow path).
+// the thread's caches names it, and the memo is cleared whenever entries go. `exited`: the
+// thread's caches were given back (a later destructor that frees takes the slow path).
 struct TlsMemo {
   const detail::CacheOwner* owner;
   ThreadCache* cache;
@@ -34,8 +38,7 @@ thread_local TlsMemo tls_memo{};
 // A thread's caches, one per allocator it used; given back to their allocators when it exits.
 struct TlsCaches {
   std::vector<TlsEntry> entries;
-  ~TlsCaches() {
-    tls_memo = {nullptr, nullptr, true};
+  void retire_all() {
     for (TlsEntry& e : entries) {
       std::lock_guard lock(e.owner->mu);
       if (e.owner->allocator != nullptr) e.owner->retire(e.owner->allocator, e.cache);
@@ -43,7 +46,35 @@ struct TlsCaches {
   }
 };
 
-thread_local TlsCaches tls_caches;
+// Given back by a pthread key's destructor, not a thread_local's: glibc runs pthread key
+// destructors after the C++ thread_local ones, so a thread whose first call comes from a key
+// destructor (a client's thread-exit hook freeing a block) would register a thread_local
+// destructor that never runs, and keep its cache for ever. A key set during the key destructors
+// is destroyed in their next round. (The caches stay valid while C++ thread_locals die.)
+void give_back_thread_caches(void* caches) {
+  tls_memo = {nullptr, nullptr, true};
+  auto* c = static_cast<TlsCaches*>(caches);
+  c->retire_all();
+  delete c;
+}
+
+pthread_key_t thread_caches_key() {
+  static const pthread_key_t key = [] {
+    pthread_key_t k{};
+    if (pthread_key_create(&k, give_back_thread_caches) != 0) throw std::bad_alloc();
+    return k;
+  }();
+  return key;
+}
+
+// The thread's caches, made on first use; nullptr once given back.
+TlsCaches* thread_caches_of_this_thread(bool create) {
+  auto* c = static_cast<TlsCaches*>(pthread_getspecific(thread_caches_key()));
+  if (c != nullptr || !create || tls_memo.exited) return c;
+  auto fresh = std::make_unique<TlsCaches>();
+  if (pthread_setspecific(thread_caches_key(), fresh.get()) != 0) throw std::bad_alloc();
+  return fresh.release();
+}
 
 }  // namespace
 
@@ -75,7 +106,9 @@ ThreadCache* CachingAllocator::Impl::thread_cache(bool create) {
 ThreadCache* CachingAllocator::Impl::find_thread_cache(bool create) {
   TlsMemo& memo = tls_memo;
   if (memo.exited) return nullptr;
-  auto& entries = tls_caches.entries;
+  TlsCaches* caches = thread_caches_of_this_thread(create && thread_caches);
+  if (caches == nullptr) return nullptr;
+  auto& entries = caches->entries;
   for (TlsEntry& e : entries) {
     if (e.owner == owner) {
       memo = {e.owner.get(), e.cache.get(), false};

@@ -4,6 +4,7 @@
 // snapshots see cached blocks as free.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -190,6 +191,33 @@ TEST(ThreadCache, ABlockFreedByAnotherThreadJoinsThatThreadsCache) {
   void* r = a.allocate(100 * KiB);  // the exited thread's block, back in the pool
   EXPECT_EQ(r, p);
   a.deallocate(r);
+}
+
+// A thread whose first call frees from a pthread key's destructor: glibc runs those after the
+// C++ thread-locals' destructors, and the cache made then is given back all the same.
+TEST(ThreadCache, AThreadFirstFreeingFromAKeyDestructorGivesItsCacheBack) {
+  auto dev = small_device();
+  CachingAllocator a(*dev);
+  struct Release {
+    CachingAllocator* allocator;
+    void* block;
+  };
+  pthread_key_t key{};
+  ASSERT_EQ(pthread_key_create(&key,
+                               [](void* r) {
+                                 auto* release = static_cast<Release*>(r);
+                                 release->allocator->deallocate(release->block);
+                               }),
+            0);
+  Release release{&a, a.allocate(100 * KiB)};
+  std::thread([&] { pthread_setspecific(key, &release); }).join();
+  pthread_key_delete(key);
+  const AllocatorStats s = a.stats();
+  EXPECT_EQ(s.allocated_bytes.all.current, 0);
+  EXPECT_EQ(s.thread_cache_bytes, 0) << "the exited thread's cache was never given back";
+  void* again = a.allocate(100 * KiB);  // its block, back in the pool
+  EXPECT_EQ(again, release.block);
+  a.deallocate(again);
 }
 
 TEST(ThreadCache, EmptyCacheGivesCachedBlocksBack) {
