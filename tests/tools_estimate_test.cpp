@@ -141,18 +141,22 @@ TEST(EstimatePublished, DeepSpeedDocumentedEstimatorOutputs) {
 
 // The full model, with DeepSpeed's bookkeeping, gives the same model states as its estimator:
 // stage 2 as the current one, stage 1 as the one before v0.14.3 (which described stage 1's tensors).
+// The estimator counts the fp32 gradient partition (4Ψ/N) with the states; the model holds it in
+// the optimizer step, where it is allocated (beside the flattened 16-bit copy it is made from).
 TEST(EstimatePublished, DeepSpeedAccountingMatchesEstimatorThroughTheModel) {
   RunConfig c = config_for("llama2-7b");
   c.parallel.accounting = Accounting::deepspeed;
   c.parallel.dp = 8;
   c.parallel.zero_stage = 2;
-  const double P = 6738415616.0;
-  EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero2_gpu_bytes(P, 8, false), 2.0);
+  const double P = 6738415616.0, fp32_grads = 4 * P / 8;
+  EXPECT_NEAR(double(estimate_memory(c).model_states()) + fp32_grads, deepspeed_zero2_gpu_bytes(P, 8, false), 2.0);
   c.parallel.offload_optimizer_deepspeed = true;
   EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero2_gpu_bytes(P, 8, true), 2.0);
+  EXPECT_EQ(estimate_memory(c).optimizer_step, 0);  // the offloaded step runs on the host
   c.parallel.offload_optimizer_deepspeed = false;
   c.parallel.zero_stage = 1;
-  EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero2_gpu_bytes_before_0_14_3(P, 8, false), 2.0);
+  EXPECT_NEAR(double(estimate_memory(c).model_states()) + fp32_grads,
+              deepspeed_zero2_gpu_bytes_before_0_14_3(P, 8, false), 2.0);
   c.parallel.zero_stage = 3;
   // Largest layer: the 32000 × 4096 embedding.
   EXPECT_NEAR(double(estimate_memory(c).model_states()), deepspeed_zero3_gpu_bytes(P, 32000.0 * 4096, 8, false, false),
@@ -167,11 +171,44 @@ TEST(EstimateModelStates, DeepSpeedZero2KeepsOnlyItsGradientPartition) {
   c.parallel.dp = 8;
   const std::int64_t P = 6738415616;
   c.parallel.zero_stage = 1;
-  EXPECT_EQ(estimate_memory(c).gradients, 2 * P + 4 * P / 8);
-  EXPECT_EQ(estimate_memory(c).model_states(), 4 * P + 16 * P / 8);
+  EXPECT_EQ(estimate_memory(c).gradients, 2 * P);
+  EXPECT_EQ(estimate_memory(c).model_states(), 4 * P + 12 * P / 8);
   c.parallel.zero_stage = 2;
-  EXPECT_EQ(estimate_memory(c).gradients, 2 * P / 8 + 4 * P / 8);
-  EXPECT_EQ(estimate_memory(c).model_states(), 2 * P + 18 * P / 8);
+  EXPECT_EQ(estimate_memory(c).gradients, 2 * P / 8);
+  EXPECT_EQ(estimate_memory(c).model_states(), 2 * P + 14 * P / 8);
+}
+
+// step() flattens its partition's 16-bit gradients and converts them to fp32 (both alive at once,
+// stage_1_and_2.py) after backward has freed the activations: the peak holds the larger of the
+// activations and that working set, not their sum.
+TEST(EstimateModelStates, DeepSpeedFp32GradientsLiveInTheStepNotBesideActivations) {
+  RunConfig c = config_for("llama2-7b");
+  c.parallel.accounting = Accounting::deepspeed;
+  c.parallel.dp = 8;
+  c.parallel.zero_stage = 2;
+  const std::int64_t P = 6738415616;
+  StageMemory m = estimate_memory(c);
+  EXPECT_EQ(m.optimizer_step, (2 * P + 4 * P) / 8);
+  ASSERT_GT(m.activation_total(), m.optimizer_step);
+  EXPECT_EQ(m.optimizer_step_beyond_activations, 0);
+  std::int64_t rest = m.model_states() + m.communication + m.framework;
+  EXPECT_EQ(m.peak_allocated, rest + m.activation_total());
+  // A short sequence: the step's working set is the larger, and only its excess is added.
+  c.training.seq_length = 64;
+  m = estimate_memory(c);
+  ASSERT_LT(m.activation_total(), m.optimizer_step);
+  EXPECT_EQ(m.optimizer_step_beyond_activations, m.optimizer_step - m.activation_total());
+  rest = m.model_states() + m.communication + m.framework;
+  EXPECT_EQ(m.peak_allocated, rest + m.optimizer_step);
+  // fp32 training: the flattened partition is already fp32 (.to is the same tensor).
+  c.training.precision = Precision::fp32;
+  EXPECT_EQ(estimate_memory(c).optimizer_step, 4 * P / 8);
+  // Stage 0: every parameter's fp32 gradient (unfused_optimizer.py); none in fp32 training.
+  c.parallel.zero_stage = 0;
+  EXPECT_EQ(estimate_memory(c).optimizer_step, 0);
+  c.training.precision = Precision::bf16;
+  EXPECT_EQ(estimate_memory(c).optimizer_step, 4 * P);
+  EXPECT_EQ(estimate_memory(c).gradients, 2 * P);
 }
 
 // Korthikanti et al. 2022, Table 2, for GPT-3 175B (s = 2048, b = 1, h = 12288, a = 96):
@@ -203,6 +240,31 @@ TEST(EstimatePublished, KorthikantiActivationFormula) {
   // Full recompute keeps each layer's input, 2sbh/t with SP.
   c.recompute.granularity = Recompute::full;
   EXPECT_NEAR(double(kind(estimate_memory(c), "mlp")) / 96, 2 * sbh / 8, 1.0);
+}
+
+// fp32 training saves 4-byte activations; dropout masks stay 1 byte. For the paper's layer that
+// is (34 − 2)·2 + 2 = 66 bytes per h per token and softmax + mask + dropout output 4 + 1 + 4 = 9
+// per a·s, against 34 and 5 in 16-bit.
+TEST(EstimateActivations, Fp32TrainingKeepsFourByteActivations) {
+  const double sbh = 2048.0 * 12288, as_over_h = 96.0 * 2048 / 12288;
+  RunConfig c = config_for("gpt3-175b");
+  c.training.seq_length = 2048;
+  c.training.flash_attention = false;
+  c.training.precision = Precision::fp32;
+  const StageMemory m = estimate_memory(c);
+  const double per_layer =
+      double(kind(m, "attention") + kind(m, "core_attention") + kind(m, "mlp") + kind(m, "mlp_activation_output")) /
+      double(m.layers);
+  EXPECT_NEAR(per_layer, sbh * (66 + 9 * as_over_h), 1.0);
+  EXPECT_NEAR(double(kind(m, "core_attention")) / double(m.layers), sbh * 9 * as_over_h, 1.0);
+  // Llama-2-7B (no dropout, flash attention): every saved element doubles; the fp32 log-sum-exp
+  // stays as it is.
+  RunConfig l = config_for("llama2-7b");
+  const StageMemory half = estimate_memory(l);
+  l.training.precision = Precision::fp32;
+  const StageMemory full = estimate_memory(l);
+  for (const char* k : {"attention", "mlp", "mlp_activation_output"}) EXPECT_EQ(kind(full, k), 2 * kind(half, k)) << k;
+  EXPECT_EQ(kind(full, "core_attention"), kind(half, "core_attention"));
 }
 
 // MindSpeed docs/features/activation-function-recompute.md, "使用效果": measured saving on
@@ -284,12 +346,14 @@ TEST(EstimateTechniques, EachTechniqueSavesWhatItsDefinitionSays) {
 // (seq 4096, micro-batch 1, TP 8, DP 8, distributed optimizer, SP, selective recompute,
 // 5 % allocator overhead). Changing the model changes these on purpose only. (Last changed by
 // the framework workspaces, the loss's fp32 logits copy, replicated norms and the SP gather that
-// is not alive at the loss's peak; llama2-7b: +64 MiB, +32 MiB, +1.28 MB, −32 MiB.)
+// is not alive at the loss's peak; llama2-7b: +64 MiB, +32 MiB, +1.28 MB, −32 MiB. Mixtral last by
+// its routed tokens gathered over ETP·EP, the router's input and the dispatcher's global buffer,
+// tools_estimate_moe_test.cpp: +2015625216 B of activations, +251658240 B of buffer.)
 TEST(EstimateGolden, Presets) {
   const std::pair<const char*, std::int64_t> golden[] = {
       {"llama2-7b", 6972430336},     {"llama2-13b", 12513791488}, {"llama2-70b", 58872246272},
       {"llama3-8b", 8282101760},     {"llama3-70b", 60252172288}, {"gpt3-175b", 141013757952},
-      {"mixtral-8x7b", 16409614336},
+      {"mixtral-8x7b", 18676897792},
   };
   for (const auto& [name, peak] : golden) {
     RunConfig c;

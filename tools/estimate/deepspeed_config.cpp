@@ -118,6 +118,31 @@ bool is_auto(const nlohmann::json& obj, const char* field) {
   return it != obj.end() && it->is_string() && *it == "auto";
 }
 
+// The sizes Hugging Face's Trainer fills when they are "auto", by these spellings only
+// (integrations/deepspeed.py trainer_config_finalize). An "auto" anywhere else reaches DeepSpeed
+// as it is, and DeepSpeed's config validation refuses it.
+constexpr std::string_view kFilledWhenAuto[] = {"reduce_bucket_size", "stage3_prefetch_bucket_size",
+                                                "stage3_param_persistence_threshold"};
+
+// Whether `field` of zero_optimization is an "auto" Hugging Face fills; an "auto" it does not
+// fill is refused, naming the spelling it fills where `field` is DeepSpeed's other one.
+bool filled_auto(const nlohmann::json& zero, const char* field, const std::string& zname) {
+  if (!is_auto(zero, field)) return false;
+  const auto filled = [](std::string_view key) {
+    return std::find(std::begin(kFilledWhenAuto), std::end(kFilledWhenAuto), key) != std::end(kFilledWhenAuto);
+  };
+  if (filled(field)) return true;
+  if (const std::string stage3 = "stage3_" + std::string(field); filled(stage3))
+    throw ParseError(fmt::format(
+        "{}: field '{}' is \"auto\", but Hugging Face's Trainer fills only '{}'; under this spelling DeepSpeed gets "
+        "\"auto\" and refuses it",
+        zname, field, stage3));
+  throw ParseError(fmt::format(
+      "{}: field '{}' is \"auto\", which Hugging Face's Trainer does not fill (it fills reduce_bucket_size, "
+      "stage3_prefetch_bucket_size and stage3_param_persistence_threshold); DeepSpeed refuses it",
+      zname, field));
+}
+
 const nlohmann::json* value_at(const nlohmann::json& obj, const char* field) {
   auto it = obj.find(field);
   return it == obj.end() || it->is_null() ? nullptr : &*it;
@@ -286,9 +311,10 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   Device opt_dev = offload_device(zero, "offload_optimizer", kOffloadOptimizerKeys, zname);
   const Device param_dev = offload_device(zero, "offload_param", kOffloadParamKeys, zname);
   if (const auto* o = value_at(zero, "offload_optimizer")) {
-    const double ratio = tools::get_number_or(*o, "ratio", 1.0, zname + ".offload_optimizer");
-    if (!(ratio >= 0.0 && ratio <= 1.0))
-      throw ParseError(fmt::format("{}.offload_optimizer: field 'ratio' must be 0..1, got {}", zname, ratio));
+    const auto* r = value_at(*o, "ratio");
+    if (r && !(r->is_number() && r->get<double>() >= 0.0 && r->get<double>() <= 1.0))
+      throw ParseError(fmt::format("{}.offload_optimizer: field 'ratio' must be 0..1, got {}", zname, r->dump()));
+    const double ratio = r ? r->get<double>() : 1.0;
     // zero/config.py offload_ratio_check: partial offload is a ZeRO-3 feature.
     if (ratio < 1.0 && stage != 3)
       throw ParseError(fmt::format(
@@ -317,7 +343,7 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   for (const char* k :
        {"stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance", "max_reuse_distance",
         "stage3_param_persistence_threshold", "param_persistence_threshold", "sub_group_size", "allgather_bucket_size"})
-    if (!is_auto(zero, k)) int_at(zero, k, zname, 0);  // checked like DeepSpeed's Field(ge=0)
+    if (!filled_auto(zero, k, zname)) int_at(zero, k, zname, 0);  // checked like DeepSpeed's Field(ge=0)
 
   // Sizes: DeepSpeed's defaults (zero/config.py), or, for "auto", what Hugging Face's Trainer
   // writes before DeepSpeed sees the config (integrations/deepspeed.py trainer_config_finalize):
@@ -325,7 +351,7 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   const double h = double(c.model.hidden_size);
   auto size = [&](std::initializer_list<const char*> keys, std::int64_t fallback, std::int64_t if_auto) {
     for (const char* k : keys) {
-      if (is_auto(zero, k)) return if_auto;
+      if (filled_auto(zero, k, zname)) return if_auto;
       if (auto v = int_at(zero, k, zname, 0)) return *v;
     }
     return fallback;

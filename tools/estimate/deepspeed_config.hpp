@@ -10,9 +10,11 @@ namespace stowage::estimate {
 
 // ParseError naming the file, the key ("zero_optimization.stage") and the value for malformed,
 // wrongly typed, unknown (inside zero_optimization, as DeepSpeed) or contradictory settings.
-// "auto" values (Hugging Face integration) keep the command's setting, except the bucket sizes,
-// which are filled as Hugging Face's Trainer fills them from the hidden size. The batch values
-// are recorded in config.deepspeed_batch for resolve_deepspeed_batch.
+// "auto" values (Hugging Face integration) keep the command's setting, except the sizes Hugging
+// Face's Trainer fills from the hidden size (reduce_bucket_size, stage3_prefetch_bucket_size,
+// stage3_param_persistence_threshold), which are filled as it fills them; "auto" under any other
+// size, their other spellings included, is refused (DeepSpeed would get it unfilled). The batch
+// values are recorded in config.deepspeed_batch for resolve_deepspeed_batch.
 void apply_deepspeed_config(const std::string& json_text, RunConfig& config,
                             const std::string& name = "deepspeed config");
 

@@ -86,6 +86,12 @@ RunConfig build_config(const Options& o) {
     if (*o.zero < 0 || *o.zero > 3) throw InvalidArgument(fmt::format("--zero must be 0 to 3, got {}", *o.zero));
     p.zero_stage = static_cast<int>(*o.zero);
   }
+  // Megatron's distributed optimizer shards the optimizer states and keeps every gradient: ZeRO-1.
+  if (o.dist_opt && o.zero && *o.zero != 1)
+    throw InvalidArgument(fmt::format(
+        "--distributed-optimizer is ZeRO-1 (optimizer states sharded, gradients kept whole), but --zero {} asks "
+        "for stage {}; give one of the two",
+        *o.zero, *o.zero));
   if (o.dist_opt) p.zero_stage = std::max(p.zero_stage, 1);
   if (!o.deepspeed_config.empty()) {
     // The config's buckets and offloads are its stage's: another stage would mix two setups.
@@ -132,6 +138,10 @@ RunConfig build_config(const Options& o) {
   }
   if (k.shared_storage && k.optimizer_offload != OffloadMode::none)
     c.notes.push_back("shared storage needs the fp32 master on the device; with optimizer offload it saves nothing");
+  if (k.shared_storage && t.precision == Precision::fp32)
+    c.notes.push_back(
+        "shared storage keeps the 16-bit weight inside the fp32 master; fp32 training has no 16-bit "
+        "copy, so it saves nothing");
   // The options replace the DeepSpeed config's batch keys before DeepSpeed's derivation.
   if (auto& b = c.deepspeed_batch) {
     if (o.micro_batch) b->micro = t.micro_batch, b->micro_name = "--micro-batch";

@@ -97,9 +97,9 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--main-params-dtype", "reduced-precision main parameters"},
     {"--exp-avg-dtype", "reduced-precision Adam moments"},
     {"--exp-avg-sq-dtype", "reduced-precision Adam moments"},
-    {"--expert-tensor-parallel-size", "experts split by a tensor-parallel size of their own"},
-    {"--moe-ffn-hidden-size", "an expert ffn size other than --ffn-hidden-size"},
     {"--moe-shared-expert-intermediate-size", "shared experts"},
+    {"--no-use-layer-wise-param-layout",
+     "Muon's layer-wise optimizer without its sharded layout keeps more than a shard"},
     {"--moe-layer-freq", "dense and MoE layers mixed"},
     {"--moe-expert-capacity-factor", "expert capacity padding and dropped tokens"},
     {"--moe-pad-expert-input-to-capacity", "expert capacity padding"},
@@ -271,6 +271,25 @@ void check_sequence(const RunConfig& c, std::optional<std::int64_t> max_position
                     s, cp));
 }
 
+// What MoE and Muon settings allocate beyond the model's shape.
+void apply_moe_runtime(RunConfig& c, bool te_grouped_gemm, std::optional<int> router_dtype_bytes) {
+  // TEGroupedMLP (--moe-grouped-gemm with TransformerEngine; the local implementation builds a
+  // SequentialMLP, models/backends.py) runs TE's GroupedLinear, whose GEMMs take 4 workspaces.
+  c.framework.te_grouped_gemm_workspaces = te_grouped_gemm && c.model.moe() ? 4 : 0;
+  // Router probabilities are in the logits' dtype: the parameters' unless --moe-router-dtype.
+  c.moe.probs_bytes = router_dtype_bytes.value_or(c.training.precision == Precision::fp32 ? 4 : 2);
+  if (c.training.optimizer == Optimizer::muon && c.parallel.zero_stage >= 1)
+    c.warnings.push_back(
+        "--optimizer muon with the distributed optimizer runs Megatron-LM's LayerWiseDistributedOptimizer, which "
+        "gives whole parameters to data-parallel ranks; the estimate spreads the states evenly (a rank holding "
+        "the embedding holds more)");
+  if (c.training.optimizer == Optimizer::muon)
+    c.notes.push_back(
+        "muon: 2-D weights but the embedding and output layer keep an fp32 master and a momentum, the rest the "
+        "scalar optimizer's states (emerging_optimizers.py); the Newton-Schulz temporaries of the step are not "
+        "counted");
+}
+
 // Megatron-LM's moe_router_topk defaults to 2 (TransformerConfig).
 void apply_experts(ModelConfig& m, bool topk_given) {
   if (m.num_experts <= 0) return;
@@ -304,6 +323,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   bool bf16 = false, fp16 = false, fp32_grads = false, bf16_grads = false, local_impl = false, flash = false;
   bool gpt2_bpe = false, seq_given = false, cp_given = false, topk_given = false;
   std::string attention_backend = "auto", ce_impl = "native";
+  bool grouped_gemm = false;              // --moe-grouped-gemm
+  std::optional<int> router_dtype_bytes;  // --moe-router-dtype
   bool ce_fusion = false, defer_wgrad = false;
   std::int64_t wgrad_limit = 0;
   std::optional<double> attn_dropout, hidden_dropout;
@@ -378,6 +399,25 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
          cp_given = true;
        }},
       {"--expert-model-parallel-size", [&](auto& a, auto& v) { p.ep = to_positive(a, v); }},
+      {"--expert-tensor-parallel-size", [&](auto& a, auto& v) { p.etp = to_positive(a, v); }},
+      {"--moe-ffn-hidden-size", [&](auto& a, auto& v) { m.moe_ffn_hidden_size = to_positive(a, v); }},
+      {"--moe-token-dispatcher-type",
+       [&](auto& a, auto& v) {
+         c.moe.dispatcher = parse_moe_dispatcher(one_of(a, v, {"allgather", "alltoall", "flex"}));
+         if (c.moe.dispatcher == MoeDispatcher::flex)
+           c.warnings.push_back(
+               fmt::format("{} flex changes memory (DeepEP / HybridEP communication buffers); the estimate counts the "
+                           "all-to-all dispatcher's",
+                           a));
+       }},
+      {"--moe-router-dtype",
+       [&](auto& a, auto& v) {
+         router_dtype_bytes = one_of(a, v, {"fp32", "fp64"}) == "fp32" ? 4 : 8;
+       }},
+      {"--muon-scalar-optimizer",
+       [&](auto& a, auto& v) {
+         t.muon_scalar = one_of(a, v, {"adam", "lion"}) == "adam" ? Optimizer::adam : Optimizer::sgd;
+       }},
       {"--recompute-granularity",
        [&](auto& a, auto& v) {
          recompute.granularity = parse_recompute(one_of(a, v, {"full", "selective"}));
@@ -395,7 +435,16 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
        }},
       {"--attention-dropout", [&](auto& a, auto& v) { attn_dropout = to_double(a, v); }},
       {"--hidden-dropout", [&](auto& a, auto& v) { hidden_dropout = to_double(a, v); }},
-      {"--optimizer", [&](auto&, auto& v) { t.optimizer = parse_optimizer(v); }},
+      {"--optimizer",
+       [&](auto& a, auto& v) {
+         // arguments.py's choices; dist_muon is muon with the layer-wise distributed optimizer.
+         const std::string o = one_of(a, v, {"adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"});
+         if (o == "lion" || o == "soap" || o == "adaptive_muon")
+           throw InvalidArgument(
+               fmt::format("megatron-args: {} {}: the estimate models adam, sgd and muon only", a, o));
+         if (o == "dist_muon") p.zero_stage = std::max(p.zero_stage, 1);
+         t.optimizer = o == "dist_muon" ? Optimizer::muon : parse_optimizer(o);
+       }},
       {"--data-parallel-sharding-strategy", [&](auto&, auto& v) { sharding = v; }},
       {"--transformer-impl", [&](auto&, auto& v) { local_impl = v == "local"; }},
       {"--attention-backend", [&](auto&, auto& v) { attention_backend = v; }},
@@ -448,6 +497,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--cross-entropy-loss-fusion", [&] { ce_fusion = true; }},
       {"--defer-embedding-wgrad-compute", [&] { defer_wgrad = true; }},
       {"--qk-layernorm", [&] { m.qk_layernorm = true; }},
+      {"--moe-grouped-gemm", [&] { grouped_gemm = true; }},
       {"--account-for-embedding-in-pipeline-split", [&] { p.embedding_as_layer = true; }},
       {"--account-for-loss-in-pipeline-split", [&] { p.loss_as_layer = true; }},
   };
@@ -560,11 +610,21 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   p.accounting = Accounting::megatron;
   // Attention: TransformerEngine (the default implementation) picks flash or cuDNN fused
   // attention (--attention-backend auto/flash/fused): no s² scores. `unfused` and `local`, and
-  // the local implementation without --use-flash-attn, store the s×s softmax (and dropout).
+  // the local implementation without --use-flash-attn (MindSpeed's fused attention), store the
+  // s×s softmax (and dropout).
+  // TransformerEngine's flash and cuDNN fused attention take 16-bit inputs only: fp32 training
+  // runs its unfused attention under `auto`, and no backend is left under `flash` or `fused`.
+  const bool te_fused = !local_impl && t.precision != Precision::fp32;
+  if (!local_impl && t.precision == Precision::fp32 && (attention_backend == "flash" || attention_backend == "fused"))
+    throw InvalidArgument(fmt::format(
+        "megatron-args: --attention-backend {} in fp32 training (neither --bf16 nor --fp16): TransformerEngine "
+        "has no fp32 {} attention kernel; use auto or unfused",
+        attention_backend, attention_backend));
   const bool unfused_backend = attention_backend == "unfused" || attention_backend == "local";
-  t.flash_attention = !unfused_backend && (flash || !local_impl);
+  t.flash_attention = !unfused_backend && (local_impl ? flash : te_fused);
   // TransformerEngine's own cuBLAS workspace (32 MiB on Hopper); the local implementation has none.
   c.framework.te_workspace = local_impl ? 0 : std::int64_t{32} << 20;
+  apply_moe_runtime(c, grouped_gemm && !local_impl, router_dtype_bytes);
   if (global_batch > 0) t.global_batch = global_batch;
   if (ce_fusion && ce_impl == "native") t.loss_bytes_per_logit = 10.0;
   else if (ce_fusion)

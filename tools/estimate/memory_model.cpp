@@ -6,7 +6,10 @@
 #include <fmt/format.h>
 
 #include "stowage/error.hpp"
+#include "tools/estimate/expert_parallel.hpp"
 #include "tools/estimate/model_states.hpp"
+#include "tools/estimate/moe_activations.hpp"
+#include "tools/estimate/muon_states.hpp"
 
 namespace stowage::estimate {
 
@@ -69,8 +72,11 @@ std::int64_t to_bytes(double v, const char* what) {
 }
 
 // Bytes per token of one transformer layer for one micro-batch on this device, by kind.
-// Generalises Korthikanti et al. 2022 (Section 4.1) to GQA, gated MLPs, flash attention and MoE;
-// with MHA, GeLU, ffn = 4h, dropout and no flash it is exactly 34·h + 5·a·s (their eq. 1).
+// Generalises Korthikanti et al. 2022 (Section 4.1) to GQA, gated MLPs, flash attention, MoE and
+// fp32 training; with 16-bit activations, MHA, GeLU, ffn = 4h, dropout and no flash it is exactly
+// 34·h + 5·a·s (their eq. 1).
+// Activations of activation_bytes() each; dropout masks stay 1 byte.
+
 struct LayerBytes {
   double attention = 0, core_attention = 0, mlp = 0, act_output = 0, router = 0;
   double total() const { return attention + core_attention + mlp + act_output + router; }
@@ -85,26 +91,31 @@ LayerBytes layer_bytes_per_token(const RunConfig& c) {
   // replicated on every TP rank (the "10" of 10 + 24/t); with it they are split too.
   const double rep = p.sequence_parallel ? t : 1.0;
   const double k = m.moe() ? double(m.experts_per_token) : 1.0;
-  const double mask = m.dropout ? 1.0 : 0.0;
+  const double mask = m.dropout ? 1.0 : 0.0, A = activation_bytes(c);
   LayerBytes l;
   // Attention block incl. both norms (MindSpeed's swap-modules default: input_norm,
-  // self_attention, post_attention_norm): LN1 input 2h, QKV input 2h, Q 2ad, K and V 2·kv·d each,
-  // output-projection input 2ad, dropout mask h, LN2 input 2h.
-  l.attention = (2 * h + 2 * h + mask * h + 2 * h) / rep + (2 * a * d + 4 * kv * d + 2 * a * d) / t;
-  // QK layernorm keeps the normalised queries and keys as well as their inputs: 2ad + 2·kv·d.
-  if (m.qk_layernorm) l.attention += (2 * a * d + 2 * kv * d) / t;
-  // Core attention: softmax 2·a·s, its dropout mask a·s and the dropout output 2·a·s per token
-  // (5as; 2as without attention dropout); selective recompute drops them, flash attention never
-  // stores them (only the fp32 log-sum-exp).
+  // self_attention, post_attention_norm), in elements of A bytes: LN1 input h, QKV input h, Q ad,
+  // K and V kv·d each, output-projection input ad, LN2 input h; the dropout mask h bytes.
+  l.attention = (A * 3 * h + mask * h) / rep + A * (2 * a * d + 2 * kv * d) / t;
+  // QK layernorm keeps the normalised queries and keys as well as their inputs: ad + kv·d.
+  if (m.qk_layernorm) l.attention += A * (a * d + kv * d) / t;
+  // Core attention: softmax a·s elements, its dropout mask a·s bytes and the dropout output a·s
+  // elements per token (5as with 16-bit activations; the softmax alone without attention dropout);
+  // selective recompute drops them, flash attention never stores them (only the fp32 log-sum-exp).
   const double s = double(c.training.seq_length);
   if (c.training.flash_attention) l.core_attention = 4 * a / t;
   else if (c.recompute.granularity != Recompute::selective)
-    l.core_attention = a * s * (m.attention_dropout ? 5.0 : 2.0) / t;
-  // MLP: fc1 input 2h (per routed copy for MoE), activation input 2·F (4·F gated), dropout mask h.
-  l.mlp = (k * 2 * h + mask * h) / rep + k * 2 * F * (m.gated_mlp ? 2 : 1) / t;
-  // Activation output (fc2's input) 2·F; unfused SwiGLU also keeps silu(x1) for the product.
-  l.act_output = k * 2 * F / t * (m.gated_mlp && !c.training.fused_swiglu ? 2 : 1);
-  if (m.moe()) l.router = 4 * double(m.num_experts) / rep;  // fp32 router probabilities
+    l.core_attention = a * s * (m.attention_dropout ? 2 * A + 1 : A) / t;
+  // MLP: fc1 input h (per routed copy for MoE), activation input F (2·F gated), dropout mask h bytes.
+  l.mlp = (k * A * h + mask * h) / rep + k * A * F * (m.gated_mlp ? 2 : 1) / t;
+  // Activation output (fc2's input) F; unfused SwiGLU also keeps silu(x1) for the product.
+  l.act_output = k * A * F / t * (m.gated_mlp && !c.training.fused_swiglu ? 2 : 1);
+  if (m.moe()) {  // routed experts, gathered over ETP·EP and kept per copy (moe_activations.cpp)
+    const MoeLayerBytes e = moe_layer_bytes_per_token(c);
+    l.mlp = e.mlp;
+    l.act_output = e.act_output;
+    l.router = e.router;
+  }
   return l;
 }
 
@@ -138,7 +149,7 @@ StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bo
     if (m.output_bias) sharded += double(vocab);
   }
   s.dense = sharded / t + replicated;
-  s.expert = double(pc.mlp_experts) * double(layers) / (t * double(p.ep));
+  s.expert = expert_params_per_rank(c, layers);  // split by ETP and EP (expert_parallel.cpp)
   const double emb = (first || last) ? double(vocab) * h / t : 0.0;
   // DeepSpeed's "largest layer" is the largest single module (nn.Linear / nn.Embedding).
   const double per_linear = h * std::max(double(m.num_heads * m.head_size()), double(m.ffn_hidden_size)) / t;
@@ -197,9 +208,10 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
 
   const double T = double(tr.micro_batch) * double(tr.seq_length) / double(p.cp);  // tokens on this rank
   const double h = double(m.hidden_size), t = double(p.tp), rep = p.sequence_parallel ? t : 1.0;
+  const double A = activation_bytes(c);
   const LayerBytes per = layer_bytes_per_token(c);
 
-  // Full recompute keeps each checkpointed chunk's input, 2·s·b·h (÷ t with SP) (Korthikanti §4);
+  // Full recompute keeps each checkpointed chunk's input, A·s·b·h (÷ t with SP) (Korthikanti §4);
   // MindSpeed: activation-function recompute covers the layers full recompute leaves stored.
   const double stored_units = units - recomputed;
   const bool act_fn = tech.act_fn_recompute || c.recompute.granularity == Recompute::activation_function;
@@ -213,7 +225,7 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
     attention = T * per.attention * stored_units;
     core = T * per.core_attention * stored_units;
   }
-  double mlp = T * per.mlp * stored_units + T * 2.0 * h / rep * checkpoint_inputs;
+  double mlp = T * per.mlp * stored_units + T * A * h / rep * checkpoint_inputs;
   // Activation-function recompute (MindSpeed, docs/features/activation-function-recompute.md):
   // the activation output is released after fc2's forward and recomputed before fc2's backward.
   double act_out = T * per.act_output * (stored_units - act_fn_units);
@@ -234,17 +246,18 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // (Megatron-LM theoretical_memory_usage.py).
   const double embedding = first ? out.microbatches_in_flight * T * (8.0 + (m.dropout ? h / rep : 0.0)) : 0.0;
   // Output layer and loss, one micro-batch (the last chunk computes it once per 1F1B step):
-  // final-norm input and output-layer input (2h + 2h, ÷ t with SP), the logits (2 B each, V/t
+  // final-norm input and output-layer input (2h elements, ÷ t with SP), the logits (2 B each, V/t
   // per TP rank) and the fp32 copy Megatron's vocab-parallel cross-entropy makes and keeps as
-  // the softmax for backward (4 B) — both alive while the loss runs (cross_entropy.py).
+  // the softmax for backward (4 B) — both alive while the loss runs (cross_entropy.py). In fp32
+  // training .float() is the logits themselves, turned into the softmax in place: 4 B.
   const bool mixed = tr.precision != Precision::fp32;
   const double logit_bytes = mixed ? tr.loss_bytes_per_logit : 4.0;
   const double loss_peak = last ? T * logit_bytes * double(vocab) / t : 0.0;
-  double output_inputs = last ? T * 4.0 * h / rep : 0.0;
+  double output_inputs = last ? T * 2.0 * A * h / rep : 0.0;
   // Deferred output-layer weight gradients: each waiting micro-batch's logits gradient and input.
   if (last && tr.deferred_wgrad_microbatches > 0)
     output_inputs += double(std::min(tr.deferred_wgrad_microbatches, tr.grad_accumulation)) * T *
-                     (2.0 * double(vocab) / t + 2.0 * h / rep);
+                     (A * double(vocab) / t + A * h / rep);
   // The loss's peak and the backward rematerialisation do not overlap: the softmax is consumed
   // before the first layer's backward. The stage's peak is the larger one on top of what is stored.
   const double working_extra = std::max(0.0, working - loss_peak);
@@ -261,30 +274,35 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Model states: dense parameters shard over DP·CP, experts over the expert-data-parallel group.
   const StageParams sp = stage_params(c, out.layers, first, last, vocab);
   out.parameters = to_bytes(sp.dense + sp.expert, "parameters");
-  // validate(): instances and EP divide DP·CP.
+  // validate(): instances divide DP·CP and the expert-data-parallel size.
   const double n_dense = double(p.dp * p.cp) / double(p.optimizer_instances);
-  const double n_expert = double(p.dp * p.cp) / double(p.ep);
-  const States dense = model_states(c, sp.dense, n_dense, sp.largest_layer);
-  const States expert = model_states(c, sp.expert, n_expert, 0.0);
+  const double n_expert = m.moe() ? expert_state_shards(c) : 1.0;
+  // Muon orthogonalises the 2-D weights only (muon_states.cpp); other optimizers treat all alike.
+  const States dense =
+      stage_states(c, sp.dense, muon_matrix_params(c, out.layers, first, false), n_dense, sp.largest_layer);
+  const States expert = stage_states(c, sp.expert, muon_matrix_params(c, out.layers, first, true), n_expert, 0.0);
   out.weights = to_bytes(dense.weights + expert.weights, "weights");
   out.gradients = to_bytes(dense.gradients + expert.gradients, "gradients");
   out.optimizer_states = to_bytes(dense.optimizer + expert.optimizer, "optimizer states");
   out.host_bytes += to_bytes(dense.host + expert.host, "host bytes");
+  out.optimizer_step = to_bytes(dense.step_only + expert.step_only, "optimizer step");
 
   // Communication buffers alive at the peak: the pipeline receive of the next micro-batch's
-  // input (2·s·b·h, ÷ t with SP), the MoE all-to-all send/receive of the routed tokens, and
+  // input (s·b·h elements, ÷ t with SP), the MoE dispatch buffers (moe_activations.cpp), and
   // DeepSpeed's reduce buckets (reduce_bucket_size, twice with overlap_comm at ZeRO-1/2) and
   // ZeRO-3's prefetch bucket; ZeRO-1/2 all-gather into the flat weights (no bucket), stage 0 has none.
   // Megatron's gradient buckets are views into the gradient buffer (counted with the gradients).
   double comm = 0.0;
-  if (p.pp > 1) comm += T * 2.0 * h / rep;
-  if (m.moe() && p.ep > 1) comm += 2.0 * T * double(m.experts_per_token) * 2.0 * h / rep;
+  if (p.pp > 1) comm += T * A * h / rep;
+  if (m.moe()) comm += moe_dispatch_buffer_bytes(c, T);  // moe_activations.cpp
   const double W = mixed ? 2.0 : 4.0;
   comm += W * (double(p.reduce_bucket_elements) * double(p.reduce_buffers) + double(p.allgather_bucket_elements));
   out.communication = to_bytes(comm, "communication buffers");
   out.framework = c.framework.total();
 
-  double total = double(out.model_states()) + double(out.communication) + double(out.framework);
+  out.optimizer_step_beyond_activations = std::max<std::int64_t>(0, out.optimizer_step - out.activation_total());
+  double total = double(out.model_states()) + double(out.communication) + double(out.framework) +
+                 double(out.optimizer_step_beyond_activations);
   for (const auto& a : out.activations) total += double(a.bytes);
   out.peak_allocated = to_bytes(total, "peak allocated");
   // Caching-allocator overhead (reserved − allocated): a fraction of the peak, 5 % by default

@@ -24,7 +24,12 @@ struct StageMemory {
   std::int64_t optimizer_states = 0;
   std::vector<NamedBytes> activations;  // by kind, fixed order (see kActivationKinds)
   std::int64_t communication = 0;
-  std::int64_t framework = 0;           // cuBLAS / TransformerEngine workspaces (RunConfig::framework)
+  std::int64_t framework = 0;  // cuBLAS / TransformerEngine workspaces (RunConfig::framework)
+  // Allocated inside the optimizer step only, when backward has freed the activations (DeepSpeed's
+  // fp32 gradients); the peak holds the larger of the two, so only what exceeds the activations
+  // is counted in it (optimizer_step_beyond_activations).
+  std::int64_t optimizer_step = 0;
+  std::int64_t optimizer_step_beyond_activations = 0;
   std::int64_t peak_allocated = 0;      // everything above
   std::int64_t allocator_overhead = 0;  // reserved − allocated
   std::int64_t peak_reserved = 0;

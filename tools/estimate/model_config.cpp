@@ -14,13 +14,16 @@ ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
   ParameterCounts p;
   const std::int64_t h = m.hidden_size, q = m.num_heads * m.head_size(), kv = m.kv_heads() * m.head_size();
   p.attention = h * q + 2 * h * kv + q * h + (m.qkv_bias ? q + 2 * kv : 0) + (m.proj_bias ? h : 0);
-  const std::int64_t fc1_out = m.ffn_hidden_size * (m.gated_mlp ? 2 : 1);
-  const std::int64_t mlp = h * fc1_out + m.ffn_hidden_size * h + (m.mlp_bias ? fc1_out + h : 0);
+  // An MLP of width f: fc1 (2·f outputs when gated), fc2, and their biases.
+  auto mlp = [&](std::int64_t f) {
+    const std::int64_t fc1_out = f * (m.gated_mlp ? 2 : 1);
+    return h * fc1_out + f * h + (m.mlp_bias ? fc1_out + h : 0);
+  };
   if (m.moe()) {
     p.mlp_dense = h * m.num_experts;  // router
-    p.mlp_experts = mlp * m.num_experts;
+    p.mlp_experts = mlp(m.expert_ffn()) * m.num_experts;
   } else {
-    p.mlp_dense = mlp;
+    p.mlp_dense = mlp(m.ffn_hidden_size);
   }
   const std::int64_t norm = !m.norm_weights ? 0 : m.rms_norm ? h : 2 * h;
   p.norms = m.norms_per_layer * norm + (m.qk_layernorm ? 2 * (m.rms_norm ? 1 : 2) * m.head_size() : 0);
@@ -50,15 +53,16 @@ void validate(const ModelConfig& m) {
   if (m.num_heads % m.kv_heads() != 0)
     throw InvalidArgument(fmt::format("model '{}': num_key_value_heads ({}) does not divide num_attention_heads ({})",
                                       m.name, m.kv_heads(), m.num_heads));
-  if (m.num_experts < 0 || m.experts_per_token < 0)
+  if (m.num_experts < 0 || m.experts_per_token < 0 || m.moe_ffn_hidden_size < 0)
     throw InvalidArgument(fmt::format("model '{}': expert counts must not be negative", m.name));
   if (m.moe() && (m.experts_per_token == 0 || m.experts_per_token > m.num_experts))
     throw InvalidArgument(fmt::format("model '{}': num_experts_per_tok must be in 1..{} , got {}", m.name,
                                       m.num_experts, m.experts_per_token));
   // Products below stay far from int64 overflow with these bounds (hidden² · layers < 2^62).
   constexpr std::int64_t kMaxDim = std::int64_t{1} << 22, kMaxLayers = 1 << 14;
-  if (m.hidden_size > kMaxDim || m.ffn_hidden_size > kMaxDim || m.vocab_size > (std::int64_t{1} << 26) ||
-      m.num_layers > kMaxLayers || m.num_heads > kMaxDim || m.num_experts > 4096 || m.head_dim > kMaxDim)
+  if (m.hidden_size > kMaxDim || m.ffn_hidden_size > kMaxDim || m.moe_ffn_hidden_size > kMaxDim ||
+      m.vocab_size > (std::int64_t{1} << 26) || m.num_layers > kMaxLayers || m.num_heads > kMaxDim ||
+      m.num_experts > 4096 || m.head_dim > kMaxDim)
     throw InvalidArgument(fmt::format("model '{}': a size is implausibly large", m.name));
 }
 

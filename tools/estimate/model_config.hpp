@@ -33,12 +33,14 @@ struct ModelConfig {
   // Mixture of experts: 0 experts = dense MLP.
   std::int64_t num_experts = 0;
   std::int64_t experts_per_token = 0;
+  std::int64_t moe_ffn_hidden_size = 0;  // an expert's ffn width; 0: ffn_hidden_size (Megatron --moe-ffn-hidden-size)
 
   void set_linear_bias(bool on) { qkv_bias = proj_bias = mlp_bias = on; }  // every linear layer (Megatron)
   bool linear_bias() const { return qkv_bias && proj_bias && mlp_bias; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   std::int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
   bool moe() const { return num_experts > 0; }
+  std::int64_t expert_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
 };
 
 // Parameter counts, split the way parallelism splits them.

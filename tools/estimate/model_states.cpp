@@ -9,10 +9,10 @@ namespace stowage::estimate {
 // stage 1 shards KΨ, stage 2 also the gradients, stage 3 also the weights (each ÷ N).
 // Megatron-LM keeps fp32 main gradients (4 B; 18 B/param, or 6 + 12/d with the distributed
 // optimizer — theoretical_memory_usage.py). DeepSpeed (what its ZeRO optimizers allocate,
-// stage_1_and_2.py / stage3.py): an fp32 master and fp32 gradient partition beside the moments;
-// stage 1 keeps every 16-bit gradient (4Ψ + 16Ψ/N), stage 2 frees those of partitions it does not
-// own and copies its own into a 2Ψ/N buffer (2Ψ + 18Ψ/N, the estimator since v0.14.3), stage 3
-// 18Ψ/N + 4·largest layer.
+// stage_1_and_2.py / stage3.py): an fp32 master beside the moments and, inside step() only, an
+// fp32 gradient partition; stage 1 keeps every 16-bit gradient (4Ψ + 16Ψ/N with that partition),
+// stage 2 frees those of partitions it does not own and copies its own into a 2Ψ/N buffer (2Ψ +
+// 18Ψ/N, the estimator since v0.14.3), stage 3 18Ψ/N + 4·largest layer.
 States model_states(const RunConfig& c, double params, double n, double largest_layer) {
   const auto& tr = c.training;
   const auto& p = c.parallel;
@@ -31,7 +31,6 @@ States model_states(const RunConfig& c, double params, double n, double largest_
     // and stage 0 in fp32 runs the torch optimizer on the weights (no master, no fp32 grad copy).
     const double ds_master = (z == 1 || z == 2) ? 4 : master;
     const double ds_K = ds_master + moments;
-    const double fp32_grad = z == 0 && !mixed ? 0 : 4;
     if (z == 3) {
       s.weights = (p.offload_param_deepspeed ? 0 : W * params / n) + W * largest_layer;
       s.gradients = (p.offload_optimizer_deepspeed ? 0 : 4 * params / n) + W * largest_layer;
@@ -39,7 +38,18 @@ States model_states(const RunConfig& c, double params, double n, double largest_
       s.weights = W * params;
       // Stage 2 keeps only its own partition of the 16-bit gradients (clear_grad_attribute).
       const double grads16 = z == 2 ? W * params / n : W * params;
-      s.gradients = p.offload_optimizer_deepspeed ? 0 : grads16 + fp32_grad * params / n_opt;
+      s.gradients = p.offload_optimizer_deepspeed ? 0 : grads16;
+      // The fp32 gradients the optimizer steps on exist only inside step(), after backward has
+      // freed the activations. ZeRO-1/2 flatten the partition's gradients, then .to(fp32) (both
+      // alive at once; the same tensor in fp32 training) (stage_1_and_2.py step()). At stage 0
+      // the unfused optimizer (a client's torch optimizer) gives each parameter an fp32 gradient
+      // (fp16/unfused_optimizer.py step()): 4 B/param; the fused one (DeepSpeed's FusedAdam) also
+      // flattens them, up to 8 B/param for a moment (fused_optimizer.py). The BF16_Optimizer (bf16 under a pipeline)
+      // keeps a gradient-accumulation buffer of the weights' dtype instead (bf16_optimizer.py); fp32 at stage 0 runs
+      // the torch optimizer on the weights.
+      if (z >= 1 && !p.offload_optimizer_deepspeed) s.step_only = (W + (mixed ? 4 : 0)) * params / n_opt;
+      else if (z == 0 && mixed && p.pp > 1 && tr.precision == Precision::bf16) s.gradients += W * params;
+      else if (z == 0 && mixed) s.step_only = 4 * params;
     }
     s.optimizer = p.offload_optimizer_deepspeed ? 0 : ds_K * params / n_opt;
     if (p.offload_optimizer_deepspeed) s.host += (ds_K + 4) * params / n_opt;

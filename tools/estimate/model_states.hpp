@@ -7,6 +7,9 @@ namespace stowage::estimate {
 
 struct States {
   double weights = 0, gradients = 0, optimizer = 0, host = 0;
+  // Allocated inside the optimizer step only, after backward has freed the activations
+  // (DeepSpeed ZeRO-1/2's fp32 gradient partition).
+  double step_only = 0;
 };
 
 // Model states for `params` parameters sharded over `n` ranks; `largest_layer` is the largest

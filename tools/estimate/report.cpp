@@ -20,6 +20,8 @@ nlohmann::json to_json(const StageMemory& m) {
           {"activations_total", m.activation_total()},
           {"communication", m.communication},
           {"framework", m.framework},
+          {"optimizer_step", m.optimizer_step},
+          {"optimizer_step_beyond_activations", m.optimizer_step_beyond_activations},
           {"allocator_overhead", m.allocator_overhead},
           {"peak_allocated", m.peak_allocated},
           {"peak_reserved", m.peak_reserved},
@@ -45,7 +47,7 @@ nlohmann::json to_json(const EstimateResult& r) {
                    {"micro_batch", c.training.micro_batch},
                    {"grad_accumulation", c.training.grad_accumulation},
                    {"precision", to_string(c.training.precision)},
-                   {"optimizer", c.training.optimizer == Optimizer::adam ? "adam" : "sgd"},
+                   {"optimizer", to_string(c.training.optimizer)},
                    {"flash_attention", c.training.flash_attention}};
   j["parallelism"] = {{"tp", c.parallel.tp},
                       {"pp", c.parallel.pp},
@@ -110,6 +112,9 @@ std::string to_table(const EstimateResult& r) {
       row("activations: " + m.activations[i].name, m.activations[i].bytes, r.baseline.activations[i].bytes);
   row("communication buffers", m.communication, r.baseline.communication);
   row("framework workspaces", m.framework, r.baseline.framework);
+  if (m.optimizer_step || r.baseline.optimizer_step)
+    row("optimizer step beyond activations", m.optimizer_step_beyond_activations,
+        r.baseline.optimizer_step_beyond_activations);
   row("peak allocated", m.peak_allocated, r.baseline.peak_allocated);
   row("allocator overhead", m.allocator_overhead, r.baseline.allocator_overhead);
   row("peak reserved", m.peak_reserved, r.baseline.peak_reserved);

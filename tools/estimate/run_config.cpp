@@ -33,10 +33,11 @@ void validate(const RunConfig& c) {
   positive(p.dp, "data-parallel");
   positive(p.cp, "context-parallel");
   positive(p.ep, "expert-parallel");
+  if (p.etp < 0) throw InvalidArgument(fmt::format("expert-tensor-parallel must not be negative, got {}", p.etp));
   if (t.seq_length > (std::int64_t{1} << 24) || t.micro_batch > (std::int64_t{1} << 20) ||
       t.grad_accumulation > (std::int64_t{1} << 24))
     throw InvalidArgument("seq-length, micro-batch or grad-accumulation is implausibly large");
-  for (auto v : {p.tp, p.pp, p.vpp, p.dp, p.cp, p.ep})
+  for (auto v : {p.tp, p.pp, p.vpp, p.dp, p.cp, p.ep, p.etp})
     if (v > (1 << 20)) throw InvalidArgument("a parallel size is implausibly large");
   if (t.grad_bytes != 0 && t.grad_bytes != 2 && t.grad_bytes != 4)
     throw InvalidArgument(fmt::format("grad-bytes must be 2 or 4, got {}", t.grad_bytes));
@@ -87,9 +88,21 @@ void validate(const RunConfig& c) {
   if (p.ep > 1 && !m.moe()) throw InvalidArgument("expert-parallel > 1 needs a mixture-of-experts model");
   if (m.moe() && m.num_experts % p.ep != 0)
     throw InvalidArgument(fmt::format("expert-parallel ({}) does not divide num_experts ({})", p.ep, m.num_experts));
-  if ((p.dp * p.cp) % p.ep != 0)
-    throw InvalidArgument(
-        fmt::format("expert-parallel ({}) does not divide data × context parallel ({})", p.ep, p.dp * p.cp));
+  // MoE parallel folding (parallel_state.py initialize_model_parallel): the experts' grid is
+  // ETP × EP × expert-DP × PP over the same world, so ETP·EP·PP need only divide it. Megatron
+  // builds that grid for dense models too (an ETP given there splits nothing).
+  if ((m.moe() || p.etp > 0) && (p.tp * p.cp * p.dp) % (p.expert_tp() * p.ep) != 0)
+    throw InvalidArgument(fmt::format(
+        "expert-tensor × expert-parallel ({} × {}) does not divide tensor × context × data parallel ({} × {} × {}): "
+        "Megatron-LM needs world size ÷ (ETP·EP·PP) whole",
+        p.expert_tp(), p.ep, p.tp, p.cp, p.dp));
+  if (m.moe() && m.expert_ffn() % p.expert_tp() != 0)
+    throw InvalidArgument(fmt::format("expert-tensor-parallel ({}) does not divide the experts' ffn size ({})",
+                                      p.expert_tp(), m.expert_ffn()));
+  if (c.moe.probs_bytes != 2 && c.moe.probs_bytes != 4 && c.moe.probs_bytes != 8)
+    throw InvalidArgument(fmt::format("router probability bytes must be 2, 4 or 8, got {}", c.moe.probs_bytes));
+  if (c.framework.te_grouped_gemm_workspaces < 0 || c.framework.te_grouped_gemm_workspaces > 64)
+    throw InvalidArgument("TransformerEngine grouped-GEMM workspaces must be 0..64");
   if (p.zero_stage < 0 || p.zero_stage > 3)
     throw InvalidArgument(fmt::format("zero-stage must be 0..3, got {}", p.zero_stage));
   if (c.recompute.num_layers < 0) throw InvalidArgument("recompute-num-layers must not be negative");
@@ -108,6 +121,11 @@ void validate(const RunConfig& c) {
   if (p.optimizer_instances <= 0 || (p.dp * p.cp) % p.optimizer_instances != 0)
     throw InvalidArgument(fmt::format("distributed-optimizer instances ({}) must divide data × context parallel ({})",
                                       p.optimizer_instances, p.dp * p.cp));
+  if (m.moe() && p.expert_dp() % p.optimizer_instances != 0)
+    throw InvalidArgument(
+        fmt::format("distributed-optimizer instances ({}) must divide the expert data-parallel size ({}), as "
+                    "Megatron-LM asserts (parallel_state.py)",
+                    p.optimizer_instances, p.expert_dp()));
   if (!(t.loss_bytes_per_logit >= 0.0 && t.loss_bytes_per_logit <= 64.0))
     throw InvalidArgument("loss bytes per logit must be between 0 and 64");
   if (t.deferred_wgrad_microbatches < 0) throw InvalidArgument("deferred wgrad micro-batches must not be negative");
@@ -159,8 +177,13 @@ Precision parse_precision(std::string_view s) {
 }
 Optimizer parse_optimizer(std::string_view s) {
   static const std::pair<const char*, Optimizer> n[] = {
-      {"adam", Optimizer::adam}, {"adamw", Optimizer::adam}, {"sgd", Optimizer::sgd}};
+      {"adam", Optimizer::adam}, {"adamw", Optimizer::adam}, {"sgd", Optimizer::sgd}, {"muon", Optimizer::muon}};
   return parse_enum(s, "optimizer", n);
+}
+MoeDispatcher parse_moe_dispatcher(std::string_view s) {
+  static const std::pair<const char*, MoeDispatcher> n[] = {
+      {"allgather", MoeDispatcher::allgather}, {"alltoall", MoeDispatcher::alltoall}, {"flex", MoeDispatcher::flex}};
+  return parse_enum(s, "moe-token-dispatcher", n);
 }
 Recompute parse_recompute(std::string_view s) {
   static const std::pair<const char*, Recompute> n[] = {{"none", Recompute::none},
@@ -192,7 +215,13 @@ Accounting parse_accounting(std::string_view s) {
   return parse_enum(s, "accounting", n);
 }
 
+double activation_bytes(const RunConfig& c) { return c.training.precision == Precision::fp32 ? 4.0 : 2.0; }
+
 const char* to_string(Precision p) { return p == Precision::bf16 ? "bf16" : p == Precision::fp16 ? "fp16" : "fp32"; }
+const char* to_string(Optimizer o) { return o == Optimizer::adam ? "adam" : o == Optimizer::sgd ? "sgd" : "muon"; }
+const char* to_string(MoeDispatcher d) {
+  return d == MoeDispatcher::allgather ? "allgather" : d == MoeDispatcher::alltoall ? "alltoall" : "flex";
+}
 const char* to_string(Recompute r) {
   switch (r) {
     case Recompute::none: return "none";

@@ -13,7 +13,11 @@
 namespace stowage::estimate {
 
 enum class Precision { bf16, fp16, fp32 };
-enum class Optimizer { adam, sgd };
+// Muon (Megatron --optimizer muon, emerging_optimizers.py): a momentum for each 2-D weight but the
+// embedding and output layer, the scalar optimizer (Adam, or Lion) for the rest.
+enum class Optimizer { adam, sgd, muon };
+// How an MoE layer moves tokens to its experts (Megatron --moe-token-dispatcher-type).
+enum class MoeDispatcher { allgather, alltoall, flex };
 enum class Recompute { none, selective, full, activation_function };
 enum class OffloadMode { none, mapped, streamed };
 // Shared-storage rounding: the library's own enum and spelling (half_up, nearest_even).
@@ -33,6 +37,9 @@ struct Training {
   std::int64_t global_batch = 0;       // when set, grad_accumulation = global / (micro × dp)
   Precision precision = Precision::bf16;
   Optimizer optimizer = Optimizer::adam;
+  // Muon's optimizer for the parameters it does not orthogonalise (--muon-scalar-optimizer): adam,
+  // or sgd for Lion's single moment.
+  Optimizer muon_scalar = Optimizer::adam;
   int grad_bytes = 0;                // 0: 2 for bf16/fp16 (ZeRO paper), 4 for fp32 or Megatron accounting
   bool flash_attention = true;       // no s² attention scores stored (FlashAttention / fused attention)
   bool fused_swiglu = true;          // fused SwiGLU stores its input only; unfused also keeps silu(x1)
@@ -59,11 +66,24 @@ struct Framework {
   // TransformerEngine allocates its own cuBLAS workspace once (transformer_engine/pytorch/module/
   // base.py get_cublas_workspace_size_bytes: 32 MiB on Hopper, 4 MiB before); 0 without TE.
   std::int64_t te_workspace = 0;
-  std::int64_t total() const { return cublas_workspace * cublas_workspaces + te_workspace; }
+  // TransformerEngine's GroupedLinear (Megatron --moe-grouped-gemm) runs its GEMMs on 4 streams,
+  // each with a workspace of that size (cpp_extensions/gemm.py get_cublas_workspace, grouped_gemm;
+  // common/util/multi_stream.cpp get_num_compute_streams = 4); 0 without it.
+  std::int64_t te_grouped_gemm_workspaces = 0;
+  std::int64_t total() const {
+    return cublas_workspace * cublas_workspaces + te_workspace * (1 + te_grouped_gemm_workspaces);
+  }
 };
 
 struct Parallelism {
   std::int64_t tp = 1, pp = 1, vpp = 1, dp = 1, cp = 1, ep = 1;
+  // Expert tensor parallelism (Megatron --expert-tensor-parallel-size): experts' weights split by
+  // this instead of tp; 0 follows tp, Megatron's default (arguments.py: None → TP).
+  std::int64_t etp = 0;
+  std::int64_t expert_tp() const { return etp > 0 ? etp : tp; }
+  // Ranks holding the same experts (parallel_state.py initialize_model_parallel: world ÷
+  // (ETP·EP·PP) = TP·CP·DP ÷ (ETP·EP)); MoE parallel folding needs only that this divides.
+  std::int64_t expert_dp() const { return tp * cp * dp / (expert_tp() * ep); }
   bool sequence_parallel = false;
   int zero_stage = 0;  // 0..3; Megatron's distributed optimizer is stage 1
   Accounting accounting = Accounting::zero_paper;
@@ -119,9 +139,18 @@ struct Techniques {
   }
 };
 
+// How a mixture-of-experts layer runs (Megatron's MoE arguments); unused for dense models.
+struct MoeSettings {
+  MoeDispatcher dispatcher = MoeDispatcher::allgather;  // TransformerConfig's default
+  // Bytes of a router probability: the logits' dtype (moe_utils.py topk_routing_with_score_function
+  // casts the probs back to it): 2 in bf16/fp16, 4 with --moe-router-dtype fp32, 8 with fp64.
+  int probs_bytes = 2;
+};
+
 struct RunConfig {
   ModelConfig model;
   Training training;
+  MoeSettings moe;
   Parallelism parallel;
   RecomputeSettings recompute;
   Techniques techniques;
@@ -154,12 +183,17 @@ std::int64_t stage_layers(const RunConfig& c, std::int64_t rank);
 // Parsing of the enum names used on the command line and in JSON ("selective", "mapped", …).
 Precision parse_precision(std::string_view s);
 Optimizer parse_optimizer(std::string_view s);
+MoeDispatcher parse_moe_dispatcher(std::string_view s);
 Recompute parse_recompute(std::string_view s);
 OffloadMode parse_offload(std::string_view s);
 Rounding parse_rounding(std::string_view s);
 RecomputeMethod parse_recompute_method(std::string_view s);
 Accounting parse_accounting(std::string_view s);
 const char* to_string(Precision p);
+// Bytes of one saved activation element: the compute dtype (fp32 training keeps 4-byte ones).
+double activation_bytes(const RunConfig& c);
+const char* to_string(Optimizer o);
+const char* to_string(MoeDispatcher d);
 const char* to_string(Recompute r);
 const char* to_string(OffloadMode m);
 const char* to_string(RecomputeMethod m);

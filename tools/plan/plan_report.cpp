@@ -36,6 +36,7 @@ std::string layout(const RunConfig& c) {
   s += fmt::format(" DP{}", p.dp);
   if (p.cp > 1) s += fmt::format(" CP{}", p.cp);
   if (p.ep > 1) s += fmt::format(" EP{}", p.ep);
+  if (p.etp > 0 && p.etp != p.tp) s += fmt::format(" ETP{}", p.etp);
   s += p.zero_stage == 0 ? "" : p.zero_stage == 3 ? " FSDP" : " DistOpt";
   s += fmt::format(" mb{}", c.training.micro_batch);
   return s;
@@ -125,6 +126,7 @@ std::string megatron_arguments(const RunConfig& c) {
   if (!m.dropout) a.push_back("--hidden-dropout 0.0");
   if (!m.attention_dropout) a.push_back("--attention-dropout 0.0");
   if (m.moe()) a.push_back(fmt::format("--num-experts {} --moe-router-topk {}", m.num_experts, m.experts_per_token));
+  if (m.moe() && m.moe_ffn_hidden_size > 0) a.push_back(fmt::format("--moe-ffn-hidden-size {}", m.moe_ffn_hidden_size));
   a.push_back(fmt::format("--vocab-size {}", m.vocab_size));
   a.push_back(fmt::format("--seq-length {}", c.training.seq_length));
   a.push_back(fmt::format("--micro-batch-size {}", c.training.micro_batch));
@@ -138,6 +140,7 @@ std::string megatron_arguments(const RunConfig& c) {
   if (p.vpp > 1) a.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", m.num_layers / (p.pp * p.vpp)));
   if (p.cp > 1) a.push_back(fmt::format("--context-parallel-size {}", p.cp));
   if (p.ep > 1) a.push_back(fmt::format("--expert-model-parallel-size {}", p.ep));
+  if (p.etp > 0) a.push_back(fmt::format("--expert-tensor-parallel-size {}", p.etp));
   if (p.zero_stage == 3) a.push_back("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params");
   else if (p.zero_stage >= 1) a.push_back("--use-distributed-optimizer --overlap-param-gather");
   if (p.dp * p.cp > 1) a.push_back("--overlap-grad-reduce");

@@ -66,8 +66,12 @@ std::vector<Layout> layouts(const PlanRequest& r) {
       for (std::int64_t pp : divisors(m.num_layers, cl.gpus / (tp * cp))) {
         if (cl.gpus % (tp * cp * pp) != 0) continue;
         const std::int64_t dp = cl.gpus / (tp * cp * pp);
-        for (std::int64_t ep : m.moe() ? divisors(m.num_experts, dp * cp) : std::vector<std::int64_t>{1}) {
-          if ((dp * cp) % ep) continue;
+        // MoE parallel folding (Megatron-LM parallel_state.py): experts need only ETP·EP to divide
+        // TP·CP·DP, the ranks of a pipeline stage; ETP follows TP unless the base run fixes it.
+        const std::int64_t etp = r.base.parallel.etp > 0 ? r.base.parallel.etp : tp;
+        if (m.moe() && m.expert_ffn() % etp) continue;
+        for (std::int64_t ep : m.moe() ? divisors(m.num_experts, tp * cp * dp) : std::vector<std::int64_t>{1}) {
+          if ((tp * cp * dp) % (etp * ep)) continue;
           for (std::int64_t mb = 1; mb <= r.space.max_micro_batch; mb *= 2) {
             if (gbs % (mb * dp) != 0) continue;
             const std::int64_t M = gbs / (mb * dp);

@@ -21,7 +21,9 @@ LayerFlops layer_forward_flops(const RunConfig& c) {
   const auto& m = c.model;
   const double h = double(m.hidden_size), q = double(m.num_heads * m.head_size()),
                kv = double(m.kv_heads() * m.head_size());
-  const double F = double(m.ffn_hidden_size), k = m.moe() ? double(m.experts_per_token) : 1.0;
+  // An MoE token runs k experts of the experts' own width (--moe-ffn-hidden-size).
+  const double F = double(m.moe() ? m.expert_ffn() : m.ffn_hidden_size),
+               k = m.moe() ? double(m.experts_per_token) : 1.0;
   LayerFlops f;
   f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * (h * F * (m.gated_mlp ? 2 : 1) + F * h));
   f.attention = 2.0 * q * double(c.training.seq_length);
@@ -82,7 +84,8 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   // It covers the layers full recompute leaves stored (the others rerun their activation in the
   // forward counted above), or the first num_layers without full recompute, as the memory model.
   if (c.techniques.act_fn_recompute || c.recompute.granularity == Recompute::activation_function) {
-    const double F = double(m.ffn_hidden_size) / t, k = m.moe() ? double(m.experts_per_token) : 1.0;
+    const double F = double(m.moe() ? m.expert_ffn() : m.ffn_hidden_size) / t,
+                 k = m.moe() ? double(m.experts_per_token) : 1.0;
     double act_layers = std::max(0.0, layers - recomputed_layers);
     if (recomputed_layers == 0 && c.recompute.num_layers > 0)
       act_layers = std::min(double(c.recompute.num_layers), layers);

@@ -1,0 +1,240 @@
+// Mixture-of-experts runs as Megatron-LM (d98e8a6) executes them: routed tokens gathered over the
+// expert ranks, TransformerEngine's grouped-GEMM workspaces, MoE parallel folding (expert tensor
+// parallelism, the expert-data-parallel shards), Muon's optimizer states, and the estimate against
+// Megatron's CI measurements of MoE runs (tests/data/estimate_measured_moe_peaks.json).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "stowage/error.hpp"
+#include "tools/estimate/expert_parallel.hpp"
+#include "tools/estimate/megatron_args.hpp"
+#include "tools/estimate/memory_model.hpp"
+#include "tools/plan/search.hpp"
+
+using namespace stowage::estimate;
+
+namespace {
+
+// A 512-wide GPT of Megatron's MoE CI, without dropout so every term is the routed experts'.
+const std::string kMoe =
+    "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+    "--micro-batch-size 4 --vocab-size 50304 --bf16 --disable-bias-linear --hidden-dropout 0 --attention-dropout 0 "
+    "--num-experts 8 ";
+
+RunConfig megatron(const std::string& args, std::int64_t dp) {
+  RunConfig c;
+  apply_megatron_args(args, c);
+  c.parallel.dp = dp;
+  c.allocator_overhead = 0.0;
+  return c;
+}
+
+std::int64_t activation(const StageMemory& m, const std::string& kind) {
+  for (const auto& a : m.activations)
+    if (a.name == kind) return a.bytes;
+  ADD_FAILURE() << kind;
+  return -1;
+}
+
+bool warned(const RunConfig& c, const std::string& what) {
+  return std::any_of(c.warnings.begin(), c.warnings.end(),
+                     [&](const std::string& w) { return w.find(what) != std::string::npos; });
+}
+
+}  // namespace
+
+// token_dispatcher.py L299-301: the all-gather dispatcher gathers the T/t sequence-parallel tokens
+// over ETP·EP ranks (ETP = TP by default), and this rank's E/EP experts take k of E: k·ETP/t routed
+// copies per token, each the expert fc1's saved input (2h, not 2h/t). experts.py L1015: the
+// unfused activation's output is kept by the probability product, whose result fc2 keeps.
+// moe_utils.py L1382: the router keeps the norm's output.
+TEST(MoeActivations, ExpertInputsAreGatheredOverTheExpertRanks) {
+  const RunConfig c = megatron(kMoe +
+                                   "--moe-router-topk 1 --tensor-model-parallel-size 2 --sequence-parallel "
+                                   "--expert-model-parallel-size 2",
+                               4);
+  const StageMemory m = estimate_memory(c);
+  const std::int64_t T = 4096, L = 4, h = 512, F = 2048, t = 2, etp = 2, routed = 1;  // k·ETP/t = 1
+  // Router input 2h/t, fc1 inputs 2h per copy, GeLU input 2F/ETP per copy.
+  EXPECT_EQ(activation(m, "mlp"), T * L * (2 * h / t + routed * 2 * h + routed * 2 * F / etp));
+  // GeLU output and the probability product, 2F/ETP each per copy.
+  EXPECT_EQ(activation(m, "mlp_activation_output"), T * L * routed * 2 * (2 * F / etp));
+  // bf16 probabilities over 8 experts (÷ t), an int64 index and a probability per copy.
+  EXPECT_EQ(activation(m, "moe_router"), T * L * (2 * 8 / t + routed * (8 + 2)));
+  // The gathered hidden states stay in Megatron's global memory buffer: T/t · ETP·EP tokens.
+  EXPECT_EQ(m.communication, T / t * (etp * 2) * 2 * h);
+}
+
+TEST(MoeActivations, AllToAllAndSwiGluVariants) {
+  const std::string line = kMoe +
+                           "--moe-router-topk 2 --tensor-model-parallel-size 2 --sequence-parallel "
+                           "--expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --swiglu "
+                           "--moe-ffn-hidden-size 1024 --moe-token-dispatcher-type alltoall ";
+  const std::int64_t T = 4096, L = 4, h = 512, F = 1024, t = 2, k = 2, routed = 1;  // k·ETP/t, ETP 1
+  const StageMemory fused = estimate_memory(megatron(line, 4));
+  // The fused weighted SwiGLU (experts.py L966) keeps its 2F input; fc2 keeps F.
+  EXPECT_EQ(activation(fused, "mlp"), T * L * (2 * h / t + routed * 2 * h + routed * 2 * 2 * F));
+  EXPECT_EQ(activation(fused, "mlp_activation_output"), T * L * routed * 2 * F);
+  // The all-to-all's send and receive copies of the k routed tokens of the T/t local ones.
+  EXPECT_EQ(fused.communication, 2 * T / t * k * 2 * h);
+  // Unfused: silu(x1), the gate product and the probability product (experts.py L1007-1015).
+  const StageMemory unfused = estimate_memory(megatron(line + "--no-bias-swiglu-fusion", 4));
+  EXPECT_EQ(activation(unfused, "mlp_activation_output"), T * L * routed * 3 * 2 * F);
+}
+
+// --moe-ffn-hidden-size is the experts' width: their parameters and activations use it.
+TEST(MoeActivations, ExpertFfnWidthIsModelled) {
+  const RunConfig c =
+      megatron(kMoe + "--moe-router-topk 2 --expert-model-parallel-size 8 --moe-ffn-hidden-size 1024", 8);
+  EXPECT_FALSE(warned(c, "--moe-ffn-hidden-size"));
+  EXPECT_EQ(c.model.expert_ffn(), 1024);
+  // One expert per rank, fc1 and fc2 of 512 × 1024 each, four layers.
+  EXPECT_DOUBLE_EQ(expert_params_per_rank(c, 4), 4.0 * 2 * 512 * 1024);
+  EXPECT_EQ(count_parameters(c.model, 50304).mlp_experts, 8 * 2 * 512 * 1024);
+}
+
+// TransformerEngine's GroupedLinear takes 4 cuBLAS workspaces of 32 MiB on Hopper
+// (cpp_extensions/gemm.py get_cublas_workspace; common/util/multi_stream.cpp: 4 streams).
+TEST(MoeGroupedGemm, TransformerEngineAllocatesFourWorkspaces) {
+  const std::int64_t MiB = std::int64_t{1} << 20;
+  const std::string line = kMoe + "--moe-router-topk 1 --expert-model-parallel-size 2 ";
+  // PyTorch's two cuBLAS workspaces and TE's own, as for a dense run.
+  EXPECT_EQ(estimate_memory(megatron(line, 8)).framework, 2 * 32 * MiB + 32 * MiB);
+  EXPECT_EQ(estimate_memory(megatron(line + "--moe-grouped-gemm", 8)).framework, 2 * 32 * MiB + 5 * 32 * MiB);
+  // The local implementation builds a SequentialMLP whatever the flag (models/backends.py).
+  EXPECT_EQ(estimate_memory(megatron(line + "--moe-grouped-gemm --transformer-impl local", 8)).framework, 2 * 32 * MiB);
+}
+
+// parallel_state.py L874-880: the experts' grid needs only world % (ETP·EP·PP) == 0.
+TEST(MoeParallelFolding, ExpertTensorParallelismSplitsAndShardsTheExperts) {
+  const std::string folded = kMoe +
+                             "--moe-router-topk 1 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 "
+                             "--expert-model-parallel-size 2 --expert-tensor-parallel-size 2 --sequence-parallel ";
+  RunConfig c = megatron(folded, 1);  // 8 GPUs: TP4 × PP2, EP2 × ETP2 × expert-DP 1
+  EXPECT_NO_THROW(estimate_memory(c));
+  EXPECT_FALSE(warned(c, "--expert-tensor-parallel-size"));
+  // 2 layers per stage, 4 of 8 experts per rank, fc1 and fc2 (512 × 2048) split by ETP 2.
+  EXPECT_DOUBLE_EQ(expert_params_per_rank(c, 2), 2.0 * 4 * (2 * 512 * 2048) / 2);
+  EXPECT_DOUBLE_EQ(expert_state_shards(c), 1.0);
+  // 16 GPUs: expert-DP = TP·DP / (ETP·EP) = 2, halved again by two optimizer instances.
+  c.parallel.dp = 2;
+  EXPECT_DOUBLE_EQ(expert_state_shards(c), 2.0);
+  c.parallel.optimizer_instances = 2;
+  EXPECT_DOUBLE_EQ(expert_state_shards(c), 1.0);
+  // The distributed optimizer shards the experts' 12 B/param over expert-DP (instances 1).
+  c.parallel.optimizer_instances = 1;
+  c.parallel.zero_stage = 1;
+  RunConfig unsharded = c;
+  unsharded.parallel.zero_stage = 0;
+  const double expert = expert_params_per_rank(c, 2);
+  const double dense_saved = double(estimate_memory(unsharded).optimizer_states) - 12.0 * expert;
+  EXPECT_NEAR(double(estimate_memory(c).optimizer_states), 12.0 * expert / 2 + dense_saved / 2, 1.0);
+  // ETP·EP must divide the TP·CP·DP ranks of a stage, as Megatron raises.
+  RunConfig bad = megatron(kMoe +
+                               "--moe-router-topk 1 --tensor-model-parallel-size 4 --expert-model-parallel-size 4 "
+                               "--expert-tensor-parallel-size 2 --sequence-parallel",
+                           1);
+  EXPECT_THROW(estimate_memory(bad), stowage::InvalidArgument);
+}
+
+// The plan searches EP by the same rule: with ETP 1, EP may exceed DP·CP.
+TEST(MoeParallelFolding, PlanSearchesFoldedExpertParallelism) {
+  stowage::plan::PlanRequest r;
+  r.base = megatron(kMoe + "--moe-router-topk 2 --expert-tensor-parallel-size 1 --global-batch-size 64", 1);
+  r.space.techniques = false;
+  bool folded = false;
+  stowage::plan::for_each_candidate(r, [&](const RunConfig& c) {
+    const auto& p = c.parallel;
+    EXPECT_EQ((p.tp * p.cp * p.dp) % (p.expert_tp() * p.ep), 0);
+    if (p.ep > p.dp * p.cp) folded = true;
+  });
+  EXPECT_TRUE(folded);
+}
+
+// Megatron's Muon (emerging_optimizers.py): a momentum for the 2-D weights but the word embedding
+// and output layer (is_embedding_or_output_parameter), Adam for the rest; fp32 masters for all.
+TEST(MoeMuon, MomentumForMatricesAdamForTheRest) {
+  const std::string line = kMoe +
+                           "--moe-router-topk 2 --expert-model-parallel-size 8 --moe-ffn-hidden-size 1024 "
+                           "--optimizer muon ";
+  const RunConfig c = megatron(line, 8);
+  const double h = 512, layers = 4;
+  // Muon: positions 1024·h, per layer attention 4h², router 8h and this rank's expert 2·h·1024.
+  const double matrix = 1024 * h + layers * (4 * h * h + 8 * h + 2 * h * 1024);
+  // Adam: the word embedding, two LayerNorms per layer and the final one (weight and bias).
+  const double rest = 50304 * h + layers * 2 * 2 * h + 2 * h;
+  EXPECT_DOUBLE_EQ(double(estimate_memory(c).optimizer_states), 4 * (matrix + rest) + 4 * matrix + 8 * rest);
+  // Lion for the rest keeps one moment.
+  const RunConfig lion = megatron(line + "--muon-scalar-optimizer lion", 8);
+  EXPECT_DOUBLE_EQ(double(estimate_memory(lion).optimizer_states), 4 * (matrix + rest) + 4 * matrix + 4 * rest);
+  // The layer-wise distributed optimizer is spread evenly, with a warning saying so.
+  const RunConfig dist = megatron(line + "--use-distributed-optimizer", 8);
+  EXPECT_TRUE(warned(dist, "LayerWiseDistributedOptimizer"));
+  EXPECT_THROW(megatron(kMoe + "--optimizer soap", 8), stowage::InvalidArgument);
+}
+
+namespace {
+struct Measured {
+  std::string name;
+  double peak = 0, predicted = 0, statics = 0, predicted_static = 0;
+  bool claimed = false, local = false;
+  double error() const { return (predicted - peak) / peak; }
+};
+
+std::vector<Measured> measured_moe() {
+  std::ifstream in(std::string(STOWAGE_SOURCE_DIR) + "/tests/data/estimate_measured_moe_peaks.json");
+  EXPECT_TRUE(in);
+  std::vector<Measured> out;
+  for (const auto& j : nlohmann::json::parse(in)) {
+    Measured k;
+    k.name = j.at("case").get<std::string>();
+    k.peak = j.at("measured_peak_allocated").get<double>();
+    k.statics = j.at("measured_static_allocated").get<double>();
+    k.claimed = j.value("claim", "") == "within_5pct";
+    k.local = j.at("megatron_args").get<std::string>().find("--transformer-impl local") != std::string::npos;
+    RunConfig c;
+    apply_megatron_args(j.at("megatron_args").get<std::string>(), c, UnknownArguments::error);
+    const auto& p = c.parallel;
+    c.parallel.dp = j.at("gpus").get<std::int64_t>() / (p.tp * p.pp * p.cp);
+    c.stage = c.parallel.pp - 1;  // Megatron logs the last rank's memory
+    finalize(c);
+    const StageMemory m = estimate_memory(c);
+    k.predicted = double(m.peak_allocated);
+    // After the step: the states, workspaces and the dispatcher's global buffer.
+    k.predicted_static = double(m.model_states() + m.framework + m.communication);
+    out.push_back(k);
+  }
+  return out;
+}
+}  // namespace
+
+// Megatron-LM's MoE CI on H100 (each case's golden_values_dev_dgx_h100.json, cited in the data
+// file). The estimate was 4-22 % low on every case before it gathered the routed tokens.
+TEST(MoeMeasured, MegatronCiMoePeaksOnH100) {
+  const std::vector<Measured> cases = measured_moe();
+  ASSERT_EQ(cases.size(), 20u);
+  std::vector<double> errors;
+  for (const auto& k : cases) {
+    std::printf("%-84s measured %6.0f MiB predicted %6.0f MiB %+5.1f %% (static %6.0f / %6.0f MiB)\n", k.name.c_str(),
+                k.peak / 1048576, k.predicted / 1048576, 100 * k.error(), k.statics / 1048576,
+                k.predicted_static / 1048576);
+    errors.push_back(std::abs(k.error()));
+    if (!k.claimed) continue;
+    EXPECT_LE(std::abs(k.error()), 0.05) << k.name;
+    // The local implementation under a pipeline keeps ~50-70 MiB more than the model, dense runs
+    // alike (gpt3_mcore_tp1_pp2 of estimate_measured_peaks.json): not an MoE term.
+    if (!k.local) EXPECT_LE(std::abs(k.predicted_static - k.statics) / k.statics, 0.02) << k.name << " static";
+  }
+  std::sort(errors.begin(), errors.end());
+  EXPECT_LE(errors[errors.size() / 2], 0.03);
+  // Sinkhorn routing is balanced: the frozen run of this configuration within 1 %.
+  for (const auto& k : cases)
+    if (k.name == "gpt3_mcore_te_tp2_pp1_frozen_resume_torch_dist_te_8experts2parallel_dist_optimizer")
+      EXPECT_LE(std::abs(k.error()), 0.01);
+}

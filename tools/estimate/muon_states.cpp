@@ -1,0 +1,36 @@
+#include "tools/estimate/muon_states.hpp"
+
+#include "tools/estimate/expert_parallel.hpp"
+
+namespace stowage::estimate {
+
+double muon_matrix_params(const RunConfig& c, std::int64_t layers, bool first, bool experts) {
+  const auto& m = c.model;
+  if (experts) return expert_weights_per_rank(c, layers);  // their biases go to the scalar optimizer
+  const double h = double(m.hidden_size), t = double(c.parallel.tp);
+  const double q = double(m.num_heads * m.head_size()), kv = double(m.kv_heads() * m.head_size());
+  const double attention = (h * q + 2 * h * kv + q * h) / t;
+  const double F = double(m.ffn_hidden_size);
+  // An MoE layer's dense part is its router (replicated); a dense layer's is its MLP.
+  const double mlp = m.moe() ? double(m.num_experts) * h : (h * F * (m.gated_mlp ? 2 : 1) + F * h) / t;
+  return (attention + mlp) * double(layers) + (first ? double(m.learned_positions) * h : 0.0);
+}
+
+States stage_states(const RunConfig& c, double params, double matrix, double n, double largest_layer) {
+  if (c.training.optimizer != Optimizer::muon) return model_states(c, params, n, largest_layer);
+  // emerging_optimizers.py: TensorParallelMuon keeps a momentum per managed weight (model_states
+  // counts one moment for any optimizer but Adam); _is_muon_excluded routes the embedding, output
+  // layer and non-2-D parameters to --muon-scalar-optimizer (Adam by default, or Lion's one moment).
+  RunConfig scalar = c;
+  scalar.training.optimizer = c.training.muon_scalar;
+  const States a = model_states(c, matrix, n, 0.0), b = model_states(scalar, params - matrix, n, largest_layer);
+  States s;
+  s.weights = a.weights + b.weights;
+  s.gradients = a.gradients + b.gradients;
+  s.optimizer = a.optimizer + b.optimizer;
+  s.host = a.host + b.host;
+  s.step_only = a.step_only + b.step_only;
+  return s;
+}
+
+}  // namespace stowage::estimate
