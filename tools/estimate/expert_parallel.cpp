@@ -16,7 +16,7 @@ double per_rank(const RunConfig& c, std::int64_t layers, bool biases) {
   const double split = h * fc1_out + F * h + (bias ? fc1_out : 0.0);
   const double whole = bias ? h : 0.0;
   const double per_expert = split / etp + whole;
-  return per_expert * double(m.num_experts / p.ep) * double(layers);
+  return per_expert * double(m.num_experts) / double(p.ep) * double(layers);  // validate(): EP divides E
 }
 }  // namespace
 
