@@ -217,7 +217,9 @@ Block* CachingAllocator::Impl::slow_find(std::size_t bytes, std::size_t rounded,
 // ---------------------------------------------------------------------------------------------
 
 CachingAllocator::CachingAllocator(Device& device, AllocatorOptions options)
-    : impl_(std::make_unique<Impl>(device, options)) {}
+    : impl_(std::make_unique<Impl>(device, options)) {
+  impl_->use = device.attach(fmt::format("CachingAllocator {}", fmt::ptr(this)));
+}
 CachingAllocator::~CachingAllocator() = default;
 
 Device& CachingAllocator::device() const { return impl_->device; }
@@ -226,11 +228,15 @@ SegmentMode CachingAllocator::segment_mode() const { return impl_->mode; }
 
 void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return nullptr;
+  Impl& m = *impl_;
   if (bytes > detail::kMaxRequest) {
-    throw InvalidArgument(fmt::format("stowage: allocation of {} bytes is larger than any device", bytes));
+    // Out of memory however large, as PyTorch's allocator says it: the size is a size, just not
+    // one any device has. (Rounding it would overflow, so it is refused before.)
+    m.device.check_stream(stream);
+    Impl::Exclusive ex(m);
+    m.throw_oom(bytes, bytes, "the request is larger than the device capacity or the memory cap");
   }
   const std::size_t rounded = detail::round_size(bytes);
-  Impl& m = *impl_;
   // A thread's cache files no block larger than thread_cache_max_block: larger sizes skip it.
   const bool cached_size = m.thread_caches && rounded <= m.opts.thread_cache_max_block;
   if (cached_size) {

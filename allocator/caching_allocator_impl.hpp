@@ -28,6 +28,7 @@ struct CachingAllocator::Impl {
   };
 
   Device& device;
+  Dependency use;  // on the device, which must outlive the allocator; declared first: released last
   AllocatorOptions opts;
   SegmentMode mode;
   std::size_t cap = 0;                        // 0: none

@@ -6,6 +6,9 @@
 
 namespace stowage {
 
+DeviceResource::DeviceResource(Device& device)
+    : device_(device), use_(device.attach(fmt::format("DeviceResource {}", fmt::ptr(this)))) {}
+
 DeviceResource::~DeviceResource() {
   try {
     if (!live_.empty()) device_.synchronize();

@@ -72,6 +72,7 @@ DType dtype_from_dlpack(DLDataType t, const char* what) {
 
 DLManagedTensor* to_dlpack(const TensorView& view) {
   if (!view.defined()) throw InvalidArgument("to_dlpack: undefined view");
+  (void)view.storage().data();  // InvalidArgument when its memory resource was destroyed
   if (!view.storage().resident())
     throw InvalidArgument(fmt::format("to_dlpack: storage is {}, not resident", to_string(view.storage().state())));
   auto ctx = std::make_unique<ExportContext>();

@@ -1,6 +1,10 @@
 // The thread's current allocation tag, set by nested ScopedTag objects.
 #include "stowage/scoped_tag.hpp"
 
+#include <fmt/format.h>
+
+#include "common/fatal.hpp"
+
 namespace stowage {
 namespace {
 
@@ -10,9 +14,18 @@ thread_local ScopedTag* innermost = nullptr;
 
 }  // namespace
 
-ScopedTag::ScopedTag(std::string tag) : tag_(std::move(tag)), previous_(innermost) { innermost = this; }
+ScopedTag::ScopedTag(std::string tag) : tag_(std::move(tag)), previous_(innermost), home_(&innermost) {
+  innermost = this;
+}
 
 ScopedTag::~ScopedTag() {
+  if (home_ != &innermost) {
+    // Its thread's chain cannot be mended from here (that thread may be reading it right now).
+    detail::fatal(
+        fmt::format("ScopedTag \"{}\" destroyed on another thread than the one that made it; a tag must end on its own "
+                    "thread (its thread's current tag would name freed memory)",
+                    tag_));
+  }
   if (innermost == this) {
     innermost = previous_;
     return;

@@ -12,7 +12,8 @@ inline constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;     // small-p
 inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;  // below: share a 20 MiB segment
 inline constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;
 inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;  // big segments round to this
-// Larger requests are refused as invalid: rounding them would overflow.
+// Larger requests are refused before rounding (it would overflow): out of memory, as any size
+// no device has.
 inline constexpr std::size_t kMaxRequest = std::size_t{1} << 60;
 
 constexpr std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }

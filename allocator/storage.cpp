@@ -30,10 +30,22 @@ struct Storage::Impl {
   std::function<void()> deleter;  // wrapped bytes only
   mutable std::mutex mutex;
 
+  // True when the resource was destroyed first: its bytes went with it. Under `mutex` a resident
+  // storage then becomes released, so nothing hands out an address that may be another's now.
+  bool orphaned() {
+    if (!resource.expired()) return false;
+    if (state == StorageState::resident) {
+      data = nullptr;
+      state = StorageState::released;
+    }
+    return true;
+  }
+
   ~Impl() {
     // Destructors must not throw: a failure here is a bug elsewhere, so it is logged.
     try {
       if (resource.valid()) {
+        if (orphaned()) return;  // nothing to give back: the bytes went with the resource
         if (state == StorageState::resident && data != nullptr) resource->deallocate(data, nbytes);
       } else if (deleter) {
         deleter();
@@ -73,6 +85,7 @@ static Storage::Impl& checked(const std::shared_ptr<Storage::Impl>& impl) {
 void* Storage::data() const {
   auto& s = checked(impl_);
   std::lock_guard lock(s.mutex);
+  if (s.orphaned()) (void)s.resource.get();  // throws InvalidArgument, saying why
   return s.state == StorageState::resident ? s.data : nullptr;
 }
 
@@ -81,6 +94,7 @@ std::size_t Storage::nbytes() const { return checked(impl_).nbytes; }
 StorageState Storage::state() const {
   auto& s = checked(impl_);
   std::lock_guard lock(s.mutex);
+  (void)s.orphaned();
   return s.state;
 }
 
@@ -98,6 +112,7 @@ void Storage::release(StorageState state) {
   if (state == StorageState::resident) throw InvalidArgument("Storage::release: the new state must not be resident");
   std::lock_guard lock(s.mutex);
   if (!s.resource.valid()) throw InvalidArgument("Storage::release: wrapped storage does not own its bytes");
+  if (s.orphaned()) (void)s.resource.get();
   if (s.state != StorageState::resident)
     throw InvalidArgument(fmt::format("Storage::release: storage is {}, not resident", to_string(s.state)));
   if (s.data != nullptr) s.resource->deallocate(s.data, s.nbytes);
@@ -109,6 +124,7 @@ void Storage::materialize(Stream stream) {
   auto& s = checked(impl_);
   std::lock_guard lock(s.mutex);
   if (!s.resource.valid()) throw InvalidArgument("Storage::materialize: wrapped storage has no memory resource");
+  if (s.orphaned()) (void)s.resource.get();
   if (s.state == StorageState::resident) throw InvalidArgument("Storage::materialize: storage is already resident");
   s.data = s.resource->allocate(s.nbytes, stream);  // may throw OutOfMemory: nothing changed
   s.stream = stream;
@@ -119,6 +135,7 @@ void Storage::adopt(void* data, Stream stream) {
   auto& s = checked(impl_);
   std::lock_guard lock(s.mutex);
   if (!s.resource.valid()) throw InvalidArgument("Storage::adopt: wrapped storage has no memory resource");
+  if (s.orphaned()) (void)s.resource.get();
   if (s.state == StorageState::resident) throw InvalidArgument("Storage::adopt: storage is already resident");
   if (s.nbytes != 0) {
     if (data == nullptr) throw InvalidArgument("Storage::adopt: null bytes for a non-empty storage");

@@ -101,9 +101,9 @@ bool TensorView::is_contiguous() const {
 
 void* TensorView::data() const {
   if (!storage_.valid()) throw InvalidArgument("TensorView::data: undefined view");
+  auto* base = static_cast<std::byte*>(storage_.data());  // InvalidArgument when its resource is gone
   if (!storage_.resident())
     throw InvalidArgument(fmt::format("TensorView::data: storage is {}, not resident", to_string(storage_.state())));
-  auto* base = static_cast<std::byte*>(storage_.data());
   return base == nullptr ? nullptr : base + byte_offset_;
 }
 

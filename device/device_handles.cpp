@@ -1,8 +1,28 @@
 #include "stowage/device_handles.hpp"
 
+#include <fmt/format.h>
+
 #include "common/log.hpp"
 
 namespace stowage {
+
+OwnedStream::OwnedStream(Device& device, int priority) : device_(&device), stream_(device.create_stream(priority)) {
+  try {
+    use_ = device.attach(fmt::format("OwnedStream (stream {})", static_cast<std::uintptr_t>(stream_)));
+  } catch (...) {
+    reset();
+    throw;
+  }
+}
+
+OwnedEvent::OwnedEvent(Device& device, bool timing) : device_(&device), event_(device.create_event(timing)) {
+  try {
+    use_ = device.attach(fmt::format("OwnedEvent (event {})", static_cast<std::uintptr_t>(event_)));
+  } catch (...) {
+    reset();
+    throw;
+  }
+}
 
 void OwnedStream::reset() noexcept {
   if (device_ == nullptr) return;
@@ -13,6 +33,7 @@ void OwnedStream::reset() noexcept {
   }
   device_ = nullptr;
   stream_ = Stream{};
+  use_.reset();
 }
 
 void OwnedEvent::reset() noexcept {
@@ -24,6 +45,7 @@ void OwnedEvent::reset() noexcept {
   }
   device_ = nullptr;
   event_ = Event{};
+  use_.reset();
 }
 
 }  // namespace stowage

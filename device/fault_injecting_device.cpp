@@ -51,7 +51,7 @@ FaultInjectingDevice::FaultInjectingDevice(std::unique_ptr<Device> inner, FaultP
   share_stream_epoch(*inner_);
 }
 
-FaultInjectingDevice::~FaultInjectingDevice() = default;
+FaultInjectingDevice::~FaultInjectingDevice() { check_no_dependents(); }
 
 FaultCounts FaultInjectingDevice::injected() const {
   std::lock_guard lock(state_->mutex);

@@ -16,7 +16,7 @@
 namespace stowage {
 namespace {
 
-constexpr std::size_t kLargestRequest = std::size_t{1} << 46;
+constexpr std::size_t kLargestRequest = std::size_t{1} << 46;  // 64 TiB: more is refused as it is
 
 // The nodes to bind to: the caller's (each must exist), else the device's nearest that exist.
 std::vector<int> binding_nodes(const Device& device, const HostPoolOptions& o) {
@@ -50,8 +50,11 @@ struct HostPool::Impl {
     int node = -1;
   };
 
-  Impl(Device& d, HostPoolOptions o)
-      : device(d), options(std::move(o)), source(d, binding_nodes(d, options), options.cap_bytes, options.pin) {
+  Impl(Device& d, HostPoolOptions o, const void* pool)
+      : device(d),
+        use(d.attach(fmt::format("HostPool {}", fmt::ptr(pool)))),
+        options(std::move(o)),
+        source(d, binding_nodes(d, options), options.cap_bytes, options.pin) {
     if (options.backend != HostPoolBackend::builtin) backend = offload::make_jemalloc_backend(source);
     if (!backend && options.backend == HostPoolBackend::jemalloc)
       throw Unsupported(
@@ -71,6 +74,8 @@ struct HostPool::Impl {
   }
 
   Device& device;
+  Dependency use;         // on the device; declared first: released after the pages are given back
+  Dependents dependents;  // swap schedulers and optimizers holding buffers of this pool
   HostPoolOptions options;
   offload::ExtentSource source;  // declared before the backend: outlives it
   std::unique_ptr<offload::HostBackend> backend;
@@ -84,9 +89,10 @@ struct HostPool::Impl {
 };
 
 HostPool::HostPool(Device& device, HostPoolOptions options)
-    : impl_(std::make_unique<Impl>(device, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(device, std::move(options), this)) {}
 
 HostPool::~HostPool() {
+  impl_->dependents.check_none_left();
   if (!impl_->live.empty())
     log().warn("host pool: destroyed with {} live buffer(s), {} bytes; their pages are unmapped", impl_->live.size(),
                impl_->in_use);
@@ -97,11 +103,19 @@ Device& HostPool::device() const { return impl_->device; }
 const HostPoolOptions& HostPool::options() const { return impl_->options; }
 HostPoolBackend HostPool::backend() const { return impl_->kind; }
 
+Dependency HostPool::attach(std::string what) {
+  return impl_->dependents.add(fmt::format("HostPool {} (device {})", fmt::ptr(this), impl_->device.ordinal()),
+                               std::move(what));
+}
+
 void* HostPool::allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   auto& m = *impl_;
-  if (bytes > kLargestRequest)
-    throw InvalidArgument(fmt::format("host pool: request of {} bytes is beyond any host memory", bytes));
+  if (bytes > kLargestRequest) {  // out of memory however large (rounding it could overflow)
+    std::lock_guard lock(m.mutex);
+    ++m.num_ooms;
+    throw OutOfMemory(m.oom_message(bytes, bytes) + " The request is beyond any host memory.");
+  }
   const std::size_t rounded = m.backend->rounded_size(bytes);
   std::lock_guard lock(m.mutex);
   if (m.options.cap_bytes != 0 && m.in_use + rounded > m.options.cap_bytes) {

@@ -29,6 +29,7 @@ const char* to_string(StatePlacement p) {
 struct OffloadedAdam::Impl {
   ResourceHandle allocator;
   HostPool& pool;
+  Dependency pool_use;  // the pool must outlive the optimizer: host chunks are its buffers
   Device& dev;
   std::size_t numel;
   OffloadOptions options;
@@ -197,6 +198,7 @@ struct OffloadedAdam::Impl {
 
 OffloadedAdam::OffloadedAdam(ResourceHandle allocator, HostPool& pool, std::size_t numel, OffloadOptions options)
     : impl_(std::make_unique<Impl>(std::move(allocator), pool, numel, options)) {
+  impl_->pool_use = pool.attach(fmt::format("OffloadedAdam {}", fmt::ptr(this)));
   if (numel == 0) throw InvalidArgument("offloaded Adam: numel must be positive");
   if (options.chunk_elements == 0 || options.chunk_elements % 64 != 0)
     throw InvalidArgument(

@@ -173,6 +173,7 @@ struct SwapScheduler::Impl {
 
   ResourceHandle allocator;
   HostPool& pool;
+  Dependency pool_use;  // the pool must outlive the scheduler: swapped tensors live in its pages
   Device& device;
   SwapOptions options;
   OwnedStream d2h, h2d;
@@ -186,7 +187,9 @@ struct SwapScheduler::Impl {
 };
 
 SwapScheduler::SwapScheduler(ResourceHandle allocator, HostPool& pool, SwapOptions options)
-    : impl_(std::make_unique<Impl>(std::move(allocator), pool, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(std::move(allocator), pool, std::move(options))) {
+  impl_->pool_use = pool.attach(fmt::format("SwapScheduler {}", fmt::ptr(this)));
+}
 
 SwapScheduler::~SwapScheduler() {
   auto& m = *impl_;

@@ -22,6 +22,35 @@ struct Record {
   RngState rng;
 };
 
+// The registries whose function runs on this thread now, innermost first: a function calling
+// back into its own registry would deadlock on the registry's lock (or, from forward(), change
+// what is registered under a function being registered), so each entry point refuses it.
+struct RunningFn {
+  const void* registry;
+  const RunningFn* outer;
+};
+thread_local const RunningFn* running = nullptr;
+
+class InFunction {
+ public:
+  explicit InFunction(const void* registry) : self_{registry, running} { running = &self_; }
+  ~InFunction() { running = self_.outer; }
+  InFunction(const InFunction&) = delete;
+  InFunction& operator=(const InFunction&) = delete;
+
+ private:
+  RunningFn self_;
+};
+
+void refuse_reentry(const void* registry, const char* fn) {
+  for (const RunningFn* r = running; r != nullptr; r = r->outer)
+    if (r->registry == registry)
+      throw InvalidArgument(
+          fmt::format("Recompute::{}: called from inside a function this registry is running (forward or recompute); a "
+                      "registered function must not call back into its registry",
+                      fn));
+}
+
 // The distinct storages behind some views (pointers into the views: copying a Storage would
 // add a handle and disturb the use counts the release check reads).
 std::vector<Storage*> distinct_storages(std::vector<TensorView>& views) {
@@ -124,6 +153,7 @@ struct Recompute::Impl {
       for (; ran < plan.size(); ++ran) {
         auto& p = plan[ran];
         ScopedTag tag(p.rec->tag);  // allocations f makes for scratch show under the layer too
+        InFunction in(this);
         p.rec->fn(RecomputeContext{p.rec->inputs, p.rec->outputs, resource->device(), stream, p.rec->rng, true});
         for (Storage* s : p.storages) {
           ++stats.rematerializations;
@@ -170,12 +200,16 @@ Recompute::~Recompute() = default;
 
 std::vector<TensorView> Recompute::forward(int layer, const std::string& name, std::vector<TensorView> inputs,
                                            const std::vector<OutputSpec>& outputs, RecomputeFn fn) {
+  refuse_reentry(impl_.get(), "forward");
   auto rec = impl_->new_record(layer, name, std::move(inputs), std::move(fn));
   const Stream stream = impl_->options.compute_stream;
   ScopedTag tag(rec->tag);
   for (const auto& spec : outputs)
     rec->outputs.push_back(TensorView::empty(impl_->resource, spec.dtype, spec.shape, stream));
-  rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->resource->device(), stream, rec->rng, false});
+  {
+    InFunction in(impl_.get());
+    rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->resource->device(), stream, rec->rng, false});
+  }
   std::vector<TensorView> result = rec->outputs;
   impl_->add(std::move(rec));
   return result;
@@ -183,6 +217,7 @@ std::vector<TensorView> Recompute::forward(int layer, const std::string& name, s
 
 void Recompute::forward_into(int layer, const std::string& name, std::vector<TensorView> inputs,
                              std::vector<TensorView> outputs, RecomputeFn fn) {
+  refuse_reentry(impl_.get(), "forward_into");
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const auto& o = outputs[i];
     if (!o.defined() || !o.storage().resident())
@@ -198,11 +233,15 @@ void Recompute::forward_into(int layer, const std::string& name, std::vector<Ten
   rec->outputs = std::move(outputs);
   const Stream stream = impl_->options.compute_stream;
   ScopedTag tag(rec->tag);
-  rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->resource->device(), stream, rec->rng, false});
+  {
+    InFunction in(impl_.get());
+    rec->fn(RecomputeContext{rec->inputs, rec->outputs, impl_->resource->device(), stream, rec->rng, false});
+  }
   impl_->add(std::move(rec));
 }
 
 std::size_t Recompute::release(int layer) {
+  refuse_reentry(impl_.get(), "release");
   std::lock_guard lock(impl_->mutex);
   auto it = impl_->layers.find(layer);
   if (it == impl_->layers.end()) return 0;
@@ -230,6 +269,7 @@ std::size_t Recompute::release(int layer) {
 }
 
 void Recompute::before_backward(int layer) {
+  refuse_reentry(impl_.get(), "before_backward");
   std::lock_guard lock(impl_->mutex);
   impl_->rematerialize(layer);
   for (int d = 1; d <= impl_->options.prefetch_distance; ++d) {
@@ -244,11 +284,13 @@ void Recompute::before_backward(int layer) {
 }
 
 void Recompute::after_backward(int layer) {
+  refuse_reentry(impl_.get(), "after_backward");
   std::lock_guard lock(impl_->mutex);
   impl_->layers.erase(layer);
 }
 
 bool Recompute::released(int layer) const {
+  refuse_reentry(impl_.get(), "released");
   std::lock_guard lock(impl_->mutex);
   auto it = impl_->layers.find(layer);
   if (it == impl_->layers.end()) return false;
@@ -259,6 +301,7 @@ bool Recompute::released(int layer) const {
 }
 
 std::vector<RecomputeEntry> Recompute::entries() const {
+  refuse_reentry(impl_.get(), "entries");
   std::lock_guard lock(impl_->mutex);
   std::vector<RecomputeEntry> out;
   for (auto& [layer, records] : impl_->layers)
@@ -268,6 +311,7 @@ std::vector<RecomputeEntry> Recompute::entries() const {
 }
 
 RecomputeStats Recompute::stats() const {
+  refuse_reentry(impl_.get(), "stats");
   std::lock_guard lock(impl_->mutex);
   RecomputeStats st = impl_->stats;
   st.released_bytes_now = 0;

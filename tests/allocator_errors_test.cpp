@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 #include "allocator_test_util.hpp"
@@ -124,8 +125,6 @@ TEST(AllocatorErrors, BadInputLeavesStateUnchanged) {
   }
   EXPECT_THROW(a.deallocate(static_cast<char*>(y) + 512), InvalidArgument);  // inside a block
   EXPECT_THROW(a.deallocate(x, 999), InvalidArgument);                       // wrong size
-  EXPECT_THROW(a.allocate(std::size_t{1} << 62), InvalidArgument);           // absurd size
-  EXPECT_THROW(a.allocate(static_cast<std::size_t>(-1)), InvalidArgument);   // a negative ssize_t
   EXPECT_THROW(a.record_stream(&on_stack, kDefaultStream), InvalidArgument);
   EXPECT_THROW(a.block_size(&on_stack), InvalidArgument);
   EXPECT_FALSE(a.owns(&on_stack));
@@ -185,6 +184,44 @@ TEST(AllocatorErrors, LargerThanCapacityFailsAtOnce) {
   ASSERT_FALSE(s.trace.empty());
   EXPECT_EQ(s.trace.back().action, TraceAction::oom);
   EXPECT_EQ(s.trace.back().size, 300 * MiB);
+}
+
+// One rule for sizes: any byte count the allocator cannot have is OutOfMemory, however large,
+// as PyTorch's allocator raises OutOfMemoryError for any size. Past 2^60 the request is refused
+// before rounding (which would overflow); it used to be an InvalidArgument there ("larger than
+// any device") and an OutOfMemory just below. Both sides now read the same, count an OOM, and
+// change nothing else.
+TEST(AllocatorErrors, HugeSizesAreOutOfMemoryOnBothSidesOfTheRoundingLimit) {
+  auto dev = small_device();
+  AllocatorOptions o;
+  o.trace_entries = 16;
+  CachingAllocator a(*dev, o);
+  void* x = a.allocate(4096);
+  const AllocatorStats before = a.stats();
+  constexpr std::size_t limit = std::size_t{1} << 60;  // allocator/size_classes.hpp: kMaxRequest
+  const std::size_t sizes[] = {256 * MiB + 1,
+                               std::size_t{1} << 48,
+                               limit - 1,
+                               limit,
+                               limit + 1,
+                               std::size_t{1} << 62,
+                               std::size_t{1} << 63,
+                               std::numeric_limits<std::size_t>::max()};
+  std::int64_t ooms = 0;
+  for (std::size_t bytes : sizes) {
+    const std::string msg = oom_message(a, bytes);
+    EXPECT_THAT(msg, HasSubstr("out of memory on device 0"));
+    EXPECT_THAT(msg, HasSubstr(std::to_string(bytes) + " bytes"));
+    EXPECT_THAT(msg, HasSubstr("larger than the device capacity or the memory cap"));
+    EXPECT_EQ(a.stats().num_ooms, ++ooms) << bytes;
+  }
+  AllocatorStats after = a.stats();
+  after.num_ooms = before.num_ooms;
+  EXPECT_EQ(to_json(after), to_json(before));
+  EXPECT_EQ(a.snapshot().trace.back().action, TraceAction::oom);
+  // A bad stream is still the caller's mistake first, whatever the size.
+  EXPECT_THROW(a.allocate(std::size_t{1} << 62, Stream{0xdead0}), InvalidArgument);
+  a.deallocate(x);
 }
 
 }  // namespace

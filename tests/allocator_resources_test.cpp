@@ -4,14 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <vector>
 
 #include <unistd.h>
 
 #include "allocator_test_util.hpp"
 #include "stowage/caching_allocator.hpp"
 #include "stowage/device_resource.hpp"
+#include "stowage/dlpack.hpp"
 #include "stowage/event_log.hpp"
 #include "stowage/limiting_resource.hpp"
 #include "stowage/log_level.hpp"
@@ -177,7 +181,8 @@ TEST(Resources, StorageKeepsASharedResourceAlive) {
 }
 
 // A resource that nothing owns through a shared_ptr cannot be kept alive: a storage that outlives
-// it refuses every call that would reach it, with a clear error, and its destructor only logs.
+// it refuses every call that would reach it or its bytes, with a clear error, and its destructor
+// touches nothing.
 TEST(Resources, StorageOutlivingAStackResourceFailsClearly) {
   auto device = test::small_device(64 * MiB);
   Storage s;
@@ -191,11 +196,55 @@ TEST(Resources, StorageOutlivingAStackResourceFailsClearly) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("was destroyed first"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(s.state(), StorageState::resident);  // nothing changed
-  s = {};                                        // logs, does not touch the freed allocator
+  EXPECT_EQ(s.state(), StorageState::released);  // its bytes went with the allocator
+  EXPECT_THROW(s.materialize(kDefaultStream), InvalidArgument);
+  s = {};  // does not touch the freed allocator
   ResourceHandle empty;
   EXPECT_FALSE(empty.valid());
+  EXPECT_FALSE(empty.expired());
   EXPECT_THROW(empty.get(), InvalidArgument);
+}
+
+// The bytes of a storage whose allocator was destroyed belong to the device again, and another
+// allocator hands them out: no view of the old storage may reach them. data() used to return the
+// old address (the storage still said resident) and a write through it landed in the new block.
+TEST(Resources, AStorageWhoseAllocatorIsGoneNeverShowsItsOldAddress) {
+  auto device = test::small_device(64 * MiB);
+  TensorView t;
+  void* old_address = nullptr;
+  {
+    CachingAllocator first(*device);
+    t = TensorView::empty(first, DType::u8, {4096});
+    old_address = t.data();
+  }
+  CachingAllocator second(*device);
+  auto* other = static_cast<unsigned char*>(second.allocate(4096));
+  std::memset(other, 0x11, 4096);
+  (void)old_address;  // usually `other`: the device hands the same bytes out again
+
+  EXPECT_FALSE(t.storage().resident());
+  EXPECT_EQ(t.storage().state(), StorageState::released);
+  for (const auto& call : std::vector<std::function<void()>>{
+           [&] { (void)t.storage().data(); },
+           [&] { (void)t.data(); },
+           [&] { (void)t.slice(0, 0, 16).data(); },
+           [&] { (void)to_dlpack(t); },
+           [&] { t.storage().release(); },
+           [&] { t.storage().materialize(kDefaultStream); },
+           [&] { t.storage().adopt(other, kDefaultStream); },
+       }) {
+    try {
+      call();
+      ADD_FAILURE() << "a call on a storage whose allocator is gone succeeded";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("was destroyed first"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(other[0], 0x11);
+  EXPECT_EQ(second.stats().allocation.all.current, 1);
+  t = TensorView();  // the last handle goes without touching either allocator
+  EXPECT_EQ(second.stats().allocation.all.current, 1);
+  second.deallocate(other);
 }
 
 // The library never writes to stdout, which belongs to the program: its warnings (here, an

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -227,6 +228,24 @@ TEST_F(CApiTest, AllocationBeyondTheCapFailsCleanly) {
   void* big = stowage_malloc(64 * kMiB, 0, nullptr);  // no cap now
   EXPECT_NE(big, nullptr) << error();
   stowage_free(big, 64 * kMiB, 0, nullptr);
+}
+
+// What PyTorch sees through the error code: a size is out of memory however large (PyTorch's
+// own allocator raises OutOfMemoryError for any size); only a negative one is invalid.
+TEST_F(CApiTest, HugeSizesAreOutOfMemoryAndNegativeOnesInvalid) {
+  const nlohmann::json before = state_of(0);
+  const auto ooms = stats(0)["num_ooms"].get<long>();
+  long expected_ooms = ooms;
+  for (ssize_t size : {std::int64_t{1} << 40, std::int64_t{1} << 48, (std::int64_t{1} << 60) + 1, std::int64_t{1} << 62,
+                       std::numeric_limits<std::int64_t>::max()}) {
+    EXPECT_EQ(stowage_malloc(size, 0, nullptr), nullptr);
+    EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_OUT_OF_MEMORY) << size << ": " << error();
+    EXPECT_NE(error().find("out of memory on device 0"), std::string::npos) << error();
+    EXPECT_EQ(stats(0)["num_ooms"].get<long>(), ++expected_ooms);
+  }
+  EXPECT_EQ(stowage_malloc(-1, 0, nullptr), nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(state_of(0), before);
 }
 
 TEST_F(CApiTest, ATinyMemoryFractionIsACapOfOneByteNotNone) {

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <string>
@@ -469,6 +470,23 @@ TEST_P(DeviceTest, DestroyingAStreamWaitsForItsWorkAndCounts) {
   expect_rejected([&] { d.destroy_stream(s); }, "destroy a stream twice");
   expect_rejected([&] { d.destroy_stream(kDefaultStream); }, "destroy the default stream");
   EXPECT_EQ(d.stream_epoch(), epoch + 1);
+}
+
+// Past the capacity an allocation is out of memory whatever its size: the emulated device
+// rounded a size within a page of SIZE_MAX up to 0 and reported "could not back 0 B".
+TEST_P(DeviceTest, AnAllocationPastTheCapacityIsOutOfMemoryWhateverItsSize) {
+  Device& d = *dev_;
+  const DeviceCounters before = d.counters();
+  const std::size_t max = std::numeric_limits<std::size_t>::max();
+  for (std::size_t bytes : {d.capacity() + 1, std::size_t{1} << 62, max - 100, max}) {
+    try {
+      d.allocate(bytes);
+      ADD_FAILURE() << bytes << " bytes were handed out";
+    } catch (const OutOfMemory& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bytes)), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(d.counters().raw_allocated, before.raw_allocated);
 }
 
 TEST_P(DeviceTest, BadInputIsRejectedAndTheDeviceKeepsWorking) {

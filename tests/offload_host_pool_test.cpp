@@ -189,6 +189,28 @@ TEST_P(HostPoolTest, CapExhaustionThrowsAndChangesNothing) {
   for (auto& [p, h] : live) pool.deallocate(p);
 }
 
+// A size no host has is out of memory like any other refusal (it was an InvalidArgument past
+// 2^46 bytes and an OutOfMemory below): counted, and nothing else changes.
+TEST_P(HostPoolTest, HugeRequestsAreOutOfMemoryOnBothSidesOfTheLimit) {
+  HostPool pool(*device_, options(std::size_t{16} << 20));
+  void* p = pool.allocate(4096);
+  const auto before = pool.stats();
+  const std::size_t sizes[] = {std::size_t{1} << 45, std::size_t{1} << 46, (std::size_t{1} << 46) + 1,
+                               std::size_t{1} << 62, ~std::size_t{0}};
+  std::uint64_t ooms = before.num_ooms;
+  for (std::size_t bytes : sizes) {
+    try {
+      pool.allocate(bytes);
+      ADD_FAILURE() << bytes << " bytes were handed out";
+    } catch (const OutOfMemory& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bytes) + " bytes"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(pool.stats().num_ooms, ++ooms);
+  }
+  EXPECT_EQ(bytes_of(pool.stats()), bytes_of(before));
+  pool.deallocate(p);
+}
+
 TEST_P(HostPoolTest, ReleaseUnusedUnpinsEverythingOnceEmpty) {
   const std::size_t device_pinned_at_start = device_->counters().pinned_host;
   HostPool pool(*device_, options());

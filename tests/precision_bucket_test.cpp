@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "stowage/allocator.hpp"
@@ -257,6 +258,34 @@ TEST_P(Bucket, BadInputThrowsAndChangesNoByte) {
   EXPECT_EQ(st.step, 0);
   device_->synchronize();
   EXPECT_EQ(fnv(download(bucket.storage())), before);
+}
+
+// align_elements is a power of two of at least 8 (the header said "a multiple of 8", and 24 was
+// refused); a bucket is move-only (a copy shared its storage: writes through one changed the
+// other).
+static_assert(!std::is_copy_constructible_v<ParameterBucket> && !std::is_copy_assignable_v<ParameterBucket>);
+static_assert(std::is_nothrow_move_constructible_v<ParameterBucket> &&
+              std::is_nothrow_move_assignable_v<ParameterBucket>);
+
+TEST_P(Bucket, AlignmentIsAPowerOfTwoAndABucketMovesButNeverCopies) {
+  for (std::size_t a : {8, 16, 32, 128, 4096}) {
+    ParameterBucket b(*alloc_, {{"x", {100}}, {"y", {3}}}, {.align_elements = a});
+    EXPECT_EQ(b.slot(1).offset % a, 0u) << a;
+  }
+  for (std::size_t a : {0, 4, 12, 24, 40, 96}) {
+    EXPECT_THROW(ParameterBucket(*alloc_, {{"x", {100}}}, {.align_elements = a}), InvalidArgument) << a;
+  }
+  ParameterBucket first(*alloc_, {{"w", {64}}});
+  std::vector<float> ones(64, 1.0f), back(64);
+  first.write_fp32(0, ones.data(), 64);
+  const void* id = first.storage().id();
+  ParameterBucket second = std::move(first);
+  EXPECT_EQ(second.storage().id(), id);
+  second.read_fp32(0, back.data(), 64);
+  EXPECT_EQ(back, ones);
+  EXPECT_THROW(first.read_fp32(0, back.data(), 64), InvalidArgument);  // NOLINT(bugprone-use-after-move)
+  first = std::move(second);
+  EXPECT_EQ(first.storage().id(), id);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Bucket, ::testing::Values("emulated", "cuda"),

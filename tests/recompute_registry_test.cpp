@@ -6,7 +6,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
+#include <string>
 #include <thread>
 
 #include "recompute_test_util.hpp"
@@ -295,6 +298,60 @@ TEST_P(RecomputeRegistry, BadRegistrationsAreRefused) {
   EXPECT_EQ(rc.entries().size(), 1u);
   EXPECT_EQ(rc.release(99), 0u);  // nothing registered there
   EXPECT_NO_THROW(rc.before_backward(99));
+}
+
+// A function that calls back into its own registry used to deadlock (before_backward runs it
+// under the registry's lock). Now the call throws, from forward and from a recomputation, and
+// what the registry holds is as it was: the outputs of a refused recomputation stay released and
+// come back bit-identical once the function behaves. Another registry may be called.
+TEST_P(RecomputeRegistry, AFunctionCallingBackIntoItsRegistryIsRefusedNotDeadlocked) {
+  Recompute rc(*alloc_, opts());
+  Recompute other(*alloc_, opts());
+  auto x = input(DType::f32, {16, 32}, 40);
+  std::string seen;
+  auto call_back = [&](const RecomputeContext&) { (void)rc.stats(); };
+  try {
+    rc.forward(0, "f", {x}, {{DType::f32, {16, 32}}}, call_back);
+    ADD_FAILURE() << "a call back from forward's function was accepted";
+  } catch (const InvalidArgument& e) {
+    seen = e.what();
+  }
+  EXPECT_NE(seen.find("Recompute::stats: called from inside a function"), std::string::npos) << seen;
+  EXPECT_TRUE(rc.entries().empty());  // nothing was registered
+
+  bool misbehave = false;
+  auto y = rc.forward(1, "g", {x}, {{DType::f32, {16, 32}}}, [&](const RecomputeContext& c) {
+    if (misbehave && c.recomputing) (void)rc.entries();
+    (void)other.entries();  // another registry is fine
+    activation_forward(Activation::silu, c.inputs[0], c.outputs[0], c.stream);
+  })[0];
+  const auto before = fnv1a(download(*dev_, y, stream_));
+  ASSERT_EQ(rc.release(1), y.nbytes());
+  misbehave = true;
+  std::promise<std::string> outcome;
+  auto finished = outcome.get_future();
+  std::thread worker([&rc, outcome = std::move(outcome)]() mutable {
+    try {
+      rc.before_backward(1);
+      outcome.set_value("accepted");
+    } catch (const InvalidArgument& e) {
+      outcome.set_value(e.what());
+    }
+  });
+  if (finished.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    std::fprintf(stderr, "before_backward deadlocked on a function calling back into its registry\n");
+    std::_Exit(1);  // the registry's lock stays held: nothing after this could finish
+  }
+  worker.join();
+  seen = finished.get();
+  EXPECT_NE(seen.find("Recompute::entries: called from inside a function this registry is running"), std::string::npos)
+      << seen;
+  EXPECT_EQ(y.storage().state(), StorageState::released);
+  EXPECT_TRUE(rc.released(1));
+  misbehave = false;
+  rc.before_backward(1);
+  EXPECT_EQ(fnv1a(download(*dev_, y, stream_)), before);
+  rc.after_backward(1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RecomputeRegistry, ::testing::Values(DeviceKind::emulated, DeviceKind::cuda),

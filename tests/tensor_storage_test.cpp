@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
+#include <thread>
 
 #include "stowage/allocator.hpp"
 #include "stowage/emulated_device.hpp"
@@ -164,6 +166,26 @@ TEST_F(StorageTest, AllocationCarriesTheScopedTag) {
         }
       }
   EXPECT_EQ(found, 2);
+}
+
+// A tag belongs to the thread that made it: destroyed on another, it would leave its thread's
+// current tag naming freed memory (the next ScopedTag::current() there crashed). Diagnosed.
+TEST_F(StorageTest, ATagDestroyedOnAnotherThreadEndsTheProcessSayingSo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto tag = std::make_unique<ScopedTag>("layer7.mlp");
+        std::thread([&] { tag.reset(); }).join();
+        (void)ScopedTag::current();
+      },
+      "stowage: fatal: ScopedTag \"layer7.mlp\" destroyed on another thread than the one that made it");
+  // On its own thread, in any order, it is fine.
+  auto outer = std::make_unique<ScopedTag>("outer");
+  auto inner = std::make_unique<ScopedTag>("inner");
+  outer.reset();
+  EXPECT_EQ(ScopedTag::current(), "inner");
+  inner.reset();
+  EXPECT_EQ(ScopedTag::current(), "");
 }
 
 TEST_F(StorageTest, EmptyTensorsMatchTheirShape) {

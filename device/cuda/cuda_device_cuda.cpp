@@ -65,7 +65,10 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   }
 }
 
-CudaDevice::~CudaDevice() { release_everything(); }
+CudaDevice::~CudaDevice() {
+  check_no_dependents();
+  release_everything();
+}
 
 void CudaDevice::release_everything() noexcept {
   // Best effort: the process may be shutting down with the driver already gone.

@@ -107,6 +107,7 @@ class EmulatedDevice final : public Device {
   }
 
   ~EmulatedDevice() override {
+    check_no_dependents();
     if (forked()) {
       // Nothing the parent's threads wait on is destroyed here, and no lock is taken: one a
       // parent's thread held at the fork stays held in the child.

@@ -74,7 +74,8 @@ void Memory::charge(std::size_t bytes, const char* what) {
 
 void* Memory::allocate(std::size_t bytes) {
   if (bytes == 0) throw InvalidArgument(where() + ": allocation of 0 bytes");
-  const std::size_t size = round_up(bytes, kPage);
+  // Past the capacity it is refused as it is (OutOfMemory): rounding it up could wrap to 0.
+  const std::size_t size = bytes > capacity_ ? bytes : round_up(bytes, kPage);
   std::lock_guard lock(mutex_);
   charge(size, "allocation");
   void* p = map_anonymous(size, PROT_READ | PROT_WRITE);

@@ -9,7 +9,9 @@ namespace stowage {
 enum class SegmentMode { classic, expandable };
 
 struct AllocatorOptions {
-  // Expandable segments where the device supports virtual memory (else classic).
+  // Expandable segments where the device supports virtual memory (else classic). Classic
+  // segments have PyTorch's sizes: the first block of 1-10 MiB needs a whole 20 MiB segment free
+  // (under the cap too), so on a nearly full device it is out of memory (docs/allocator.md).
   SegmentMode segments = SegmentMode::expandable;
   // A cap on reserved bytes: absolute bytes, or a fraction of capacity (0 = none).
   std::size_t memory_cap_bytes = 0;

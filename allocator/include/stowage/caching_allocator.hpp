@@ -15,6 +15,8 @@ namespace stowage {
 
 class CachingAllocator final : public MemoryResource {
  public:
+  // The device must outlive the allocator (destroyed first, it ends the process with a message
+  // naming both: Device::attach).
   explicit CachingAllocator(Device& device, AllocatorOptions options = {});
   ~CachingAllocator() override;  // gives every segment back; live blocks are reported as leaks in the log
 

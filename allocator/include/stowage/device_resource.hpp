@@ -11,7 +11,8 @@ namespace stowage {
 
 class DeviceResource final : public MemoryResource {
  public:
-  explicit DeviceResource(Device& device) : device_(device) {}
+  // The device must outlive the resource (Device::attach).
+  explicit DeviceResource(Device& device);
   ~DeviceResource() override;  // gives back what is still allocated
   Device& device() const override { return device_; }
 
@@ -22,6 +23,7 @@ class DeviceResource final : public MemoryResource {
 
  private:
   Device& device_;
+  Dependency use_;  // on device_
   std::mutex mutex_;
   std::unordered_map<void*, std::size_t> live_;  // size asked for
 };

@@ -22,7 +22,8 @@ class MemoryResource : public std::enable_shared_from_this<MemoryResource> {
   // The resource this one forwards to; nullptr for one that draws on the device itself.
   virtual MemoryResource* upstream() const { return nullptr; }
 
-  // `bytes` usable on `stream` at once; nullptr for 0 bytes. OutOfMemory when it cannot.
+  // `bytes` usable on `stream` at once; nullptr for 0 bytes. OutOfMemory when it cannot, for
+  // any size however large (error.hpp); InvalidArgument for a stream that is not valid.
   void* allocate(std::size_t bytes, Stream stream = kDefaultStream) { return do_allocate(bytes, stream); }
   // Returns memory from allocate(). `bytes` is the size it was asked for, or 0 when the caller
   // does not know it (a resource that must know it then looks it up). InvalidArgument for a
@@ -71,6 +72,8 @@ class ResourceHandle {
       : ResourceHandle(std::shared_ptr<MemoryResource>(std::move(resource))) {}
 
   bool valid() const { return raw_ != nullptr; }
+  // True when the handle names a resource that has been destroyed (get() would throw).
+  bool expired() const { return alive_ != nullptr && !alive_->load(std::memory_order_acquire); }
   // The resource; InvalidArgument when the handle is empty or the resource was destroyed.
   MemoryResource& get() const;
   MemoryResource* operator->() const { return &get(); }

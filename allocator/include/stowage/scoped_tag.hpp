@@ -8,7 +8,8 @@ namespace stowage {
 // Sets the tag recorded with every allocation made on this thread while it lives
 // (e.g. "layer3.attn"); nests, restoring the outer tag on destruction. A tag ends on the thread
 // that made it; one that ends before a tag nested in it (a stack of them unwound front to back)
-// just leaves the nest.
+// just leaves the nest. Destroyed on another thread it would leave its own thread's tag pointing
+// at freed memory: that ends the process with a message saying so (a destructor cannot throw).
 class ScopedTag {
  public:
   explicit ScopedTag(std::string tag);
@@ -20,6 +21,7 @@ class ScopedTag {
  private:
   std::string tag_;
   ScopedTag* previous_;  // the tag it nests in on its thread
+  ScopedTag** home_;     // that thread's innermost-tag slot: tells the thread a tag belongs to
 };
 
 }  // namespace stowage

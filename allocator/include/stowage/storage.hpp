@@ -22,19 +22,24 @@ class Storage {
   // nbytes from a memory resource (the caching allocator, or any adaptor over it), usable on
   // `stream`. The storage holds the resource through a ResourceHandle: it keeps a resource owned
   // by a std::shared_ptr alive, and refuses, with InvalidArgument, to use one destroyed first.
+  // A resource destroyed first takes the bytes with it (another allocator may hand out the same
+  // addresses): the storage then reports `released`, and data(), release(), materialize() and
+  // adopt() throw InvalidArgument, so no view can reach memory that is no longer its own.
   static Storage allocate(ResourceHandle resource, std::size_t nbytes, Stream stream = kDefaultStream);
   // Bytes stowage does not own (a DLPack import, a host buffer); `deleter` runs when the last
   // handle goes. Such a storage cannot be released or moved.
   static Storage wrap(Device& device, void* data, std::size_t nbytes, std::function<void()> deleter);
 
   bool valid() const { return impl_ != nullptr; }
-  void* data() const;  // nullptr unless resident
+  // nullptr unless resident; InvalidArgument when the resource it came from was destroyed.
+  void* data() const;
   std::size_t nbytes() const;
   StorageState state() const;
   bool resident() const { return state() == StorageState::resident; }
   Device& device() const;
-  MemoryResource* resource() const;  // nullptr for wrapped storage
-  Stream stream() const;             // the stream the bytes are used on
+  // nullptr for wrapped storage. For identity: the resource may have been destroyed since.
+  MemoryResource* resource() const;
+  Stream stream() const;  // the stream the bytes are used on
   long use_count() const { return impl_.use_count(); }
   bool same_as(const Storage& other) const { return impl_ == other.impl_; }
   const void* id() const { return impl_.get(); }

@@ -33,7 +33,8 @@ class TensorView {
   bool is_contiguous() const;
   bool defined() const { return storage_.valid(); }
 
-  // The first element's address; InvalidArgument when the storage is not resident.
+  // The first element's address; InvalidArgument when the storage is not resident or the memory
+  // resource it came from was destroyed (Storage::data).
   void* data() const;
   template <class T>
   T* data_as() const {

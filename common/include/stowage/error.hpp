@@ -11,14 +11,17 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The device (or a cap) could not provide the memory asked for.
+// The device (or a cap, or the host) could not provide the memory asked for. Any byte count
+// counts, however large: a size no device has (2^62 bytes, SIZE_MAX) is out of memory too, as
+// PyTorch's allocator reports it (torch.cuda.OutOfMemoryError).
 class OutOfMemory : public Error {
  public:
   using Error::Error;
 };
 
-// A call whose arguments are wrong: zero or huge sizes, foreign pointers, double frees,
-// destroyed streams or events, mismatched shapes. State is unchanged after it.
+// A call whose arguments are wrong: sizes that are no sizes (negative through the C ABI, an
+// element count whose byte size overflows, 0 where bytes are required), foreign pointers, double
+// frees, destroyed streams or events, mismatched shapes. State is unchanged after it.
 class InvalidArgument : public Error {
  public:
   using Error::Error;

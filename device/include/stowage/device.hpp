@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "stowage/dependents.hpp"
 #include "stowage/error.hpp"
 
 namespace stowage {
@@ -78,7 +79,7 @@ struct DeviceCounters {
 
 class Device {
  public:
-  virtual ~Device() = default;
+  virtual ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 
@@ -150,8 +151,16 @@ class Device {
   // also how CPU "kernels" run. An exception thrown by fn is rethrown by synchronize(stream).
   virtual void launch_host(Stream stream, std::function<void()> fn) = 0;
 
+  // Lifetimes: registers an object that keeps this device's memory, streams or events for its
+  // whole life (allocators, host pools, OwnedStream and OwnedEvent do; an object of yours may
+  // too). The device must outlive it: destroying the device while one is registered ends the
+  // process with a message naming both (stowage/dependents.hpp). `what` names the dependent.
+  Dependency attach(std::string what);
+
  protected:
   Device() = default;
+  // A backend's destructor calls this first, so the message comes before anything is torn down.
+  void check_no_dependents() const noexcept { dependents_.check_none_left(); }
   // A backend's destroy_stream calls this after the stream is gone (and its work finished).
   void count_destroyed_stream() noexcept { own_epoch_.fetch_add(1, std::memory_order_release); }
   // An adaptor over another device reports that device's count (its streams are the inner's).
@@ -160,6 +169,7 @@ class Device {
  private:
   std::atomic<std::uint64_t> own_epoch_{0};
   const std::atomic<std::uint64_t>* epoch_ = &own_epoch_;
+  Dependents dependents_;
 };
 
 }  // namespace stowage

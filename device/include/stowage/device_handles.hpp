@@ -1,6 +1,7 @@
 #pragma once
 // Streams and events owned by an object: destroyed with it, so an exception between create and
-// destroy (a half-built technique, say) leaves nothing behind. Move-only.
+// destroy (a half-built technique, say) leaves nothing behind. Move-only. Each is attached to its
+// device (Device::attach): the device must outlive it.
 #include <utility>
 
 #include "stowage/device.hpp"
@@ -10,15 +11,18 @@ namespace stowage {
 class OwnedStream {
  public:
   OwnedStream() = default;
-  explicit OwnedStream(Device& device, int priority = 0) : device_(&device), stream_(device.create_stream(priority)) {}
+  explicit OwnedStream(Device& device, int priority = 0);
   ~OwnedStream() { reset(); }
   OwnedStream(OwnedStream&& other) noexcept
-      : device_(std::exchange(other.device_, nullptr)), stream_(std::exchange(other.stream_, Stream{})) {}
+      : device_(std::exchange(other.device_, nullptr)),
+        stream_(std::exchange(other.stream_, Stream{})),
+        use_(std::move(other.use_)) {}
   OwnedStream& operator=(OwnedStream&& other) noexcept {
     if (this != &other) {
       reset();
       device_ = std::exchange(other.device_, nullptr);
       stream_ = std::exchange(other.stream_, Stream{});
+      use_ = std::move(other.use_);
     }
     return *this;
   }
@@ -32,20 +36,24 @@ class OwnedStream {
  private:
   Device* device_ = nullptr;
   Stream stream_{};
+  Dependency use_;
 };
 
 class OwnedEvent {
  public:
   OwnedEvent() = default;
-  explicit OwnedEvent(Device& device, bool timing = false) : device_(&device), event_(device.create_event(timing)) {}
+  explicit OwnedEvent(Device& device, bool timing = false);
   ~OwnedEvent() { reset(); }
   OwnedEvent(OwnedEvent&& other) noexcept
-      : device_(std::exchange(other.device_, nullptr)), event_(std::exchange(other.event_, Event{})) {}
+      : device_(std::exchange(other.device_, nullptr)),
+        event_(std::exchange(other.event_, Event{})),
+        use_(std::move(other.use_)) {}
   OwnedEvent& operator=(OwnedEvent&& other) noexcept {
     if (this != &other) {
       reset();
       device_ = std::exchange(other.device_, nullptr);
       event_ = std::exchange(other.event_, Event{});
+      use_ = std::move(other.use_);
     }
     return *this;
   }
@@ -58,6 +66,7 @@ class OwnedEvent {
  private:
   Device* device_ = nullptr;
   Event event_{};
+  Dependency use_;
 };
 
 }  // namespace stowage

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "stowage/dependents.hpp"
 #include "stowage/device.hpp"
 
 namespace stowage {
@@ -56,8 +57,12 @@ struct HostPoolStats {
 class HostPool {
  public:
   // InvalidArgument for a node that does not exist; Unsupported for backend jemalloc without it.
+  // The device must outlive the pool (Device::attach).
   explicit HostPool(Device& device, HostPoolOptions options = {});
-  ~HostPool();  // gives every page back; live buffers are reported in the log
+  // Gives every page back; live buffers are reported in the log. Ends the process, naming both,
+  // while an object attached to the pool lives (a SwapScheduler, an OffloadedAdam): their buffers
+  // would be unmapped under them.
+  ~HostPool();
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
@@ -80,6 +85,10 @@ class HostPool {
 
   HostPoolStats stats() const;
   void reset_peak_stats();
+
+  // Lifetimes: registers an object that keeps buffers of this pool for its whole life; the pool
+  // must outlive it (as Device::attach). `what` names the dependent.
+  Dependency attach(std::string what);
 
  private:
   struct Impl;

@@ -53,6 +53,8 @@ struct OffloadReport {
 class OffloadedAdam {
  public:
   // Zero states placed as `options` say. Throws (nothing kept) when the memory cannot be had.
+  // The pool must outlive the optimizer, whatever the placement (replace() may move chunks into
+  // it): destroying it first ends the process with a message naming both (HostPool::attach).
   OffloadedAdam(ResourceHandle allocator, HostPool& pool, std::size_t numel, OffloadOptions options);
   ~OffloadedAdam();
   OffloadedAdam(const OffloadedAdam&) = delete;

@@ -72,7 +72,9 @@ struct SwapStats {
 class SwapScheduler {
  public:
   // InvalidArgument when the pool serves another device or the distance is negative.
-  // Device blocks come from `allocator` (the caching allocator, or an adaptor over it).
+  // Device blocks come from `allocator` (the caching allocator, or an adaptor over it). The pool
+  // must outlive the scheduler (swapped tensors live in its pages): destroying it first ends the
+  // process with a message naming both (HostPool::attach).
   SwapScheduler(ResourceHandle allocator, HostPool& pool, SwapOptions options = {});
   // Brings every tensor still swapped and still referenced back to the device (synchronously).
   ~SwapScheduler();

@@ -20,8 +20,9 @@ struct ParameterSpec {
 
 struct BucketOptions {
   Rounding rounding = Rounding::half_up;
-  // Every parameter starts at a multiple of this many elements (a multiple of 8, so shards and
-  // parameters never share a tie byte; 64 keeps bf16 views 128-byte aligned).
+  // Every parameter starts at a multiple of this many elements: a power of two of at least 8
+  // (8, 16, 32, ...; so shards and parameters never share a tie byte; 64 keeps bf16 views 128-byte
+  // aligned). Anything else (0, 12, 24) is an InvalidArgument.
   std::size_t align_elements = 64;
   // 0: as large as the parameters need. Otherwise the bucket's element count, fixed; parameters
   // that do not fit are an InvalidArgument.
@@ -41,6 +42,12 @@ class ParameterBucket {
   // alignment or parameters that overflow capacity_elements; nothing is allocated then.
   ParameterBucket(ResourceHandle resource, std::vector<ParameterSpec> params, BucketOptions options = {},
                   Stream stream = kDefaultStream);
+  // Move-only: a bucket owns its storage (a copy would share it, and writes through one would
+  // change the other). A moved-from bucket has no storage: its calls throw InvalidArgument.
+  ParameterBucket(ParameterBucket&&) noexcept = default;
+  ParameterBucket& operator=(ParameterBucket&&) noexcept = default;
+  ParameterBucket(const ParameterBucket&) = delete;
+  ParameterBucket& operator=(const ParameterBucket&) = delete;
 
   std::size_t size() const { return slots_.size(); }
   std::size_t numel() const { return numel_; }  // elements incl. alignment padding

@@ -20,7 +20,10 @@
 //     live view of that storage (a slice, a reshape, a copy of the view kept elsewhere) is an
 //     alias someone may read before backward, so the release is refused instead of deferred.
 // Functions must therefore not hold output views in queued work: capture pointers, as kernels do;
-// and they must not call back into the registry (it runs them under its lock).
+// and they must not call back into the registry (it runs them under its lock). A call back from
+// the function's own thread throws InvalidArgument (and before_backward leaves the outputs
+// released, as for any failing function); one from work the function waits for on another
+// thread would wait for the lock for ever, so do not.
 // The bytes go back stream-ordered on the output's stream (the compute stream): a consumer on
 // another stream that may still be reading them needs MemoryResource::record_stream first,
 // as with any free.

@@ -28,8 +28,10 @@ extern "C" {
 
 struct DLManagedTensor; /* <dlpack/dlpack.h>; declared here so this header needs nothing else */
 
-/* size bytes usable on `stream` of `device`. NULL for size 0 (not an error) and on failure
- * (negative size, bad device, out of memory or beyond the memory cap). */
+/* size bytes usable on `stream` of `device`. NULL for size 0 (not an error) and on failure:
+ * STOWAGE_ERROR_INVALID_ARGUMENT for a negative size, a bad device or stream;
+ * STOWAGE_ERROR_OUT_OF_MEMORY for any size the device or the memory cap cannot give, however
+ * large (as PyTorch reports any size its allocator cannot have). */
 void* stowage_malloc(ssize_t size, int device, void* stream);
 
 /* Returns a block from stowage_malloc; `size` must be the size it was asked with (or the rounded
@@ -98,8 +100,9 @@ void stowage_dlpack_capsule_destructor(void* capsule);
  * node(s) nearest the device and pinned for it once, then reused, so no pinning happens on the
  * hot path. On CUDA the device reads and writes it through the same pointer (mapped) and copies
  * to and from it run asynchronously. At least `size` bytes; NULL for 0 and on error
- * (STOWAGE_ERROR_OUT_OF_MEMORY when the system refuses pages). The pool does not order reuse by
- * streams: give a buffer back only once the copies and kernels that use it are done. */
+ * (STOWAGE_ERROR_OUT_OF_MEMORY when the system refuses pages, or for a size no host has). The
+ * pool does not order reuse by streams: give a buffer back only once the copies and kernels that
+ * use it are done. */
 void* stowage_host_malloc(ssize_t size, int device);
 /* Gives back memory from stowage_host_malloc of the same device; NULL is a no-op. 0, or -1
  * (changing nothing) for a pointer the pool did not give or gave back already. */
@@ -233,8 +236,8 @@ const char* stowage_last_error(void);
 /* What kind of error the calling thread's last call had. */
 enum stowage_error_code {
   STOWAGE_OK = 0,
-  STOWAGE_ERROR_INVALID_ARGUMENT = 1, /* bad pointer, size, device, stream, double free */
-  STOWAGE_ERROR_OUT_OF_MEMORY = 2,    /* the device or the memory cap refused */
+  STOWAGE_ERROR_INVALID_ARGUMENT = 1, /* bad pointer, negative size, device, stream, double free */
+  STOWAGE_ERROR_OUT_OF_MEMORY = 2,    /* the device, the host or the memory cap refused a size */
   STOWAGE_ERROR_CONFIG = 3,           /* a malformed STOWAGE_* variable or file */
   STOWAGE_ERROR_UNSUPPORTED = 4,
   STOWAGE_ERROR_DEVICE = 5, /* the device or driver failed */
