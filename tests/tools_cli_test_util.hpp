@@ -14,14 +14,16 @@ struct CommandResult {
   std::string output;
 };
 
-// Runs `stowage <args>` and returns its exit code and its stdout and stderr together.
-inline CommandResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(STOWAGE_CLI) + " " + args + " 2>&1";
+// Runs `stowage <args>` with the environment variables `env` ("NAME=value ...") added and
+// returns its exit code and its stdout and stderr together (redirections in `args` come after:
+// "... 2>&1 >/dev/null" keeps stderr alone).
+inline CommandResult run_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = "env " + env + " '" + std::string(STOWAGE_CLI) + "' 2>&1 " + args;
   CommandResult r{-1, {}};
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return r;
   std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), pipe)) r.output += buf.data();
+  while (const std::size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) r.output.append(buf.data(), n);
   const int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;

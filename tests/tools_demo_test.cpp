@@ -23,9 +23,13 @@
 #include "tools/demo/report.hpp"
 #include "tools/demo/run.hpp"
 #include "tools/demo/savings.hpp"
+#include "tools_cli_test_util.hpp"
 
 namespace stowage::demo {
 namespace {
+
+using testing::CommandResult;
+using testing::run_cli;
 
 DemoOptions tiny_options(Device& dev, const std::string& configs, Rounding rounding = Rounding::nearest_even) {
   DemoOptions o;
@@ -196,22 +200,7 @@ TEST(DemoReport, SvgIsWellFormedAndJsonCarriesEveryLoss) {
   EXPECT_EQ(j["configs"][1]["bit_identical_to_baseline"], true);
 }
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-};
-
-CliRun run_cli(const std::string& args) {
-  const std::string cmd = "STOWAGE_LOG_LEVEL=off STOWAGE_DEVICE=emulated " + std::string(STOWAGE_CLI) + " " + args;
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+constexpr const char* kQuietEmulated = "STOWAGE_LOG_LEVEL=off STOWAGE_DEVICE=emulated";
 
 TEST(DemoFit, TheFloorCountsTheLayoutsParameters) {
   ModelShape s;
@@ -233,25 +222,27 @@ TEST(DemoFit, AModelThatCannotFitIsRefusedAtOnce) {
         "--layers 2147483647 --steps 1 --configs baseline", "--batch 2147483647 --steps 1 --configs baseline",
         "--hidden 2147483647 --heads 1 --steps 1 --configs baseline"}) {
     const auto t0 = std::chrono::steady_clock::now();
-    const CliRun r = run_cli(std::string("demo ") + args + " 2>&1");
+    const CommandResult r = run_cli(std::string("demo ") + args, kQuietEmulated);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
-    EXPECT_TRUE(r.out.find("does not fit") != std::string::npos || r.out.find("too large") != std::string::npos)
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_TRUE(r.output.find("does not fit") != std::string::npos || r.output.find("too large") != std::string::npos)
         << args << "\n"
-        << r.out;
+        << r.output;
     EXPECT_LT(seconds, 20.0) << args;  // a refusal, not a run (generous for loaded machines)
   }
-  const CliRun r = run_cli("demo --hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline 2>&1");
-  EXPECT_NE(r.out.find("--layers 64 --hidden 4096 --heads 32"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("8.00 GiB"), std::string::npos) << r.out;  // the emulated device's default capacity
+  const CommandResult r =
+      run_cli("demo --hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline", kQuietEmulated);
+  EXPECT_NE(r.output.find("--layers 64 --hidden 4096 --heads 32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("8.00 GiB"), std::string::npos) << r.output;  // the emulated device's default capacity
 }
 
 TEST(DemoCommand, ProgressLinesCarryAnEta) {
-  const CliRun r = run_cli(
+  const CommandResult r = run_cli(
       "demo --layers 1 --hidden 16 --heads 2 --seq 8 --batch 2 --steps 10 --configs baseline,shared "
-      "2>&1 >/dev/null");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  std::istringstream lines(r.out);
+      "2>&1 >/dev/null",
+      kQuietEmulated);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream lines(r.output);
   std::string line;
   int with_eta = 0, finished = 0;
   while (std::getline(lines, line)) {
@@ -259,8 +250,8 @@ TEST(DemoCommand, ProgressLinesCarryAnEta) {
     with_eta += line.find("ETA ") != std::string::npos;
     finished += line.find("done in ") != std::string::npos;
   }
-  EXPECT_GE(with_eta, 10) << r.out;  // every step but the last (stderr is not a terminal: each is a line)
-  EXPECT_EQ(finished, 1) << r.out;
+  EXPECT_GE(with_eta, 10) << r.output;  // every step but the last (stderr is not a terminal: each is a line)
+  EXPECT_EQ(finished, 1) << r.output;
 }
 
 // An --svg path that cannot be written is a bad flag: refused (2) with the path before anything
@@ -268,11 +259,11 @@ TEST(DemoCommand, ProgressLinesCarryAnEta) {
 TEST(DemoCommand, AnSvgPathThatCannotBeWrittenIsRefusedBeforeTraining) {
   for (const std::string& path : {std::string("/nonexistent/dir/peak.svg"), std::string(STOWAGE_BINARY_DIR)}) {
     const auto t0 = std::chrono::steady_clock::now();
-    const CliRun r = run_cli("demo --configs baseline --steps 1 --svg '" + path + "' 2>&1");
+    const CommandResult r = run_cli("demo --configs baseline --steps 1 --svg '" + path + "'", kQuietEmulated);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(r.exit_code, 2) << path << "\n" << r.out;
-    EXPECT_NE(r.out.find("demo: --svg: cannot write '" + path + "'"), std::string::npos) << r.out;
-    EXPECT_EQ(r.out.find("training on"), std::string::npos) << r.out;  // nothing ran
+    EXPECT_EQ(r.exit_code, 2) << path << "\n" << r.output;
+    EXPECT_NE(r.output.find("demo: --svg: cannot write '" + path + "'"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("training on"), std::string::npos) << r.output;  // nothing ran
     EXPECT_LT(seconds, 20.0) << path;
   }
   // The check leaves no file behind when the run then stops for another reason, and leaves an
@@ -280,12 +271,12 @@ TEST(DemoCommand, AnSvgPathThatCannotBeWrittenIsRefusedBeforeTraining) {
   const std::string fresh = std::string(STOWAGE_BINARY_DIR) + "/tools_demo_test_never_written.svg";
   std::remove(fresh.c_str());
   const std::string too_big = "demo --hidden 4096 --layers 64 --heads 32 --steps 1 --configs baseline --svg ";
-  CliRun r = run_cli(too_big + fresh + " 2>&1");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
+  CommandResult r = run_cli(too_big + fresh, kQuietEmulated);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_FALSE(std::ifstream(fresh).good()) << fresh;
   std::ofstream(fresh) << "kept";
-  r = run_cli(too_big + fresh + " 2>&1");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
+  r = run_cli(too_big + fresh, kQuietEmulated);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   std::stringstream kept;
   kept << std::ifstream(fresh).rdbuf();
   EXPECT_EQ(kept.str(), "kept");

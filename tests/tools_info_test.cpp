@@ -13,33 +13,19 @@
 #include "stowage/cuda_device.hpp"
 #include "stowage/device.hpp"
 #include "stowage/simd_level.hpp"
+#include "tools_cli_test_util.hpp"
 
 namespace {
 
-struct CliResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-CliResult run_cli(const std::string& env, const std::string& args) {
-  const std::string command = "env " + env + " '" STOWAGE_CLI "' " + args + " 2>&1";
-  CliResult r;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using stowage::testing::CommandResult;
+using stowage::testing::run_cli;
 
 constexpr const char* kTwoEmulated =
     "STOWAGE_DEVICE=emulated STOWAGE_EMULATED_DEVICES=2 STOWAGE_EMULATED_CAPACITY=1GiB STOWAGE_LOG_LEVEL=off";
 
 // A misspelt variable used to be ignored without a word; stowage says so once, logging off or not.
 TEST(ToolsInfo, AMisspeltVariableIsNamedOnce) {
-  const CliResult r = run_cli(std::string(kTwoEmulated) + " STOWAGE_EMULATED_CAPACTY=2GiB", "info");
+  const CommandResult r = run_cli("info", std::string(kTwoEmulated) + " STOWAGE_EMULATED_CAPACTY=2GiB");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string warning =
       "stowage: STOWAGE_EMULATED_CAPACTY is not a stowage variable (did you mean "
@@ -51,7 +37,7 @@ TEST(ToolsInfo, AMisspeltVariableIsNamedOnce) {
 }
 
 TEST(ToolsInfo, TextNamesTheEmulatedDevicesAndWhyNotCuda) {
-  const CliResult r = run_cli(kTwoEmulated, "info");
+  const CommandResult r = run_cli("info", kTwoEmulated);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("device 0: emulated 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("device 1: emulated 1"), std::string::npos) << r.output;
@@ -71,10 +57,11 @@ TEST(ToolsInfo, TextNamesTheEmulatedDevicesAndWhyNotCuda) {
 // The CPU kernels' instruction-set level, and STOWAGE_SIMD's refusal said even with the log off.
 TEST(ToolsInfo, NamesTheCpuKernelsLevelAndABadStowageSimd) {
   const std::string best = stowage::to_string(stowage::detected_simd_level());
-  const CliResult r = run_cli(std::string(kTwoEmulated) + " STOWAGE_SIMD=scalar", "info");
+  const CommandResult r = run_cli("info", std::string(kTwoEmulated) + " STOWAGE_SIMD=scalar");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("CPU kernels: scalar (the CPU has " + best + ";"), std::string::npos) << r.output;
-  const CliResult bad = run_cli(std::string(kTwoEmulated) + " STOWAGE_LOG_LEVEL=off STOWAGE_SIMD=avx3", "info --json");
+  const CommandResult bad =
+      run_cli("info --json", std::string(kTwoEmulated) + " STOWAGE_LOG_LEVEL=off STOWAGE_SIMD=avx3");
   ASSERT_EQ(bad.exit_code, 0) << bad.output;
   EXPECT_NE(bad.output.find("stowage: STOWAGE_SIMD=avx3 is not scalar, avx2 or avx512; using " + best),
             std::string::npos)
@@ -85,19 +72,19 @@ TEST(ToolsInfo, NamesTheCpuKernelsLevelAndABadStowageSimd) {
 }
 
 TEST(ToolsCli, VersionPrintsTheProjectVersion) {
-  const CliResult r = run_cli(kTwoEmulated, "--version");
+  const CommandResult r = run_cli("--version", kTwoEmulated);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  const auto j = nlohmann::json::parse(run_cli(kTwoEmulated, "info --json").output);
+  const auto j = nlohmann::json::parse(run_cli("info --json", kTwoEmulated).output);
   EXPECT_EQ(r.output, "stowage " + j["build"]["version"].get<std::string>() + "\n");
 }
 
 TEST(ToolsCli, AnUnknownSubcommandIsNamedWithTheClosestOne) {
-  CliResult r = run_cli(kTwoEmulated, "inspct snap.json");
+  CommandResult r = run_cli("inspct snap.json", kTwoEmulated);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output,
             "stowage: unknown subcommand 'inspct' (did you mean inspect?); the subcommands are info, estimate, plan, "
             "inspect, demo (stowage --help)\n");
-  r = run_cli(kTwoEmulated, "frobnicate");
+  r = run_cli("frobnicate", kTwoEmulated);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output.find("did you mean"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("unknown subcommand 'frobnicate'"), std::string::npos) << r.output;
@@ -122,7 +109,7 @@ TEST(ToolsCli, HelpShowsEveryDefault) {
                                                     "--svg",        "--fit ",          "--compare",
                                                     "--configs",    "--to-memory-viz"};
   for (const char* sub : {"estimate", "plan", "inspect", "demo"}) {
-    const CliResult r = run_cli(kTwoEmulated, std::string(sub) + " --help");
+    const CommandResult r = run_cli(std::string(sub) + " --help", kTwoEmulated);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     int checked = 0;
     for (const std::string& e : help_entries(r.output)) {
@@ -139,13 +126,13 @@ TEST(ToolsCli, HelpShowsEveryDefault) {
     }
     EXPECT_GT(checked, 0) << sub;
   }
-  const CliResult demo = run_cli(kTwoEmulated, "demo --help");
+  const CommandResult demo = run_cli("demo --help", kTwoEmulated);
   for (const char* shown : {"--layers INT=4", "--steps INT=60", "--rounding TEXT=nearest_even"})
     EXPECT_NE(demo.output.find(shown), std::string::npos) << shown << "\n" << demo.output;
 }
 
 TEST(ToolsInfo, JsonCarriesTheSameFacts) {
-  const CliResult r = run_cli(kTwoEmulated, "info --json");
+  const CommandResult r = run_cli("info --json", kTwoEmulated);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
   EXPECT_EQ(j["schema"], "stowage.info/1");
@@ -176,7 +163,7 @@ TEST(ToolsInfo, JsonCarriesTheSameFacts) {
 
 TEST(ToolsInfo, UnusableDeviceChoiceIsReportedWithTheBuildFacts) {
   if (stowage::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is usable here: STOWAGE_DEVICE=cuda works";
-  const CliResult r = run_cli("STOWAGE_DEVICE=cuda STOWAGE_LOG_LEVEL=off", "info");
+  const CommandResult r = run_cli("info", "STOWAGE_DEVICE=cuda STOWAGE_LOG_LEVEL=off");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("none opened: STOWAGE_DEVICE=cuda"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(stowage::cuda_unavailable_reason()), std::string::npos) << r.output;
@@ -184,7 +171,7 @@ TEST(ToolsInfo, UnusableDeviceChoiceIsReportedWithTheBuildFacts) {
 }
 
 TEST(ToolsInfo, MalformedConfigurationIsAClearError) {
-  const CliResult r = run_cli("STOWAGE_DEVICE=quantum", "info");
+  const CommandResult r = run_cli("info", "STOWAGE_DEVICE=quantum");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("STOWAGE_DEVICE"), std::string::npos) << r.output;
 }

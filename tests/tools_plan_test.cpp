@@ -15,29 +15,14 @@
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/model_config.hpp"
 #include "tools/plan/plan_report.hpp"
+#include "tools_cli_test_util.hpp"
 
 using namespace stowage;
 using namespace stowage::plan;
 using estimate::RunConfig;
+using stowage::testing::run_cli;
 
 namespace {
-
-struct CommandResult {
-  int exit_code;
-  std::string output;
-};
-
-CommandResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(STOWAGE_CLI) + " " + args + " 2>&1";
-  CommandResult r{-1, {}};
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), pipe)) r.output += buf.data();
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 RunConfig gpt(std::int64_t tp, std::int64_t pp, std::int64_t vpp, std::int64_t dp, std::int64_t micro_batches) {
   RunConfig c;
