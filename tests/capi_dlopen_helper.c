@@ -4,10 +4,10 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 
 typedef void* (*malloc_fn)(ssize_t, int, void*);
 typedef void (*free_fn)(void*, ssize_t, int, void*);
