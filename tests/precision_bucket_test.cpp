@@ -283,8 +283,12 @@ TEST_P(Bucket, AlignmentIsAPowerOfTwoAndABucketMovesButNeverCopies) {
   EXPECT_EQ(second.storage().id(), id);
   second.read_fp32(0, back.data(), 64);
   EXPECT_EQ(back, ones);
-  EXPECT_THROW(first.read_fp32(0, back.data(), 64), InvalidArgument);  // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW(first.read_fp32(0, back.data(), 64), InvalidArgument);            // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(first.size(), 0u);                                                   // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(first.numel(), 0u);                                                  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(first.shard(0, 2), std::make_pair(std::size_t{0}, std::size_t{0}));  // NOLINT(bugprone-use-after-move)
   first = std::move(second);
+  EXPECT_EQ(first.numel(), 64u);
   EXPECT_EQ(first.storage().id(), id);
 }
 

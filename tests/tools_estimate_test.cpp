@@ -209,6 +209,27 @@ TEST(EstimateModelStates, DeepSpeedFp32GradientsLiveInTheStepNotBesideActivation
   c.training.precision = Precision::bf16;
   EXPECT_EQ(estimate_memory(c).optimizer_step, 4 * P);
   EXPECT_EQ(estimate_memory(c).gradients, 2 * P);
+  // bf16 under a pipeline at stage 0: DeepSpeed's BF16_Optimizer partitions the fp32 master and
+  // moments over data parallelism, keeps a whole 16-bit accumulation buffer beside the gradients
+  // and converts its partition in step() (bf16_optimizer.py).
+  c.parallel.pp = 2;
+  const StageMemory s8 = estimate_stage(c, 0);
+  const auto stage_params = double(s8.parameters);
+  EXPECT_EQ(s8.optimizer_states, std::llround(12 * stage_params / 8));
+  EXPECT_EQ(s8.gradients, std::llround(4 * stage_params));
+  EXPECT_EQ(s8.optimizer_step, std::llround(4 * stage_params / 8));
+}
+
+// Router probabilities are in the logits' dtype: 4 bytes in fp32 training, whatever the input.
+TEST(EstimateActivations, Fp32RouterProbabilitiesAreFourBytes) {
+  RunConfig c = config_for("mixtral-8x7b");
+  c.training.seq_length = 1024;
+  // Per token per layer: probabilities over E experts, and per routed copy (k, no TP here) its
+  // probability and the int64 index the permutation keeps (moe_activations.cpp).
+  const std::int64_t E = c.model.num_experts, k = c.model.experts_per_token, tokens_layers = 1024 * 32;
+  EXPECT_EQ(kind(estimate_memory(c), "moe_router"), tokens_layers * (2 * E + k * (8 + 2)));
+  c.training.precision = Precision::fp32;
+  EXPECT_EQ(kind(estimate_memory(c), "moe_router"), tokens_layers * (4 * E + k * (8 + 4)));
 }
 
 // Korthikanti et al. 2022, Table 2, for GPT-3 175B (s = 2048, b = 1, h = 12288, a = 96):

@@ -277,7 +277,7 @@ void apply_moe_runtime(RunConfig& c, bool te_grouped_gemm, std::optional<int> ro
   // SequentialMLP, models/backends.py) runs TE's GroupedLinear, whose GEMMs take 4 workspaces.
   c.framework.te_grouped_gemm_workspaces = te_grouped_gemm && c.model.moe() ? 4 : 0;
   // Router probabilities are in the logits' dtype: the parameters' unless --moe-router-dtype.
-  c.moe.probs_bytes = router_dtype_bytes.value_or(c.training.precision == Precision::fp32 ? 4 : 2);
+  c.moe.probs_bytes = router_dtype_bytes.value_or(0);
   if (c.training.optimizer == Optimizer::muon && c.parallel.zero_stage >= 1)
     c.warnings.push_back(
         "--optimizer muon with the distributed optimizer runs Megatron-LM's LayerWiseDistributedOptimizer, which "

@@ -26,7 +26,10 @@ States model_states(const RunConfig& c, double params, double n, double largest_
   const int z = p.zero_stage;
   States s;
   if (p.accounting == Accounting::deepspeed) {
-    const double n_opt = z >= 1 ? n : 1;
+    // bf16 under a pipeline at stage 0 runs DeepSpeed's BF16_Optimizer, which partitions the fp32
+    // master and the moments over data parallelism as ZeRO-1 does (bf16_optimizer.py).
+    const bool bf16_optimizer = z == 0 && tr.precision == Precision::bf16 && p.pp > 1;
+    const double n_opt = z >= 1 || bf16_optimizer ? n : 1;
     // ZeRO-1/2 clone their fp32 master partition even in fp32 training; stage 3 shares it then,
     // and stage 0 in fp32 runs the torch optimizer on the weights (no master, no fp32 grad copy).
     const double ds_master = (z == 1 || z == 2) ? 4 : master;
@@ -44,12 +47,17 @@ States model_states(const RunConfig& c, double params, double n, double largest_
       // alive at once; the same tensor in fp32 training) (stage_1_and_2.py step()). At stage 0
       // the unfused optimizer (a client's torch optimizer) gives each parameter an fp32 gradient
       // (fp16/unfused_optimizer.py step()): 4 B/param; the fused one (DeepSpeed's FusedAdam) also
-      // flattens them, up to 8 B/param for a moment (fused_optimizer.py). The BF16_Optimizer (bf16 under a pipeline)
-      // keeps a gradient-accumulation buffer of the weights' dtype instead (bf16_optimizer.py); fp32 at stage 0 runs
-      // the torch optimizer on the weights.
-      if (z >= 1 && !p.offload_optimizer_deepspeed) s.step_only = (W + (mixed ? 4 : 0)) * params / n_opt;
-      else if (z == 0 && mixed && p.pp > 1 && tr.precision == Precision::bf16) s.gradients += W * params;
-      else if (z == 0 && mixed) s.step_only = 4 * params;
+      // flattens them, up to 8 B/param for a moment (fused_optimizer.py). The BF16_Optimizer
+      // keeps a whole gradient-accumulation buffer of the weights' dtype and converts its
+      // partition in step() (bf16_optimizer.py). fp32 at stage 0 steps on the weights.
+      if (z >= 1 && !p.offload_optimizer_deepspeed) {
+        s.step_only = (W + (mixed ? 4 : 0)) * params / n_opt;
+      } else if (bf16_optimizer) {
+        s.gradients += W * params;
+        s.step_only = 4 * params / n_opt;
+      } else if (z == 0 && mixed) {
+        s.step_only = 4 * params;
+      }
     }
     s.optimizer = p.offload_optimizer_deepspeed ? 0 : ds_K * params / n_opt;
     if (p.offload_optimizer_deepspeed) s.host += (ds_K + 4) * params / n_opt;

@@ -19,7 +19,8 @@ MoeLayerBytes moe_layer_bytes_per_token(const RunConfig& c) {
   const auto& m = c.model;
   const double h = double(m.hidden_size), F = double(m.expert_ffn()), etp = double(c.parallel.expert_tp());
   const double local = local_fraction(c), routed = routed_tokens_per_token(c);
-  const double mask = m.dropout ? 1.0 : 0.0, probs = double(c.moe.probs_bytes), A = activation_bytes(c);
+  const double mask = m.dropout ? 1.0 : 0.0, A = activation_bytes(c);
+  const double probs = c.moe.probs_bytes > 0 ? double(c.moe.probs_bytes) : A;
   MoeLayerBytes b;
   // In elements of A bytes: the router's gating GEMM keeps its input, the pre-MLP norm's output
   // (moe_utils.py L1382); each routed copy is the expert fc1's saved input (permute's index_select

@@ -55,6 +55,7 @@ nlohmann::json to_json(const EstimateResult& r) {
                       {"dp", c.parallel.dp},
                       {"cp", c.parallel.cp},
                       {"ep", c.parallel.ep},
+                      {"etp", c.parallel.expert_tp()},
                       {"sequence_parallel", c.parallel.sequence_parallel},
                       {"zero_stage", c.parallel.zero_stage},
                       {"accounting", to_string(c.parallel.accounting)}};
@@ -70,7 +71,8 @@ nlohmann::json to_json(const EstimateResult& r) {
   j["allocator_overhead_fraction"] = c.allocator_overhead;
   j["framework"] = {{"cublas_workspace", c.framework.cublas_workspace},
                     {"cublas_workspaces", c.framework.cublas_workspaces},
-                    {"te_workspace", c.framework.te_workspace}};
+                    {"te_workspace", c.framework.te_workspace},
+                    {"te_grouped_gemm_workspaces", c.framework.te_grouped_gemm_workspaces}};
   j["per_device"] = to_json(r.configured);
   j["predicted_peak_allocated_bytes"] = r.configured.peak_allocated;
   j["baseline"] = to_json(r.baseline);

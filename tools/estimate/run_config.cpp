@@ -99,7 +99,7 @@ void validate(const RunConfig& c) {
   if (m.moe() && m.expert_ffn() % p.expert_tp() != 0)
     throw InvalidArgument(fmt::format("expert-tensor-parallel ({}) does not divide the experts' ffn size ({})",
                                       p.expert_tp(), m.expert_ffn()));
-  if (c.moe.probs_bytes != 2 && c.moe.probs_bytes != 4 && c.moe.probs_bytes != 8)
+  if (c.moe.probs_bytes != 0 && c.moe.probs_bytes != 2 && c.moe.probs_bytes != 4 && c.moe.probs_bytes != 8)
     throw InvalidArgument(fmt::format("router probability bytes must be 2, 4 or 8, got {}", c.moe.probs_bytes));
   if (c.framework.te_grouped_gemm_workspaces < 0 || c.framework.te_grouped_gemm_workspaces > 64)
     throw InvalidArgument("TransformerEngine grouped-GEMM workspaces must be 0..64");

@@ -143,8 +143,9 @@ struct Techniques {
 struct MoeSettings {
   MoeDispatcher dispatcher = MoeDispatcher::allgather;  // TransformerConfig's default
   // Bytes of a router probability: the logits' dtype (moe_utils.py topk_routing_with_score_function
-  // casts the probs back to it): 2 in bf16/fp16, 4 with --moe-router-dtype fp32, 8 with fp64.
-  int probs_bytes = 2;
+  // casts the probs back to it): 2 in bf16/fp16, 4 in fp32 or with --moe-router-dtype fp32, 8
+  // with fp64; 0: the activations' (activation_bytes()).
+  int probs_bytes = 0;
 };
 
 struct RunConfig {

@@ -10,6 +10,8 @@ namespace stowage {
 // that made it; one that ends before a tag nested in it (a stack of them unwound front to back)
 // just leaves the nest. Destroyed on another thread it would leave its own thread's tag pointing
 // at freed memory: that ends the process with a message saying so (a destructor cannot throw).
+// So a ScopedTag is a scope's object, never one of static storage (exit() on another thread
+// would destroy it there).
 class ScopedTag {
  public:
   explicit ScopedTag(std::string tag);

@@ -43,9 +43,23 @@ class ParameterBucket {
   ParameterBucket(ResourceHandle resource, std::vector<ParameterSpec> params, BucketOptions options = {},
                   Stream stream = kDefaultStream);
   // Move-only: a bucket owns its storage (a copy would share it, and writes through one would
-  // change the other). A moved-from bucket has no storage: its calls throw InvalidArgument.
-  ParameterBucket(ParameterBucket&&) noexcept = default;
-  ParameterBucket& operator=(ParameterBucket&&) noexcept = default;
+  // change the other). A moved-from bucket is empty: no slots, numel() 0, and the calls that
+  // touch its storage throw InvalidArgument.
+  ParameterBucket(ParameterBucket&& o) noexcept
+      : options_(o.options_),
+        slots_(std::exchange(o.slots_, {})),
+        numel_(std::exchange(o.numel_, 0)),
+        stream_(o.stream_),
+        storage_(std::move(o.storage_)) {}
+  ParameterBucket& operator=(ParameterBucket&& o) noexcept {
+    if (this == &o) return *this;
+    options_ = o.options_;
+    slots_ = std::exchange(o.slots_, {});
+    numel_ = std::exchange(o.numel_, 0);
+    stream_ = o.stream_;
+    storage_ = std::move(o.storage_);
+    return *this;
+  }
   ParameterBucket(const ParameterBucket&) = delete;
   ParameterBucket& operator=(const ParameterBucket&) = delete;
 
