@@ -294,12 +294,15 @@ std::string CachingAllocator::Impl::describe_foreign(std::uintptr_t addr) const 
 }
 
 void CachingAllocator::Impl::release_everything() noexcept {
-  try {
-    device.synchronize();
-  } catch (const std::exception& e) {
-    log().warn("synchronize before releasing the cache failed: {}", e.what());
+  const bool ours = !forked_since(generation);  // else the device would refuse every call
+  if (ours) {
+    try {
+      device.synchronize();
+    } catch (const std::exception& e) {
+      log().warn("synchronize before releasing the cache failed: {}", e.what());
+    }
+    if (!live.empty()) log().warn("allocator destroyed with {} live blocks (leaked)", live.size());
   }
-  if (!live.empty()) log().warn("allocator destroyed with {} live blocks (leaked)", live.size());
   auto drop_blocks = [&](Block* b) {
     while (b) {
       Block* n = b->next;
@@ -309,6 +312,7 @@ void CachingAllocator::Impl::release_everything() noexcept {
   };
   for (auto& s : classic) {
     drop_blocks(s->first);
+    if (!ours) continue;
     try {
       device.deallocate(reinterpret_cast<void*>(s->base));
     } catch (const std::exception& e) {
@@ -319,6 +323,10 @@ void CachingAllocator::Impl::release_everything() noexcept {
   for (auto& s : expandable) {
     if (!s) continue;
     for (std::size_t g = 0; g < s->granules(); ++g) drop_blocks(s->first_at[g]);
+    if (!ours) {
+      s.reset();
+      continue;
+    }
     try {
       for (std::size_t g = 0; g < s->granules();) {
         if (!s->mapped(g)) {
@@ -335,6 +343,11 @@ void CachingAllocator::Impl::release_everything() noexcept {
       log().warn("giving back an expandable segment failed: {}", e.what());
     }
     s.reset();
+  }
+  if (!ours) {
+    spare_events.clear();
+    pending.clear();
+    return;
   }
   for (Event e : spare_events) {
     try {

@@ -70,6 +70,7 @@ std::vector<SegmentInfo> CachingAllocator::Impl::segment_infos() const {
 }
 
 Snapshot CachingAllocator::snapshot() const {
+  impl_->check_not_forked("snapshot");
   Impl::Exclusive ex(*impl_);
   Snapshot s;
   s.device = impl_->device.ordinal();

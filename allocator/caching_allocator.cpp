@@ -18,6 +18,17 @@ std::size_t cap_of(double fraction, std::size_t capacity) {
   return std::max<std::size_t>(1, static_cast<std::size_t>(fraction * static_cast<double>(capacity)));
 }
 
+// In a process forked from the one that made an allocator, its lock and its caches' locks may be
+// held by a parent's thread, which is not here: they are neither taken nor destroyed (destroying
+// a held mutex is undefined) but kept, reachable, until the process ends.
+void keep_in_forked_child(std::shared_ptr<detail::CacheOwner> owner) {
+  using Owners = std::vector<std::shared_ptr<detail::CacheOwner>>;
+  static std::mutex mutex;
+  static auto* kept = new Owners();  // NOLINT(cppcoreguidelines-owning-memory): never destroyed
+  std::lock_guard lock(mutex);
+  kept->push_back(std::move(owner));
+}
+
 }  // namespace
 
 CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
@@ -25,6 +36,7 @@ CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
       opts(o),
       owner(std::make_shared<detail::CacheOwner>()),
       mu(owner->mu),
+      generation(owner->generation),
       thread_caches(opts.thread_cache_bytes > 0 && opts.trace_entries == 0),
       trace(opts.trace_entries) {
   owner->allocator = this;
@@ -48,8 +60,18 @@ CachingAllocator::Impl::Impl(Device& d, AllocatorOptions o)
 }
 
 CachingAllocator::Impl::~Impl() {
-  detach_caches();
+  if (forked_since(generation)) {
+    owner->allocator = nullptr;  // no thread of the parent is here to read it under mu
+    keep_in_forked_child(owner);
+  } else {
+    detach_caches();
+  }
   release_everything();
+}
+
+void CachingAllocator::Impl::refuse_forked(const char* what) const {
+  refuse_in_forked_child(
+      fmt::format("stowage: {} on the caching allocator of device {} ({})", what, device.ordinal(), device.name()));
 }
 
 std::size_t CachingAllocator::Impl::limit() const {
@@ -227,8 +249,9 @@ const AllocatorOptions& CachingAllocator::options() const { return impl_->opts; 
 SegmentMode CachingAllocator::segment_mode() const { return impl_->mode; }
 
 void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
-  if (bytes == 0) return nullptr;
   Impl& m = *impl_;
+  m.check_not_forked("allocate");
+  if (bytes == 0) return nullptr;
   if (bytes > detail::kMaxRequest) {
     // Out of memory however large, as PyTorch's allocator says it: the size is a size, just not
     // one any device has. (Rounding it would overflow, so it is refused before.)
@@ -263,6 +286,7 @@ void* CachingAllocator::do_allocate(std::size_t bytes, Stream stream) {
 
 void CachingAllocator::do_deallocate(void* ptr, std::size_t expected_bytes) {
   Impl& m = *impl_;
+  m.check_not_forked("deallocate");
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   // Under the block's shard lock: check it, and mark it cached when this thread may cache it
   // (then no other thread can free it twice meanwhile).
@@ -344,6 +368,7 @@ void CachingAllocator::Impl::free_block(Block* b) {
 }
 
 void CachingAllocator::do_record_stream(void* ptr, Stream stream) {
+  impl_->check_not_forked("record_stream");
   impl_->device.check_stream(stream);  // else every later free of the block would fail
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const bool found = impl_->live.with(addr, [&](detail::AddressMap& map) {
@@ -357,6 +382,7 @@ void CachingAllocator::do_record_stream(void* ptr, Stream stream) {
 }
 
 std::size_t CachingAllocator::block_size(const void* ptr) const {
+  impl_->check_not_forked("block_size");
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const std::size_t size = impl_->live.with(addr, [&](detail::AddressMap& map) -> std::size_t {
     const Block* b = map.find(addr);
@@ -367,6 +393,7 @@ std::size_t CachingAllocator::block_size(const void* ptr) const {
 }
 
 bool CachingAllocator::owns(const void* ptr) const {
+  impl_->check_not_forked("owns");
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   return impl_->live.with(addr, [&](detail::AddressMap& map) {
     const Block* b = map.find(addr);
@@ -375,16 +402,19 @@ bool CachingAllocator::owns(const void* ptr) const {
 }
 
 void CachingAllocator::empty_cache() {
+  impl_->check_not_forked("empty_cache");
   Impl::Exclusive ex(*impl_);
   impl_->release_cached(static_cast<std::size_t>(-1), false);
 }
 
 void CachingAllocator::set_memory_cap(std::size_t bytes) {
+  impl_->check_not_forked("set_memory_cap");
   std::lock_guard lock(impl_->mu);  // the cap is read under mu alone
   impl_->cap = bytes;
 }
 
 void CachingAllocator::set_memory_fraction(double fraction) {
+  impl_->check_not_forked("set_memory_fraction");
   if (!(fraction > 0.0 && fraction <= 1.0)) {
     throw InvalidArgument(fmt::format("stowage: memory fraction {} is not in (0, 1]", fraction));
   }
@@ -392,11 +422,13 @@ void CachingAllocator::set_memory_fraction(double fraction) {
 }
 
 std::size_t CachingAllocator::memory_cap() const {
+  impl_->check_not_forked("memory_cap");
   std::lock_guard lock(impl_->mu);
   return impl_->cap;
 }
 
 AllocatorStats CachingAllocator::stats() const {
+  impl_->check_not_forked("stats");
   Impl::Exclusive ex(*impl_);
   AllocatorStats s = impl_->st;
   s.thread_cache_bytes = static_cast<std::int64_t>(impl_->cached_bytes());
@@ -404,6 +436,7 @@ AllocatorStats CachingAllocator::stats() const {
 }
 
 void CachingAllocator::reset_peak_stats() {
+  impl_->check_not_forked("reset_peak_stats");
   Impl::Exclusive ex(*impl_);
   impl_->st.reset_peaks();
   for (const auto& c : impl_->owner->caches) c->revoke_headroom();  // total + headroom <= peak == total

@@ -3,6 +3,7 @@
 //
 // Locks, always taken in this order: mu, then thread caches' locks, then live-map shards. A fast
 // operation holds its own cache's lock and at most one shard's.
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -40,6 +41,7 @@ struct TlsCaches {
   std::vector<TlsEntry> entries;
   void retire_all() {
     for (TlsEntry& e : entries) {
+      if (forked_since(e.owner->generation)) continue;  // a parent's: its locks may be held for ever
       std::lock_guard lock(e.owner->mu);
       if (e.owner->allocator != nullptr) e.owner->retire(e.owner->allocator, e.cache);
     }
@@ -62,6 +64,12 @@ pthread_key_t thread_caches_key() {
   static const pthread_key_t key = [] {
     pthread_key_t k{};
     if (pthread_key_create(&k, give_back_thread_caches) != 0) throw std::bad_alloc();
+    // The key's destructor runs at every later thread exit: the code that holds it stays mapped
+    // (libstowage.so is -z nodelete; a plugin that embeds the static library is pinned here, or
+    // its dlclose would leave glibc calling into unmapped code).
+    Dl_info where{};
+    if (dladdr(reinterpret_cast<void*>(&give_back_thread_caches), &where) != 0 && where.dli_fname != nullptr)
+      (void)dlopen(where.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
     return k;
   }();
   return key;
@@ -116,9 +124,10 @@ ThreadCache* CachingAllocator::Impl::find_thread_cache(bool create) {
     }
   }
   if (!create || !thread_caches) return nullptr;
-  // Forget caches of allocators that are gone.
+  // Forget caches of allocators that are gone, and, unlocked, those of a parent process's.
   memo = {};
   std::erase_if(entries, [](TlsEntry& e) {
+    if (forked_since(e.owner->generation)) return true;
     std::lock_guard lock(e.cache->lock);
     return e.cache->detached;
   });

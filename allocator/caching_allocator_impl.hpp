@@ -13,6 +13,7 @@
 #include "allocator/segment.hpp"
 #include "allocator/thread_cache.hpp"
 #include "allocator/trace_ring.hpp"
+#include "common/fork_generation.hpp"
 #include "stowage/caching_allocator.hpp"
 
 namespace stowage {
@@ -34,6 +35,7 @@ struct CachingAllocator::Impl {
   std::size_t cap = 0;                        // 0: none
   std::shared_ptr<detail::CacheOwner> owner;  // the device-wide lock and the threads' caches
   std::mutex& mu;                             // owner->mu
+  const unsigned generation;                  // the process it was made in (owner->generation)
   bool thread_caches = false;                 // the fast path is on
   detail::BlockPool pools[kPoolCount]{detail::BlockPool(Pool::small), detail::BlockPool(Pool::large)};
   detail::LiveBlocks live;                                  // allocated blocks by address (locked per shard, not by mu)
@@ -46,6 +48,15 @@ struct CachingAllocator::Impl {
   detail::TraceRing trace;
 
   detail::BlockPool& pool(Pool p) { return pools[static_cast<int>(p)]; }
+
+  // Every entry point's first step, before any lock: in a process forked from the one that made
+  // the allocator, a lock a parent's thread held at the fork stays held (the call would hang), and
+  // its blocks are the parent's memory (fork_generation.hpp). DeviceError naming `what` then.
+  void check_not_forked(const char* what) const {
+    if (forked_since(generation)) [[unlikely]]
+      refuse_forked(what);
+  }
+  [[noreturn, gnu::cold]] void refuse_forked(const char* what) const;
 
   // The device-wide lock and every thread cache's lock, the caches' statistics folded in: the
   // slow path and every reader of statistics, snapshots or segments run inside one. On leaving
@@ -120,6 +131,8 @@ struct CachingAllocator::Impl {
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t rounded, const std::string& why);
   std::size_t largest_free_block() const;
   std::string describe_foreign(std::uintptr_t addr) const;
+  // Gives every segment and event back to the device. In a forked child, where they are the
+  // parent's, only this process's copy of the bookkeeping goes.
   void release_everything() noexcept;
 
   // --- inspection (allocator_inspect.cpp) ---

@@ -19,6 +19,7 @@ DeviceResource::~DeviceResource() {
 }
 
 void* DeviceResource::do_allocate(std::size_t bytes, Stream) {
+  check_not_forked("stowage: DeviceResource::allocate");
   if (bytes == 0) return nullptr;
   std::lock_guard lock(mutex_);
   void* p = device_.allocate(bytes);
@@ -32,6 +33,7 @@ void* DeviceResource::do_allocate(std::size_t bytes, Stream) {
 }
 
 void DeviceResource::do_deallocate(void* ptr, std::size_t bytes) {
+  check_not_forked("stowage: DeviceResource::deallocate");
   std::lock_guard lock(mutex_);
   auto it = live_.find(ptr);
   if (it == live_.end())
@@ -47,6 +49,7 @@ void DeviceResource::do_deallocate(void* ptr, std::size_t bytes) {
 }
 
 void DeviceResource::do_record_stream(void* ptr, Stream) {
+  check_not_forked("stowage: DeviceResource::record_stream");
   std::lock_guard lock(mutex_);
   if (!live_.count(ptr)) {
     throw InvalidArgument(fmt::format("DeviceResource: record_stream on {}, which is not a live allocation", ptr));

@@ -8,21 +8,25 @@
 namespace stowage {
 
 std::size_t LimitingResource::limit() const {
+  check_not_forked("stowage: LimitingResource::limit");
   std::lock_guard lock(mutex_);
   return limit_;
 }
 
 void LimitingResource::set_limit(std::size_t bytes) {
+  check_not_forked("stowage: LimitingResource::set_limit");
   std::lock_guard lock(mutex_);
   limit_ = bytes;
 }
 
 std::size_t LimitingResource::allocated() const {
+  check_not_forked("stowage: LimitingResource::allocated");
   std::lock_guard lock(mutex_);
   return allocated_;
 }
 
 void* LimitingResource::do_allocate(std::size_t bytes, Stream stream) {
+  check_not_forked("stowage: LimitingResource::allocate");
   std::lock_guard lock(mutex_);
   if (bytes > limit_ || allocated_ > limit_ - bytes) {
     throw OutOfMemory(fmt::format(
@@ -43,6 +47,7 @@ void* LimitingResource::do_allocate(std::size_t bytes, Stream stream) {
 }
 
 void LimitingResource::do_deallocate(void* ptr, std::size_t bytes) {
+  check_not_forked("stowage: LimitingResource::deallocate");
   std::lock_guard lock(mutex_);
   upstream_->deallocate(ptr, bytes);
   auto it = live_.find(ptr);

@@ -10,6 +10,7 @@ LoggingResource::LoggingResource(ResourceHandle upstream, std::shared_ptr<EventL
 }
 
 void* LoggingResource::do_allocate(std::size_t bytes, Stream stream) {
+  check_not_forked("stowage: LoggingResource::allocate");
   std::lock_guard lock(mutex_);
   void* p = upstream_->allocate(bytes, stream);
   if (p != nullptr) {
@@ -20,6 +21,7 @@ void* LoggingResource::do_allocate(std::size_t bytes, Stream stream) {
 }
 
 void LoggingResource::do_deallocate(void* ptr, std::size_t bytes) {
+  check_not_forked("stowage: LoggingResource::deallocate");
   std::lock_guard lock(mutex_);
   upstream_->deallocate(ptr, bytes);  // throws for a foreign pointer: nothing is logged
   std::pair<std::size_t, Stream> info{bytes, kDefaultStream};

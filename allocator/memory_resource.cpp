@@ -1,10 +1,15 @@
 #include "stowage/memory_resource.hpp"
 
+#include "common/fork_generation.hpp"
 #include "stowage/error.hpp"
 
 namespace stowage {
 
-MemoryResource::MemoryResource() : alive_(std::make_shared<std::atomic<bool>>(true)) {}
+MemoryResource::MemoryResource() : alive_(std::make_shared<std::atomic<bool>>(true)), generation_(fork_generation()) {}
+
+void MemoryResource::check_not_forked(const char* what) const {
+  if (forked_since(generation_)) refuse_in_forked_child(what);
+}
 
 MemoryResource::~MemoryResource() { alive_->store(false, std::memory_order_release); }
 

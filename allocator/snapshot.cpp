@@ -3,6 +3,8 @@
 #include <climits>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <string_view>
 
 #include "common/json_depth.hpp"
 #include "fmt/format.h"
@@ -45,6 +47,13 @@ std::uint64_t stream_value(Stream s) { return static_cast<std::uint64_t>(s); }
 
 json stat_arrays(const AllocatorStats& s) { return json::parse(to_json(s)); }
 
+// "a number", "an array", ...: what a value is, for "expected ..., found ..." messages.
+std::string a_kind_of(const json& v) {
+  const std::string_view name = v.type_name();  // "number", "array", "boolean", "null", ...
+  if (v.is_null()) return std::string(name);
+  return fmt::format("{} {}", name.front() == 'a' || name.front() == 'o' ? "an" : "a", name);
+}
+
 // A field reader that reports "where: expected what". The path ("snapshot.segments[3].blocks[0]")
 // is put together only for an error: building it for every entry dominated reading large traces.
 struct Reader {
@@ -61,7 +70,11 @@ struct Reader {
   }
 
   const json& field(const char* key) const {
-    if (!j.is_object()) throw ParseError(fmt::format("snapshot: {}: expected an object", where()));
+    if (!j.is_object()) {
+      // The top level is the snapshot itself: "snapshot: " already says so.
+      const std::string at = parent == nullptr && index == kNoIndex ? "" : where() + ": ";
+      throw ParseError(fmt::format("snapshot: {}expected an object, found {}", at, a_kind_of(j)));
+    }
     auto it = j.find(key);
     if (it == j.end()) throw ParseError(fmt::format("snapshot: {}.{}: missing", where(), key));
     return *it;

@@ -17,6 +17,7 @@
 
 #include "allocator/block.hpp"
 #include "allocator/spin_lock.hpp"
+#include "common/fork_generation.hpp"
 
 namespace stowage::detail {
 
@@ -143,7 +144,10 @@ struct alignas(64) ThreadCache {
 // The part of an allocator its threads' caches outlive: the device-wide lock and the list of
 // caches, shared with every cache so a thread that exits after its allocator finds it gone.
 struct CacheOwner {
-  std::mutex mu;              // the allocator's device-wide lock
+  std::mutex mu;  // the allocator's device-wide lock
+  // The process the allocator was made in. In a forked child its locks may be held by a parent's
+  // thread that is not there: a thread's caches of it are dropped, never locked.
+  const unsigned generation = fork_generation();
   void* allocator = nullptr;  // CachingAllocator::Impl*, nullptr once destroyed
   std::vector<std::shared_ptr<ThreadCache>> caches;
   // Called with mu held when a thread exits while the allocator lives: the cache's blocks go

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/fatal.hpp"
+#include "common/fork_generation.hpp"
 
 namespace stowage {
 
@@ -24,6 +25,9 @@ struct DependentList {
   std::string owner;  // as the latest add() named it (the owner's name is only known when alive)
   std::uint64_t next = 1;
   std::map<std::uint64_t, std::string> dependents;  // by registration order
+  // The process that made the list: in a forked child, the mutex may be held for ever by a parent
+  // thread fork() did not copy, and nothing made in the parent is usable anyway.
+  unsigned generation = fork_generation();
 };
 }  // namespace detail
 
@@ -43,7 +47,7 @@ Dependency Dependents::add(std::string owner, std::string dependent) {
 std::size_t Dependents::count() const { return list_->live.load(std::memory_order_acquire); }
 
 void Dependents::check_none_left() const noexcept {
-  if (count() == 0) return;
+  if (count() == 0 || forked_since(list_->generation)) return;
   std::unique_lock lock(list_->mutex, std::try_to_lock);  // the names, if they can be had
   if (lock.owns_lock() && !list_->dependents.empty()) {
     try {
@@ -82,7 +86,9 @@ Dependency& Dependency::operator=(Dependency&& other) noexcept {
 
 void Dependency::reset() noexcept {
   if (!list_) return;
-  {
+  if (forked_since(list_->generation)) {  // the count only, and no lock (see DependentList)
+    list_->live.fetch_sub(1, std::memory_order_release);
+  } else {
     std::lock_guard lock(list_->mutex);
     list_->dependents.erase(id_);
     list_->live.fetch_sub(1, std::memory_order_release);

@@ -312,6 +312,25 @@ TEST(AllocatorSnapshot, WrongTypesAndOutOfRangeNumbersAreParseErrors) {
   EXPECT_THAT(message(bad.dump()), HasSubstr("snapshot.capacity: expected an unsigned integer"));
 }
 
+TEST(AllocatorSnapshot, TextThatIsNoObjectSaysItsContextOnce) {
+  auto message = [](const std::string& text) -> std::string {
+    try {
+      snapshot_from_json(text);
+    } catch (const ParseError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  // The top level is the snapshot itself: no path to name ("snapshot: snapshot: ..." before).
+  EXPECT_EQ(message("5"), "snapshot: expected an object, found a number");
+  EXPECT_EQ(message("[1, 2]"), "snapshot: expected an object, found an array");
+  EXPECT_EQ(message("\"x\""), "snapshot: expected an object, found a string");
+  EXPECT_EQ(message("null"), "snapshot: expected an object, found null");
+  // Below it, the path as before.
+  EXPECT_EQ(message(R"({"version": 1, "device": 0, "device_name": "d", "capacity": 1, "stats": 5})"),
+            "snapshot: snapshot.stats: expected an object, found a number");
+}
+
 TEST(AllocatorStatsJson, FlatPyTorchKeys) {
   auto dev = small_device();
   CachingAllocator a(*dev);

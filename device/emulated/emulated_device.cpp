@@ -16,9 +16,9 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "common/fork_generation.hpp"
 #include "device/emulated/copy_engine.hpp"
 #include "device/emulated/emulated_memory.hpp"
-#include "device/emulated/fork_generation.hpp"
 #include "device/emulated/stream_worker.hpp"
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"
@@ -369,7 +369,7 @@ class EmulatedDevice final : public Device {
         fmt::format("{}: {} {} is not one of this device's (destroyed, or another device's)", where(), what, id));
   }
 
-  bool forked() const { return generation_ != emulated::fork_generation(); }
+  bool forked() const { return forked_since(generation_); }
 
   // In a forked child, stream work would wait for ever for threads that are not there, and memory
   // work would act on the parent's memory (emulated_memory.cpp: its mapped chunks are not there).
@@ -399,7 +399,7 @@ class EmulatedDevice final : public Device {
     return it->second;
   }
 
-  unsigned generation_ = emulated::fork_generation();  // before the default stream's worker exists
+  unsigned generation_ = fork_generation();  // before the default stream's worker exists
   DeviceProperties props_;
   emulated::Memory memory_;
   emulated::CopyEngine h2d_, d2h_;

@@ -27,6 +27,9 @@ class CachingAllocator final : public MemoryResource {
   // allocate(), deallocate() and record_stream() are MemoryResource's. A freed block is reusable
   // on its stream at once, elsewhere after the streams it was recorded on reach that point.
   // deallocate() checks a non-zero size against the size asked for (or the block's size).
+  // In a process forked from the one that made the allocator, they and every member function
+  // below throw DeviceError, before taking a lock (docs/allocator.md, "After fork()"). Functions
+  // queued with Device::launch_host must not call it (see there).
 
   // The rounded size of a live block; InvalidArgument for a pointer this allocator did not give.
   std::size_t block_size(const void* ptr) const;

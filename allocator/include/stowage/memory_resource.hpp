@@ -39,12 +39,17 @@ class MemoryResource : public std::enable_shared_from_this<MemoryResource> {
 
  protected:
   MemoryResource();
+  // An adaptor's first step in each operation, before it takes its lock: DeviceError naming
+  // `what` in a process forked from the one that made the resource, where a lock a parent's
+  // thread held at the fork stays held and the memory is the parent's.
+  void check_not_forked(const char* what) const;
   virtual void* do_allocate(std::size_t bytes, Stream stream) = 0;
   virtual void do_deallocate(void* ptr, std::size_t bytes) = 0;
   virtual void do_record_stream(void* ptr, Stream stream) = 0;
 
  private:
   std::shared_ptr<std::atomic<bool>> alive_;
+  unsigned generation_;  // the process it was made in (how many fork()s from the program's start)
 };
 
 // The first resource of type R in the chain that starts at `top` (top itself, its upstream, ...);

@@ -149,6 +149,10 @@ class Device {
 
   // Runs fn on the host when the stream reaches this point; on the emulated backend this is
   // also how CPU "kernels" run. An exception thrown by fn is rethrown by synchronize(stream).
+  // fn must not call a caching allocator (allocate, free, empty_cache, ...) nor synchronize:
+  // the allocator synchronizes the device while holding its lock (empty_cache, the retry after a
+  // refused growth, the gc threshold), so fn waiting for that lock deadlocks with it. PyTorch's
+  // allocator has the same restriction; CUDA forbids CUDA calls in fn (cudaLaunchHostFunc).
   virtual void launch_host(Stream stream, std::function<void()> fn) = 0;
 
   // Lifetimes: registers an object that keeps this device's memory, streams or events for its

@@ -31,7 +31,10 @@ struct DLManagedTensor; /* <dlpack/dlpack.h>; declared here so this header needs
 /* size bytes usable on `stream` of `device`. NULL for size 0 (not an error) and on failure:
  * STOWAGE_ERROR_INVALID_ARGUMENT for a negative size, a bad device or stream;
  * STOWAGE_ERROR_OUT_OF_MEMORY for any size the device or the memory cap cannot give, however
- * large (as PyTorch reports any size its allocator cannot have). */
+ * large (as PyTorch reports any size its allocator cannot have).
+ * In a process forked from one that used the allocator, this and every other allocator entry
+ * point fail with STOWAGE_ERROR_DEVICE (fork() copies no other thread, so their locks may stay
+ * held, and the memory is the parent's): use stowage in a child only after exec(). */
 void* stowage_malloc(ssize_t size, int device, void* stream);
 
 /* Returns a block from stowage_malloc; `size` must be the size it was asked with (or the rounded

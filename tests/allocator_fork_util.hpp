@@ -1,0 +1,42 @@
+#pragma once
+// Running a check in a forked child: its exit status comes back, and a child that hangs (on a
+// lock a parent's thread held at the fork) is killed and fails the test instead of hanging it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <functional>
+#include <thread>
+
+namespace stowage::test {
+
+// f's result as the child's exit status (98 when it threw), 128 + the signal that ended it, or
+// -1 (and a test failure) when it did not end within `limit`.
+inline int in_child(const std::function<int()>& f, std::chrono::seconds limit = std::chrono::seconds(20)) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 99;
+    try {
+      code = f();
+    } catch (...) {
+      code = 98;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  pid_t done = 0;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    ADD_FAILURE() << "the forked child hung";
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace stowage::test

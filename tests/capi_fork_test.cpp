@@ -1,0 +1,70 @@
+// The C ABI in a process forked from one that used it (what a DataLoader worker forked from a
+// training process is): every allocator entry point returns its error value with
+// STOWAGE_ERROR_DEVICE and a last error naming fork(), instead of the parent's addresses (which
+// crashed the child, or were a private copy of the parent's memory). The parent goes on.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "allocator_fork_util.hpp"
+#include "stowage/stowage.h"
+
+namespace {
+
+// A small device, set before the library reads its configuration.
+const bool env_set = [] { return setenv("STOWAGE_EMULATED_CAPACITY", "256MiB", 0) == 0; }();
+
+constexpr ssize_t kMiB = 1 << 20;
+
+// Each check returns the entry point's result as "refused" (true) or not; the child's status is
+// 0, or 10 + the index of the first call that was not refused with STOWAGE_ERROR_DEVICE naming fork().
+int refusals(const std::vector<std::function<bool()>>& calls) {
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const bool refused = calls[i]();
+    if (!refused || stowage_last_error_code() != STOWAGE_ERROR_DEVICE ||
+        std::strstr(stowage_last_error(), "fork()") == nullptr)
+      return 10 + static_cast<int>(i);
+  }
+  return 0;
+}
+
+TEST(CApiFork, EveryAllocatorEntryPointIsRefusedInAForkedChild) {
+  ASSERT_TRUE(env_set);
+  void* keep = stowage_malloc(4096, 0, nullptr);
+  ASSERT_NE(keep, nullptr) << stowage_last_error();
+  void* cached = stowage_malloc(kMiB, 0, nullptr);
+  ASSERT_NE(cached, nullptr) << stowage_last_error();
+  stowage_free(cached, kMiB, 0, nullptr);  // in this thread's cache
+
+  const int status = stowage::test::in_child([&] {
+    char buf[1 << 16];
+    return refusals({
+        [] { return stowage_malloc(kMiB, 0, nullptr) == nullptr; },  // the cached block
+        [] { return stowage_malloc(8192, 0, nullptr) == nullptr; },
+        [&] {
+          stowage_free(keep, 4096, 0, nullptr);
+          return stowage_last_error_code() != STOWAGE_OK;
+        },
+        [&] { return stowage_record_stream(keep, 0, nullptr) == -1; },
+        [&] { return stowage_record_stream(keep, -1, nullptr) == -1; },  // looks for the owner
+        [] { return stowage_empty_cache(0) == -1; },
+        [] { return stowage_empty_cache(-1) == -1; },
+        [&] { return stowage_get_stats(0, buf, sizeof buf) == -1; },
+        [&] { return stowage_snapshot_json(0, buf, sizeof buf) == -1; },
+        [] { return stowage_reset_peak_stats(0) == -1; },
+        [] { return stowage_set_memory_cap(0, 0) == -1; },
+    });
+  });
+  EXPECT_EQ(status, 0);
+  // The parent's allocator serves its cached block again.
+  void* again = stowage_malloc(kMiB, 0, nullptr);
+  EXPECT_EQ(again, cached);
+  stowage_free(again, kMiB, 0, nullptr);
+  stowage_free(keep, 4096, 0, nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_OK) << stowage_last_error();
+}
+
+}  // namespace
