@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "allocator_fork_util.hpp"
 #include "allocator_test_util.hpp"
+#include "fork_test_util.hpp"
 #include "stowage/device_resource.hpp"
 #include "stowage/error.hpp"
 #include "stowage/event_log.hpp"
@@ -31,22 +31,7 @@ namespace {
 using test::in_child;
 using test::KiB;
 using test::MiB;
-
-// The child's exit status: 0, or 10 + the index of the first operation that was not refused, or
-// 100 + that index when it threw something other than a DeviceError naming fork().
-int refusals(const std::vector<std::function<void()>>& operations) {
-  for (std::size_t i = 0; i < operations.size(); ++i) {
-    try {
-      operations[i]();
-      return 10 + static_cast<int>(i);
-    } catch (const DeviceError& e) {
-      if (std::strstr(e.what(), "fork()") == nullptr) return 100 + static_cast<int>(i);
-    } catch (...) {
-      return 100 + static_cast<int>(i);
-    }
-  }
-  return 0;
-}
+using test::refusals;
 
 class AllocatorFork : public ::testing::TestWithParam<SegmentMode> {};
 

@@ -9,7 +9,7 @@
 #include <functional>
 #include <vector>
 
-#include "allocator_fork_util.hpp"
+#include "fork_test_util.hpp"
 #include "stowage/stowage.h"
 
 namespace {

@@ -2,31 +2,17 @@
 // fork() did not copy, so the child takes no lock (it only counts). Not run under TSan: fork()
 // beside a running thread is what it tests.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
 
+#include "fork_test_util.hpp"
 #include "stowage/dependents.hpp"
 
 namespace stowage {
 namespace {
-
-// Waits for `child` up to `limit`; kills it and returns false when it has not exited by then.
-bool exits_within(pid_t child, std::chrono::milliseconds limit, int& status) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (waitpid(child, &status, WNOHANG) == child) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  kill(child, SIGKILL);
-  waitpid(child, &status, 0);
-  return false;
-}
 
 TEST(DependentsFork, AChildEndsADependencyWithoutTheParentsLock) {
   Dependents owner;
@@ -40,18 +26,17 @@ TEST(DependentsFork, AChildEndsADependencyWithoutTheParentsLock) {
   int hung = 0, failed = 0;
   for (int i = 0; i < 2000 && hung == 0; ++i) {  // one hang says it all
     Dependency mine = owner.add("owner", "mine");
-    const pid_t child = fork();
-    if (child == 0) {
-      const std::size_t before = owner.count();
-      mine.reset();
-      const bool counted = owner.count() == before - 1;
-      owner.check_none_left();  // a parent's owner: no check in a child (and no lock)
-      _exit(counted ? 0 : 1);
-    }
-    ASSERT_GT(child, 0);
-    int status = 0;
-    if (!exits_within(child, std::chrono::seconds(2), status)) ++hung;
-    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+    const int status = test::in_child(
+        [&] {
+          const std::size_t before = owner.count();
+          mine.reset();
+          const bool counted = owner.count() == before - 1;
+          owner.check_none_left();  // a parent's owner: no check in a child (and no lock)
+          return counted ? 0 : 1;
+        },
+        std::chrono::seconds(2));
+    if (status == -1) ++hung;
+    else if (status != 0) ++failed;
   }
   stop = true;
   churn.join();

@@ -5,18 +5,14 @@
 // and the parent goes on as before.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cstring>
 #include <functional>
-#include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
+#include "fork_test_util.hpp"
 #include "stowage/device.hpp"
 #include "stowage/emulated_device.hpp"
 #include "stowage/error.hpp"
@@ -26,48 +22,8 @@ namespace {
 
 constexpr std::size_t kGranule = std::size_t{2} << 20;
 
-// The child's exit status: 0, or 10 + the index of the first operation that was not refused as
-// it should be, or 100 + that index when it threw something else.
-int refusals(const std::vector<std::function<void()>>& operations) {
-  for (std::size_t i = 0; i < operations.size(); ++i) {
-    try {
-      operations[i]();
-      return 10 + static_cast<int>(i);
-    } catch (const DeviceError& e) {
-      if (std::strstr(e.what(), "fork()") == nullptr) return 100 + static_cast<int>(i);
-    } catch (...) {
-      return 100 + static_cast<int>(i);
-    }
-  }
-  return 0;
-}
-
-// Runs f in a forked child and returns its exit status (128 + the signal if one ended it), or
-// fails the test if the child does not end within 30 s.
-int in_child(const std::function<int()>& f) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int code = 99;
-    try {
-      code = f();
-    } catch (...) {
-      code = 98;
-    }
-    ::_exit(code);
-  }
-  int status = 0;
-  pid_t done = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (done == 0) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    ADD_FAILURE() << "the forked child hung";
-    return -1;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using test::in_child;
+using test::refusals;
 
 TEST(EmulatedFork, EveryOperationIsRefusedInAForkedChildAndDestroyingWorks) {
   auto dev = make_emulated_device(0, EmulatedOptions{.capacity = 64 << 20});

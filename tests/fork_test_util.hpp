@@ -7,14 +7,18 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <functional>
 #include <thread>
+#include <vector>
+
+#include "stowage/error.hpp"
 
 namespace stowage::test {
 
 // f's result as the child's exit status (98 when it threw), 128 + the signal that ended it, or
 // -1 (and a test failure) when it did not end within `limit`.
-inline int in_child(const std::function<int()>& f, std::chrono::seconds limit = std::chrono::seconds(20)) {
+inline int in_child(const std::function<int()>& f, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     int code = 99;
@@ -29,7 +33,7 @@ inline int in_child(const std::function<int()>& f, std::chrono::seconds limit = 
   pid_t done = 0;
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (done == 0) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
@@ -37,6 +41,23 @@ inline int in_child(const std::function<int()>& f, std::chrono::seconds limit = 
     return -1;
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// For a child's exit status: 0 when every operation threw a DeviceError naming fork(), else
+// 10 + the index of the first that did not throw, or 100 + the index of the first that threw
+// something else.
+inline int refusals(const std::vector<std::function<void()>>& operations) {
+  for (std::size_t i = 0; i < operations.size(); ++i) {
+    try {
+      operations[i]();
+      return 10 + static_cast<int>(i);
+    } catch (const DeviceError& e) {
+      if (std::strstr(e.what(), "fork()") == nullptr) return 100 + static_cast<int>(i);
+    } catch (...) {
+      return 100 + static_cast<int>(i);
+    }
+  }
+  return 0;
 }
 
 }  // namespace stowage::test
