@@ -9,6 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "common/fork_generation.hpp"
 #include "common/log.hpp"
 #include "offload/extent_hooks.hpp"
 #include "offload/host_backend.hpp"
@@ -73,8 +74,17 @@ struct HostPool::Impl {
         c.pinned_bytes, in_use, live.size());
   }
 
+  // Every operation's first step, before the lock: in a process forked from the one that made
+  // the pool the lock may be held for ever by a parent's thread, and the pages are pinned for
+  // the parent's device.
+  void check_not_forked(const char* what) const {
+    if (forked_since(generation)) [[unlikely]]
+      refuse_in_forked_child(fmt::format("host pool: {}", what));
+  }
+
+  unsigned generation = fork_generation();  // the process the pool was made in
   Device& device;
-  Dependency use;         // on the device; declared first: released after the pages are given back
+  Dependency use;         // on the device; declared before the source: released after the pages are given back
   Dependents dependents;  // swap schedulers and optimizers holding buffers of this pool
   HostPoolOptions options;
   offload::ExtentSource source;  // declared before the backend: outlives it
@@ -92,6 +102,12 @@ HostPool::HostPool(Device& device, HostPoolOptions options)
     : impl_(std::make_unique<Impl>(device, std::move(options), this)) {}
 
 HostPool::~HostPool() {
+  if (forked_since(impl_->generation)) {
+    // Its lock may be held by a parent's thread that is not here, and unpinning would ask the
+    // parent's device: the pages (the child's copies) are kept until the process ends.
+    (void)impl_.release();  // NOLINT(bugprone-unused-return-value): kept on purpose
+    return;
+  }
   impl_->dependents.check_none_left();
   if (!impl_->live.empty())
     log().warn("host pool: destroyed with {} live buffer(s), {} bytes; their pages are unmapped", impl_->live.size(),
@@ -104,11 +120,13 @@ const HostPoolOptions& HostPool::options() const { return impl_->options; }
 HostPoolBackend HostPool::backend() const { return impl_->kind; }
 
 Dependency HostPool::attach(std::string what) {
+  impl_->check_not_forked("attach");
   return impl_->dependents.add(fmt::format("HostPool {} (device {})", fmt::ptr(this), impl_->device.ordinal()),
                                std::move(what));
 }
 
 void* HostPool::allocate(std::size_t bytes) {
+  impl_->check_not_forked("allocate");
   if (bytes == 0) return nullptr;
   auto& m = *impl_;
   if (bytes > kLargestRequest) {  // out of memory however large (rounding it could overflow)
@@ -156,6 +174,7 @@ void* HostPool::allocate(std::size_t bytes) {
 
 void HostPool::deallocate(void* ptr) {
   if (!ptr) return;
+  impl_->check_not_forked("deallocate");
   auto& m = *impl_;
   std::lock_guard lock(m.mutex);
   auto it = m.live.find(ptr);
@@ -172,11 +191,13 @@ void HostPool::deallocate(void* ptr) {
 }
 
 bool HostPool::owns(const void* ptr) const {
+  impl_->check_not_forked("owns");
   std::lock_guard lock(impl_->mutex);
   return impl_->live.contains(ptr);
 }
 
 std::size_t HostPool::usable_size(const void* ptr) const {
+  impl_->check_not_forked("usable_size");
   std::lock_guard lock(impl_->mutex);
   auto it = impl_->live.find(ptr);
   if (it == impl_->live.end())
@@ -185,12 +206,14 @@ std::size_t HostPool::usable_size(const void* ptr) const {
 }
 
 int HostPool::node_of(const void* ptr) const {
+  impl_->check_not_forked("node_of");
   std::lock_guard lock(impl_->mutex);
   auto it = impl_->live.find(ptr);
   return it == impl_->live.end() ? impl_->source.node_of(ptr) : it->second.node;
 }
 
 std::size_t HostPool::release_unused() {
+  impl_->check_not_forked("release_unused");
   auto& m = *impl_;
   std::lock_guard lock(m.mutex);
   const std::size_t before = m.source.counters().pinned_bytes;
@@ -199,6 +222,7 @@ std::size_t HostPool::release_unused() {
 }
 
 HostPoolStats HostPool::stats() const {
+  impl_->check_not_forked("stats");
   const auto& m = *impl_;
   std::lock_guard lock(m.mutex);
   const auto c = m.source.counters();
@@ -228,6 +252,7 @@ HostPoolStats HostPool::stats() const {
 }
 
 void HostPool::reset_peak_stats() {
+  impl_->check_not_forked("reset_peak_stats");
   std::lock_guard lock(impl_->mutex);
   impl_->peak_in_use = impl_->in_use;
   impl_->source.reset_peak();

@@ -1,5 +1,5 @@
 // The C ABI in a process forked from one that used it (what a DataLoader worker forked from a
-// training process is): every allocator entry point returns its error value with
+// training process is): every allocator and host-pool entry point returns its error value with
 // STOWAGE_ERROR_DEVICE and a last error naming fork(), instead of the parent's addresses (which
 // crashed the child, or were a private copy of the parent's memory). The parent goes on.
 #include <gtest/gtest.h>
@@ -38,6 +38,11 @@ TEST(CApiFork, EveryAllocatorEntryPointIsRefusedInAForkedChild) {
   void* cached = stowage_malloc(kMiB, 0, nullptr);
   ASSERT_NE(cached, nullptr) << stowage_last_error();
   stowage_free(cached, kMiB, 0, nullptr);  // in this thread's cache
+  void* host = stowage_host_malloc(4096, 0);
+  ASSERT_NE(host, nullptr) << stowage_last_error();
+  void* host_cached = stowage_host_malloc(4096, 0);
+  ASSERT_NE(host_cached, nullptr) << stowage_last_error();
+  ASSERT_EQ(stowage_host_free(host_cached, 0), 0);  // its pages stay pinned in the pool
 
   const int status = stowage::test::in_child([&] {
     char buf[1 << 16];
@@ -56,6 +61,10 @@ TEST(CApiFork, EveryAllocatorEntryPointIsRefusedInAForkedChild) {
         [&] { return stowage_snapshot_json(0, buf, sizeof buf) == -1; },
         [] { return stowage_reset_peak_stats(0) == -1; },
         [] { return stowage_set_memory_cap(0, 0) == -1; },
+        [] { return stowage_host_malloc(4096, 0) == nullptr; },  // the pool's cached buffer
+        [&] { return stowage_host_free(host, 0) == -1; },
+        [&] { return stowage_host_stats(0, buf, sizeof buf) == -1; },
+        [] { return stowage_host_release_unused(0) == -1; },
     });
   });
   EXPECT_EQ(status, 0);
@@ -65,6 +74,7 @@ TEST(CApiFork, EveryAllocatorEntryPointIsRefusedInAForkedChild) {
   stowage_free(again, kMiB, 0, nullptr);
   stowage_free(keep, 4096, 0, nullptr);
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_OK) << stowage_last_error();
+  EXPECT_EQ(stowage_host_free(host, 0), 0) << stowage_last_error();
 }
 
 }  // namespace
