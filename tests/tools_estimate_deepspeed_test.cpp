@@ -302,3 +302,88 @@ TEST(EstimateDeepSpeed, OptionsThatContradictTheConfigAndHugeBatchesAreRefused) 
             1000000000)
       << one.dump(1);
 }
+
+// Stage 0 in 16 bits: the optimizer section decides the step (engine.py _configure_basic_optimizer,
+// _configure_fp16_optimizer). FusedAdam (Adam/AdamW, the 1-bit Adams) runs in FP16_Optimizer,
+// whose step() holds every gradient's fp32 copy and their flattened concatenation at once
+// (fused_optimizer.py); torch_adam, another optimizer or a client's runs unfused: one fp32
+// gradient per parameter (unfused_optimizer.py); legacy_fusion flattens the 16-bit gradients.
+TEST(EstimateDeepSpeed, StageZeroStepFollowsTheOptimizerSection) {
+  const std::int64_t P = 6738415616;
+  auto step = [](const std::string& optimizer) {
+    return estimate_memory(
+               with_deepspeed(R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 0})" + optimizer + "}"))
+        .optimizer_step;
+  };
+  EXPECT_EQ(step(""), 4 * P);
+  EXPECT_EQ(step(R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}})"), 8 * P);
+  EXPECT_EQ(step(R"(, "optimizer": {"type": "Adam"})"), 8 * P);
+  EXPECT_EQ(step(R"(, "optimizer": {"type": "OneBitAdam"})"), 8 * P);
+  EXPECT_EQ(step(R"(, "optimizer": {"type": "AdamW", "params": {"torch_adam": true}})"), 4 * P);
+  EXPECT_EQ(step(R"(, "optimizer": {"type": "Lamb"})"), 4 * P);
+  EXPECT_EQ(step(R"(, "optimizer": {"type": "Adam", "legacy_fusion": true})"), 2 * P);
+  // The same section in bf16: DDP_BFLOAT16 takes the same wrappers; ZeRO's step is its own.
+  EXPECT_EQ(
+      estimate_memory(with_deepspeed(R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW"}})")).optimizer_step,
+      8 * P);
+  EXPECT_EQ(estimate_memory(with_deepspeed(R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW"},
+    "zero_optimization": {"stage": 1}})"))
+                .optimizer_step,
+            6 * P);
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"optimizer": {"type": 3}})"); }),
+            "ds.json.optimizer: field 'type' must be a string, got 3");
+}
+
+// data_types.grad_accum_dtype fp32 with bf16 weights at stage 1 (no optimizer offload) runs the
+// BF16_Optimizer, not ZeRO-1 (engine.py _do_optimizer_sanity_check): every 16-bit gradient plus a
+// whole fp32 accumulation buffer, the fp32 master and moments partitioned, the step on the
+// buffer's own partition (no conversion), and no ZeRO reduce bucket (bf16_optimizer.py).
+TEST(EstimateDeepSpeed, Bf16WithFp32AccumulationAtStageOneRunsTheBf16Optimizer) {
+  const std::int64_t P = 6738415616;
+  const RunConfig zero1 = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 1}})", 8);
+  const RunConfig bf16 = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 1},
+    "data_types": {"grad_accum_dtype": "fp32"}})",
+                                        8);
+  EXPECT_FALSE(deepspeed_bf16_optimizer(zero1));
+  ASSERT_TRUE(deepspeed_bf16_optimizer(bf16));
+  EXPECT_TRUE(bf16.warnings.empty());
+  const StageMemory z = estimate_memory(zero1), b = estimate_memory(bf16);
+  EXPECT_EQ(z.gradients, 2 * P);
+  EXPECT_EQ(b.gradients, 2 * P + 4 * P);
+  EXPECT_EQ(b.optimizer_states, z.optimizer_states);
+  EXPECT_EQ(z.optimizer_step, (2 * P + 4 * P) / 8);
+  EXPECT_EQ(b.optimizer_step, 0);
+  EXPECT_EQ(z.communication, 2 * 500000000);
+  EXPECT_EQ(b.communication, 0);
+  // With an optimizer offload, or at stage 2, ZeRO runs and accumulates separately: warned.
+  for (const char* zero : {R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})", R"({"stage": 2})"}) {
+    const RunConfig c = with_deepspeed(std::string(R"({"bf16": {"enabled": true}, "zero_optimization": )") + zero +
+                                           R"(, "data_types": {"grad_accum_dtype": "float32"}})",
+                                       8);
+    EXPECT_FALSE(deepspeed_bf16_optimizer(c));
+    ASSERT_EQ(c.warnings.size(), 1u) << zero;
+    EXPECT_NE(c.warnings[0].find("data_types.grad_accum_dtype fp32 with bf16 weights at ZeRO stage"), std::string::npos)
+        << c.warnings[0];
+  }
+  // The accumulation dtype the weights have changes nothing.
+  const RunConfig same = with_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 1},
+    "data_types": {"grad_accum_dtype": "bf16"}})",
+                                        8);
+  EXPECT_TRUE(same.warnings.empty());
+  EXPECT_EQ(estimate_memory(same).model_states(), z.model_states());
+}
+
+// Without ZeRO, DeepSpeed accumulates only in the weights' dtype and raises on another; a
+// spelling DtypeEnum does not know is refused as DeepSpeed refuses it.
+TEST(EstimateDeepSpeed, GradientAccumulationDtypesDeepSpeedRefuses) {
+  const RunConfig c = with_deepspeed(R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}})");
+  EXPECT_EQ(error_of([&] { validate(c); }),
+            "data_types.grad_accum_dtype fp32 with bf16 weights at ZeRO stage 0: DeepSpeed refuses the mix (it "
+            "accumulates in the weights' dtype without ZeRO); use ZeRO stage 1 or more, or accumulate in bf16");
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"data_types": {"grad_accum_dtype": "int8"}})"); }),
+            "ds.json.data_types: field 'grad_accum_dtype' must be fp32, bf16 or fp16 (or DeepSpeed's other spellings "
+            "of them), got \"int8\"");
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"data_types": {"grad_accum_dtype": "FP32"}})"); }).empty(), false);
+  EXPECT_EQ(error_of([] { with_deepspeed(R"({"data_types": 1})"); }),
+            "ds.json: field 'data_types' must be an object, got 1");
+}

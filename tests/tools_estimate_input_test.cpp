@@ -397,16 +397,74 @@ TEST(EstimateInput, HuggingFaceConfigsCountTheirCheckpointsParametersExactly) {
 
 TEST(EstimateInput, MixtureOfExpertsLayoutsNotModelledAreRefused) {
   const nlohmann::json all = hf_configs();  // kept: a range over a temporary's member would dangle
-  ASSERT_EQ(all.at("refused").size(), 2u);
+  ASSERT_EQ(all.at("refused").size(), 1u);  // DeepSeek-MoE 16B: a dense first layer
   for (const auto& c : all.at("refused")) {
     const std::string name = c.at("name").get<std::string>();
     try {
       (void)model_from_hf_json(c.at("config").dump(), name);
       ADD_FAILURE() << name << " accepted";
     } catch (const ParseError& e) {
-      EXPECT_NE(std::string(e.what()).find("mixture-of-experts layout"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'first_k_dense_replace' 1: this mixture-of-experts layout"),
+                std::string::npos)
+          << e.what();
     }
   }
+}
+
+// Qwen2-MoE (transformers modeling_qwen2_moe.py): each MoE layer has routed experts of
+// moe_intermediate_size, one shared expert MLP of shared_expert_intermediate_size and its
+// Linear(h, 1) gate, without biases; q, k and v keep theirs.
+TEST(EstimateInput, Qwen2MoeSharedExpertAndGateAreCounted) {
+  const nlohmann::json all = hf_configs();
+  for (const auto& c : all.at("counted")) {
+    if (c.at("name") != "qwen1.5-moe-a2.7b") continue;
+    const ModelConfig m = model_from_hf_json(c.at("config").dump(), "qwen1.5-moe-a2.7b");
+    EXPECT_EQ(m.num_experts, 60);
+    EXPECT_EQ(m.experts_per_token, 4);
+    EXPECT_EQ(m.expert_ffn(), 1408);
+    EXPECT_EQ(m.shared_expert_ffn_hidden_size, 5632);
+    EXPECT_TRUE(m.shared_expert_gate);
+    const ParameterCounts p = count_parameters(m, m.vocab_size);
+    const std::int64_t h = 2048;
+    EXPECT_EQ(p.mlp_shared, 3 * h * 5632);
+    EXPECT_EQ(p.shared_gate, h);
+    EXPECT_EQ(p.mlp_experts, 60 * 3 * h * 1408);
+    EXPECT_EQ(p.mlp_dense, 60 * h);  // the router
+    EXPECT_EQ(p.attention, 4 * h * h + 3 * h);
+  }
+  // Dense layers among the MoE layers (decoder_sparse_step, mlp_only_layers) are refused.
+  const std::string base = R"({"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "num_experts": 4,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64)";
+  EXPECT_NO_THROW((void)model_from_hf_json(base + R"(, "decoder_sparse_step": 1, "mlp_only_layers": []})"));
+  for (const char* mixed : {R"(, "decoder_sparse_step": 2})", R"(, "mlp_only_layers": [0]})"}) {
+    try {
+      (void)model_from_hf_json(base + mixed);
+      ADD_FAILURE() << mixed << " accepted";
+    } catch (const ParseError& e) {
+      EXPECT_NE(std::string(e.what()).find("dense layers among the MoE layers"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// DeepSeek-MoE's layout (n_routed_experts, n_shared_experts × moe_intermediate_size in one MLP,
+// no gate) when every layer is MoE; MLA (kv_lora_rank, DeepSeek-V2/V3) is refused.
+TEST(EstimateInput, DeepSeekSharedExpertsAreOneMlpOfTheirTotalWidth) {
+  const std::string base = R"({"model_type": "deepseek", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "n_routed_experts": 8,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 16, "n_shared_experts": 2, "first_k_dense_replace": 0,
+      "rms_norm_eps": 1e-6)";
+  std::vector<std::string> warnings;
+  const ModelConfig m = model_from_hf_json(base + R"(, "moe_layer_freq": 1})", "deepseek.json", &warnings);
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.shared_expert_ffn_hidden_size, 32);
+  EXPECT_FALSE(m.shared_expert_gate);
+  const std::int64_t h = 64;
+  // Per layer: attention 4h², router 8h, 8 experts of 3·h·16, shared 3·h·32, two RMSNorms.
+  const std::int64_t layer = 4 * h * h + 8 * h + 8 * 3 * h * 16 + 3 * h * 32 + 2 * h;
+  EXPECT_EQ(count_parameters(m, 100).total(2), 2 * layer + 2 * 100 * h + h);
+  EXPECT_THROW((void)model_from_hf_json(base + R"(, "kv_lora_rank": 512})"), ParseError);
+  EXPECT_THROW((void)model_from_hf_json(base + R"(, "moe_layer_freq": 2})"), ParseError);
 }
 
 TEST(EstimateInput, ZeroKeyValueHeadsAreRefusedNotReadAsMultiHead) {

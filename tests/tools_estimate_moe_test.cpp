@@ -12,9 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "stowage/error.hpp"
+#include "tools/estimate/comparison.hpp"
 #include "tools/estimate/expert_parallel.hpp"
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/memory_model.hpp"
+#include "tools/estimate/report.hpp"
+#include "tools/plan/plan_report.hpp"
 #include "tools/plan/search.hpp"
 
 using namespace stowage::estimate;
@@ -179,6 +182,128 @@ TEST(MoeMuon, MomentumForMatricesAdamForTheRest) {
   EXPECT_THROW(megatron(kMoe + "--optimizer soap", 8), stowage::InvalidArgument);
 }
 
+// Shared experts (Megatron-LM shared_experts.py): one MLP of --moe-shared-expert-intermediate-size,
+// split by TP as the dense MLP, no biases; --moe-shared-expert-gate adds a (1, h) weight. Megatron's
+// theoretical_memory_usage.py counts 2·h·S·(3/2 with SwiGLU) TP-sharded and h replicated.
+const std::string kShared =
+    kMoe +
+    "--moe-router-topk 2 --tensor-model-parallel-size 2 --sequence-parallel "
+    "--expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --swiglu "
+    "--moe-ffn-hidden-size 256 --moe-token-dispatcher-type alltoall --use-distributed-optimizer ";
+
+TEST(MoeSharedExperts, ParametersAreDenseSplitByTpAndShardedOverDenseDataParallel) {
+  const RunConfig without = megatron(kShared, 4);
+  const RunConfig with = megatron(kShared + "--moe-shared-expert-intermediate-size 768 --moe-shared-expert-gate", 4);
+  EXPECT_FALSE(warned(with, "--moe-shared-expert"));
+  const std::int64_t h = 512, S = 768, t = 2, L = 4;
+  const ParameterCounts pc = count_parameters(with.model, 50304);
+  EXPECT_EQ(pc.mlp_shared, 2 * h * S * 3 / 2);
+  EXPECT_EQ(pc.shared_gate, h);
+  EXPECT_EQ(pc.total(L) - count_parameters(without.model, 50304).total(L), L * (3 * h * S + h));
+  // Per device: fc1 and fc2 ÷ TP, the gate whole on every TP rank.
+  const StageMemory a = estimate_memory(without), b = estimate_memory(with);
+  const std::int64_t dense = L * (3 * h * S / t + h);
+  EXPECT_EQ(b.parameters - a.parameters, dense);
+  // bf16 weights, fp32 main grads; Adam's 12 B/param sharded over DP·CP = 4, not over the experts'
+  // data-parallel group (TP·DP/(ETP·EP) = 2).
+  EXPECT_EQ(b.weights - a.weights, 2 * dense);
+  EXPECT_EQ(b.gradients - a.gradients, 4 * dense);
+  EXPECT_EQ(b.optimizer_states - a.optimizer_states, 12 * dense / 4);
+  // The report names them.
+  const EstimateResult r = run_estimate(with);
+  EXPECT_EQ(to_json(r).at("model").at("shared_expert_ffn_hidden_size"), 768);
+  EXPECT_NE(to_table(r).find("8 experts top-2, shared experts 768"), std::string::npos);
+  // Without --moe-shared-expert-gate no gate weight.
+  EXPECT_EQ(
+      count_parameters(megatron(kShared + "--moe-shared-expert-intermediate-size 768", 4).model, 50304).shared_gate, 0);
+}
+
+// What the shared experts keep for backward, per token of each layer (T = 4096, TP 2 with SP):
+// the activation's input 2S/t elements (SwiGLU) and fc2's input S/t; fc1's input is the norm's
+// output the router keeps already. The gate keeps sigmoid's output and the shared output (h + 1,
+// sequence-parallel). The overlapped path gathers fc1's input itself and fc1 keeps it (h).
+TEST(MoeSharedExperts, ActivationsFollowTheDenseMlpRules) {
+  const std::int64_t T = 4096, L = 4, h = 512, S = 768, t = 2, A = 2;
+  const StageMemory base = estimate_memory(megatron(kShared, 4));
+  const std::string shared = kShared + "--moe-shared-expert-intermediate-size 768 ";
+  const StageMemory plain = estimate_memory(megatron(shared, 4));
+  EXPECT_EQ(activation(plain, "mlp") - activation(base, "mlp"), T * L * A * 2 * S / t);
+  EXPECT_EQ(activation(plain, "mlp_activation_output") - activation(base, "mlp_activation_output"), T * L * A * S / t);
+  EXPECT_EQ(activation(plain, "moe_router"), activation(base, "moe_router"));
+  EXPECT_EQ(plain.communication, base.communication);
+  // Unfused SwiGLU also keeps silu(x1).
+  const StageMemory unfused = estimate_memory(megatron(shared + "--no-bias-swiglu-fusion", 4));
+  const StageMemory base_unfused = estimate_memory(megatron(kShared + "--no-bias-swiglu-fusion", 4));
+  EXPECT_EQ(activation(unfused, "mlp_activation_output") - activation(base_unfused, "mlp_activation_output"),
+            T * L * A * 2 * S / t);
+  const StageMemory gated = estimate_memory(megatron(shared + "--moe-shared-expert-gate", 4));
+  EXPECT_EQ(activation(gated, "mlp") - activation(plain, "mlp"), T * L * A * (h + 1) / t);
+  const StageMemory overlap = estimate_memory(megatron(shared + "--moe-shared-expert-overlap", 4));
+  EXPECT_EQ(activation(overlap, "mlp") - activation(plain, "mlp"), T * L * A * h);
+  // Without sequence parallelism (TP 1) there is nothing to gather: the same as without overlap.
+  const std::string tp1 = kMoe +
+                          "--moe-router-topk 2 --expert-model-parallel-size 4 --swiglu --moe-token-dispatcher-type "
+                          "alltoall --moe-shared-expert-intermediate-size 768 ";
+  EXPECT_EQ(activation(estimate_memory(megatron(tp1 + "--moe-shared-expert-overlap", 4)), "mlp"),
+            activation(estimate_memory(megatron(tp1, 4)), "mlp"));
+}
+
+TEST(MoeSharedExperts, RefusedWhereMegatronRefusesThem) {
+  // TransformerConfig: overlap only with the alltoall or flex dispatcher.
+  EXPECT_THROW(
+      estimate_memory(megatron(kMoe + "--moe-shared-expert-intermediate-size 512 --moe-shared-expert-overlap", 8)),
+      stowage::InvalidArgument);
+  // SharedExpertMLP asserts add_bias_linear == False.
+  EXPECT_THROW(estimate_memory(megatron("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+                                        "--max-position-embeddings 1024 --num-experts 4 "
+                                        "--moe-shared-expert-intermediate-size 512",
+                                        1)),
+               stowage::InvalidArgument);
+  // TP must divide the shared experts' width.
+  EXPECT_THROW(estimate_memory(megatron(kShared + "--moe-shared-expert-intermediate-size 767", 4)),
+               stowage::InvalidArgument);
+  // Without experts Megatron builds no MoE layer, so no shared experts either: a note says so.
+  const RunConfig dense = megatron(
+      "--num-layers 2 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+      "--disable-bias-linear --moe-shared-expert-intermediate-size 512",
+      1);
+  EXPECT_EQ(dense.model.shared_expert_ffn_hidden_size, 0);
+  EXPECT_TRUE(std::any_of(dense.notes.begin(), dense.notes.end(), [](const std::string& n) {
+    return n.find("--moe-shared-expert-intermediate-size 512 without --num-experts") != std::string::npos;
+  }));
+  EXPECT_TRUE(
+      warned(megatron(kShared + "--moe-shared-expert-intermediate-size 768 --use-grouped-gemm-for-shared-expert", 4),
+             "--use-grouped-gemm-for-shared-expert"));
+}
+
+// The plan splits the shared experts by TP as the estimate does, and its launch line carries them.
+TEST(MoeSharedExperts, PlanSearchesAndWritesThemTheSameWay) {
+  stowage::plan::PlanRequest r;
+  // 1540 = 4 · 385: TP 8 (which the heads and the ffn size allow) does not divide it.
+  r.base = megatron(kShared +
+                        "--moe-shared-expert-intermediate-size 1540 --moe-shared-expert-gate "
+                        "--moe-shared-expert-overlap --global-batch-size 64",
+                    1);
+  r.space.techniques = false;
+  int candidates = 0;
+  std::int64_t largest_tp = 0;
+  stowage::plan::for_each_candidate(r, [&](const RunConfig& c) {
+    ++candidates;
+    largest_tp = std::max(largest_tp, c.parallel.tp);
+    EXPECT_EQ(c.model.shared_expert_ffn_hidden_size % c.parallel.tp, 0);
+    EXPECT_NO_THROW(estimate_memory(c));
+    RunConfig back;
+    apply_megatron_args(stowage::plan::megatron_arguments(c), back);
+    EXPECT_EQ(back.model.shared_expert_ffn_hidden_size, 1540);
+    EXPECT_TRUE(back.model.shared_expert_gate);
+    EXPECT_TRUE(back.moe.shared_expert_overlap);
+    EXPECT_EQ(back.moe.dispatcher, MoeDispatcher::alltoall);
+    EXPECT_EQ(count_parameters(back.model, 50304).total(4), count_parameters(c.model, 50304).total(4));
+  });
+  EXPECT_GT(candidates, 0);
+  EXPECT_EQ(largest_tp, 4);
+}
+
 namespace {
 struct Measured {
   std::string name;
@@ -218,7 +343,7 @@ std::vector<Measured> measured_moe() {
 // file). The estimate was 4-22 % low on every case before it gathered the routed tokens.
 TEST(MoeMeasured, MegatronCiMoePeaksOnH100) {
   const std::vector<Measured> cases = measured_moe();
-  ASSERT_EQ(cases.size(), 20u);
+  ASSERT_EQ(cases.size(), 21u);
   std::vector<double> errors;
   for (const auto& k : cases) {
     std::printf("%-84s measured %6.0f MiB predicted %6.0f MiB %+5.1f %% (static %6.0f / %6.0f MiB)\n", k.name.c_str(),

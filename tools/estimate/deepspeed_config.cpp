@@ -6,6 +6,7 @@
 #include <cmath>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "common/text.hpp"
 #include "stowage/error.hpp"
@@ -102,7 +103,9 @@ constexpr std::string_view kTopKeys[] = {"train_batch_size",
                                          "amp",
                                          "torch_autocast",
                                          "allgather_size",
-                                         "zero_allow_untested_optimizer"};
+                                         "zero_allow_untested_optimizer",
+                                         "optimizer",
+                                         "data_types"};
 
 void forbid_unknown(const nlohmann::json& obj, Names names, const std::string& where) {
   for (const auto& [key, value] : obj.items()) {
@@ -244,6 +247,51 @@ void apply_precision(const nlohmann::json& j, RunConfig& c, const std::string& n
         "{}: bf16 master weights / optimizer states change the model states; estimated with fp32 ones", name));
 }
 
+// data_types.grad_accum_dtype, in DtypeEnum's spellings (config.py; engine.py get_data_types).
+std::optional<Precision> grad_accum_dtype(const nlohmann::json& j, const std::string& name) {
+  const auto* d = object_at(j, "data_types", name);
+  const auto* v = d ? value_at(*d, "grad_accum_dtype") : nullptr;
+  if (!v) return std::nullopt;
+  static constexpr std::pair<std::string_view, Precision> kNames[] = {{"torch.float32", Precision::fp32},
+                                                                      {"fp32", Precision::fp32},
+                                                                      {"float32", Precision::fp32},
+                                                                      {"float", Precision::fp32},
+                                                                      {"torch.bfloat16", Precision::bf16},
+                                                                      {"bf16", Precision::bf16},
+                                                                      {"bfloat16", Precision::bf16},
+                                                                      {"torch.float16", Precision::fp16},
+                                                                      {"fp16", Precision::fp16},
+                                                                      {"float16", Precision::fp16},
+                                                                      {"half", Precision::fp16}};
+  if (v->is_string())
+    for (const auto& [spelling, precision] : kNames)
+      if (*v == spelling) return precision;
+  throw ParseError(fmt::format(
+      "{}.data_types: field 'grad_accum_dtype' must be fp32, bf16 or fp16 (or DeepSpeed's other spellings of them), "
+      "got {}",
+      name, v->dump()));
+}
+
+// Which step a 16-bit optimizer without ZeRO runs: DeepSpeed builds FusedAdam for an optimizer
+// section of type Adam/AdamW (unless params.torch_adam) and its 1-bit Adams, and wraps those in
+// FP16_Optimizer; any other optimizer, or the client's (no section), in FP16_UnfusedOptimizer
+// (engine.py _configure_basic_optimizer, _configure_fp16_optimizer).
+Parallelism::Fp16Step fp16_step(const nlohmann::json& j, const std::string& name) {
+  const auto* o = object_at(j, "optimizer", name);
+  const auto* type = o ? value_at(*o, "type") : nullptr;
+  if (!type) return Parallelism::Fp16Step::unfused;
+  if (!type->is_string())
+    throw ParseError(fmt::format("{}.optimizer: field 'type' must be a string, got {}", name, type->dump()));
+  const std::string t = detail::lower(type->get<std::string>());
+  const std::string where = name + ".optimizer";
+  const auto* params = object_at(*o, "params", where);
+  const bool torch_adam = params && bool_at(*params, "torch_adam", where + ".params").value_or(false);
+  const bool fused = ((t == "adam" || t == "adamw") && !torch_adam) || t == "onebitadam" || t == "zerooneadam";
+  if (!fused) return Parallelism::Fp16Step::unfused;
+  return bool_at(*o, "legacy_fusion", where).value_or(false) ? Parallelism::Fp16Step::fused_legacy
+                                                             : Parallelism::Fp16Step::fused;
+}
+
 void warn_near_misses(const nlohmann::json& j, RunConfig& c, const std::string& name) {
   for (const auto& [key, value] : j.items()) {
     if (std::find(std::begin(kTopKeys), std::end(kTopKeys), key) != std::end(kTopKeys)) continue;
@@ -275,6 +323,8 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   if (batch.train || batch.micro || batch.accumulation) c.deepspeed_batch = batch;
 
   apply_precision(j, c, name);
+  p.grad_accum_deepspeed = grad_accum_dtype(j, name);
+  p.fp16_step_deepspeed = fp16_step(j, name);
 
   const std::string zname = name + ".zero_optimization";
   nlohmann::json zero = nlohmann::json::object();
@@ -332,6 +382,13 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   p.offload_param_deepspeed = param_dev != Device::none && stage == 3;
   if (param_dev != Device::none && stage != 3)
     c.notes.push_back("deepspeed offload_param applies to ZeRO stage 3 only; ignored");
+  // ZeRO accumulates in another dtype beside the 16-bit gradients (stage_1_and_2.py
+  // use_separate_grad_accum); only the BF16_Optimizer's buffer is modelled.
+  if (const auto acc = p.grad_accum_deepspeed; acc && stage >= 1 && *acc != t.precision && !deepspeed_bf16_optimizer(c))
+    c.warnings.push_back(fmt::format(
+        "{}: data_types.grad_accum_dtype {} with {} weights at ZeRO stage {}: ZeRO's separate accumulation buffers "
+        "are not modelled",
+        name, to_string(*acc), to_string(t.precision), stage));
   if ((opt_dev == Device::nvme) || (p.offload_param_deepspeed && param_dev == Device::nvme))
     c.notes.push_back(
         "deepspeed offload to nvme: the offloaded states are counted in host memory, but live on NVMe (DeepSpeed "

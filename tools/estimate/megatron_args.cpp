@@ -97,7 +97,7 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--main-params-dtype", "reduced-precision main parameters"},
     {"--exp-avg-dtype", "reduced-precision Adam moments"},
     {"--exp-avg-sq-dtype", "reduced-precision Adam moments"},
-    {"--moe-shared-expert-intermediate-size", "shared experts"},
+    {"--use-grouped-gemm-for-shared-expert", "the shared experts' fused fp8/fp4 grouped-GEMM path"},
     {"--no-use-layer-wise-param-layout",
      "Muon's layer-wise optimizer without its sharded layout keeps more than a shard"},
     {"--moe-layer-freq", "dense and MoE layers mixed"},
@@ -290,8 +290,17 @@ void apply_moe_runtime(RunConfig& c, bool te_grouped_gemm, std::optional<int> ro
         "counted");
 }
 
-// Megatron-LM's moe_router_topk defaults to 2 (TransformerConfig).
-void apply_experts(ModelConfig& m, bool topk_given) {
+// Megatron-LM's moe_router_topk defaults to 2 (TransformerConfig). Without --num-experts no MoE
+// layer is built, so shared experts are not either.
+void apply_experts(ModelConfig& m, bool topk_given, std::vector<std::string>& notes) {
+  if (m.num_experts <= 0 && m.shared_expert_ffn_hidden_size > 0) {
+    notes.push_back(fmt::format(
+        "megatron-args: --moe-shared-expert-intermediate-size {} without --num-experts is ignored, as Megatron-LM "
+        "builds no MoE layer",
+        m.shared_expert_ffn_hidden_size));
+    m.shared_expert_ffn_hidden_size = 0;
+  }
+  if (m.shared_expert_ffn_hidden_size == 0) m.shared_expert_gate = false;  // only effective with shared experts
   if (m.num_experts <= 0) return;
   if (!topk_given && m.experts_per_token == 0) m.experts_per_token = 2;
   if (m.experts_per_token > m.num_experts)
@@ -401,6 +410,9 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--expert-model-parallel-size", [&](auto& a, auto& v) { p.ep = to_positive(a, v); }},
       {"--expert-tensor-parallel-size", [&](auto& a, auto& v) { p.etp = to_positive(a, v); }},
       {"--moe-ffn-hidden-size", [&](auto& a, auto& v) { m.moe_ffn_hidden_size = to_positive(a, v); }},
+      // TransformerConfig raises for a size <= 0 (transformer_config.py).
+      {"--moe-shared-expert-intermediate-size",
+       [&](auto& a, auto& v) { m.shared_expert_ffn_hidden_size = to_positive(a, v); }},
       {"--moe-token-dispatcher-type",
        [&](auto& a, auto& v) {
          c.moe.dispatcher = parse_moe_dispatcher(one_of(a, v, {"allgather", "alltoall", "flex"}));
@@ -498,6 +510,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--defer-embedding-wgrad-compute", [&] { defer_wgrad = true; }},
       {"--qk-layernorm", [&] { m.qk_layernorm = true; }},
       {"--moe-grouped-gemm", [&] { grouped_gemm = true; }},
+      {"--moe-shared-expert-gate", [&] { m.shared_expert_gate = true; }},
+      {"--moe-shared-expert-overlap", [&] { c.moe.shared_expert_overlap = true; }},
       {"--account-for-embedding-in-pipeline-split", [&] { p.embedding_as_layer = true; }},
       {"--account-for-loss-in-pipeline-split", [&] { p.loss_as_layer = true; }},
   };
@@ -596,7 +610,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
                                     : 4 * m.hidden_size;
   apply_virtual_stages(virtual_stages, c);
   apply_recompute(recompute, c);
-  apply_experts(m, topk_given);
+  apply_experts(m, topk_given, c.notes);
   check_sequence(c, max_positions, seq_given, cp_given);
   if (fp16 && bf16) throw InvalidArgument("megatron-args: --bf16 and --fp16 together (Megatron-LM refuses them too)");
   if (fp16) t.precision = Precision::fp16;

@@ -135,9 +135,13 @@ StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bo
   // output layer (a copy of the tied embedding when PP > 1).
   // An MoE layer's dense MLP part is its router, replicated too.
   const double proj_bias = m.proj_bias ? h : 0.0, fc2_bias = m.mlp_bias ? h : 0.0;
-  const double replicated_layer = double(pc.norms) + proj_bias + (m.moe() ? double(pc.mlp_dense) : fc2_bias);
+  // Shared experts are a dense MLP split by TP (no biases); their gate is replicated, as the
+  // router (theoretical_memory_usage.py: tp_sharded / replicated params of an MoE layer).
+  const double replicated_layer =
+      double(pc.norms) + proj_bias + (m.moe() ? double(pc.mlp_dense) + double(pc.shared_gate) : fc2_bias);
   double sharded =
-      (double(pc.attention) - proj_bias + (m.moe() ? 0.0 : double(pc.mlp_dense) - fc2_bias)) * double(layers);
+      (double(pc.attention) - proj_bias + (m.moe() ? double(pc.mlp_shared) : double(pc.mlp_dense) - fc2_bias)) *
+      double(layers);
   double replicated = replicated_layer * double(layers);
   if (first) {
     sharded += double(vocab) * h;
@@ -152,7 +156,10 @@ StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bo
   s.expert = expert_params_per_rank(c, layers);  // split by ETP and EP (expert_parallel.cpp)
   const double emb = (first || last) ? double(vocab) * h / t : 0.0;
   // DeepSpeed's "largest layer" is the largest single module (nn.Linear / nn.Embedding).
-  const double per_linear = h * std::max(double(m.num_heads * m.head_size()), double(m.ffn_hidden_size)) / t;
+  const double per_linear = h *
+                            std::max({double(m.num_heads * m.head_size()), double(m.ffn_hidden_size),
+                                      double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0)}) /
+                            t;
   s.largest_layer = std::max(emb, per_linear);
   return s;
 }
@@ -296,7 +303,9 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   if (p.pp > 1) comm += T * A * h / rep;
   if (m.moe()) comm += moe_dispatch_buffer_bytes(c, T);  // moe_activations.cpp
   const double W = mixed ? 2.0 : 4.0;
-  comm += W * (double(p.reduce_bucket_elements) * double(p.reduce_buffers) + double(p.allgather_bucket_elements));
+  // The BF16_Optimizer is no ZeRO optimizer: it reduces without ZeRO's bucket.
+  if (!deepspeed_bf16_optimizer(c))
+    comm += W * (double(p.reduce_bucket_elements) * double(p.reduce_buffers) + double(p.allgather_bucket_elements));
   out.communication = to_bytes(comm, "communication buffers");
   out.framework = c.framework.total();
 

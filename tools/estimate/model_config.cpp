@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cctype>
 
@@ -22,6 +24,13 @@ ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
   if (m.moe()) {
     p.mlp_dense = h * m.num_experts;  // router
     p.mlp_experts = mlp(m.expert_ffn()) * m.num_experts;
+    // Shared experts: one MLP of their total width (Megatron shared_experts.py builds an MLP with
+    // ffn_hidden_size = moe_shared_expert_intermediate_size, without biases), and the gate's
+    // (1, h) weight (theoretical_memory_usage.py shared_expert_params / shared_expert_gate_params).
+    if (m.shared_experts()) {
+      p.mlp_shared = mlp(m.shared_expert_ffn_hidden_size);
+      p.shared_gate = m.shared_expert_gate ? h : 0;
+    }
   } else {
     p.mlp_dense = mlp(m.ffn_hidden_size);
   }
@@ -53,16 +62,24 @@ void validate(const ModelConfig& m) {
   if (m.num_heads % m.kv_heads() != 0)
     throw InvalidArgument(fmt::format("model '{}': num_key_value_heads ({}) does not divide num_attention_heads ({})",
                                       m.name, m.kv_heads(), m.num_heads));
-  if (m.num_experts < 0 || m.experts_per_token < 0 || m.moe_ffn_hidden_size < 0)
+  if (m.num_experts < 0 || m.experts_per_token < 0 || m.moe_ffn_hidden_size < 0 || m.shared_expert_ffn_hidden_size < 0)
     throw InvalidArgument(fmt::format("model '{}': expert counts must not be negative", m.name));
+  if (m.shared_expert_ffn_hidden_size > 0 && !m.moe())
+    throw InvalidArgument(fmt::format("model '{}': shared experts need routed experts (num_experts)", m.name));
+  // Megatron-LM's SharedExpertMLP asserts add_bias_linear == False (shared_experts.py).
+  if (m.shared_experts() && m.mlp_bias)
+    throw InvalidArgument(
+        fmt::format("model '{}': shared experts without MLP biases only (Megatron-LM's SharedExpertMLP asserts "
+                    "--disable-bias-linear)",
+                    m.name));
   if (m.moe() && (m.experts_per_token == 0 || m.experts_per_token > m.num_experts))
     throw InvalidArgument(fmt::format("model '{}': num_experts_per_tok must be in 1..{} , got {}", m.name,
                                       m.num_experts, m.experts_per_token));
   // Products below stay far from int64 overflow with these bounds (hidden² · layers < 2^62).
   constexpr std::int64_t kMaxDim = std::int64_t{1} << 22, kMaxLayers = 1 << 14;
   if (m.hidden_size > kMaxDim || m.ffn_hidden_size > kMaxDim || m.moe_ffn_hidden_size > kMaxDim ||
-      m.vocab_size > (std::int64_t{1} << 26) || m.num_layers > kMaxLayers || m.num_heads > kMaxDim ||
-      m.num_experts > 4096 || m.head_dim > kMaxDim)
+      m.shared_expert_ffn_hidden_size > kMaxDim || m.vocab_size > (std::int64_t{1} << 26) ||
+      m.num_layers > kMaxLayers || m.num_heads > kMaxDim || m.num_experts > 4096 || m.head_dim > kMaxDim)
     throw InvalidArgument(fmt::format("model '{}': a size is implausibly large", m.name));
 }
 
@@ -143,26 +160,62 @@ struct Family {
   bool linear_bias;              // every linear layer has a bias (GPT-2, GPT-NeoX, Phi)
   bool output_bias;              // the output projection has a bias (Phi)
   bool qk_norm;                  // Qwen3: RMSNorm on each head's queries and keys
+  bool shared_gate;              // Qwen2-MoE: shared_expert_gate, a Linear(h, 1) (modeling_qwen2_moe.py)
 };
 constexpr Family kFamilies[] = {
-    // type      tied   gated  LN     no-w   norms  qkv-b  bias   out-b  qk-norm
-    {"llama", false, true, false, false, 2, false, false, false, false},
-    {"mistral", false, true, false, false, 2, false, false, false, false},
-    {"mixtral", false, true, false, false, 2, false, false, false, false},
-    {"qwen2", false, true, false, false, 2, true, false, false, false},
-    {"qwen3", false, true, false, false, 2, false, false, false, true},
-    {"gemma", true, true, false, false, 2, false, false, false, false},
-    {"gemma2", true, true, false, false, 4, false, false, false, false},
-    {"olmo", false, true, true, true, 2, false, false, false, false},
-    {"gpt2", true, false, true, false, 2, false, true, false, false},
-    {"gpt_neox", false, false, true, false, 2, false, true, false, false},
-    {"phi", false, false, true, false, 1, false, true, true, false},
+    // type      tied   gated  LN     no-w   norms  qkv-b  bias   out-b  qk-norm shared-gate
+    {"llama", false, true, false, false, 2, false, false, false, false, false},
+    {"mistral", false, true, false, false, 2, false, false, false, false, false},
+    {"mixtral", false, true, false, false, 2, false, false, false, false, false},
+    {"qwen2", false, true, false, false, 2, true, false, false, false, false},
+    {"qwen2_moe", false, true, false, false, 2, true, false, false, false, true},
+    {"qwen3", false, true, false, false, 2, false, false, false, true, false},
+    {"gemma", true, true, false, false, 2, false, false, false, false, false},
+    {"gemma2", true, true, false, false, 4, false, false, false, false, false},
+    {"olmo", false, true, true, true, 2, false, false, false, false, false},
+    {"gpt2", true, false, true, false, 2, false, true, false, false, false},
+    {"gpt_neox", false, false, true, false, 2, false, true, false, false, false},
+    {"phi", false, false, true, false, 1, false, true, true, false, false},
 };
 
-// Keys of MoE layouts the estimate does not model: experts of their own size, shared experts,
-// dense first layers (Qwen-MoE, DeepSeek-MoE and V2/V3).
-constexpr const char* kUnmodelledMoeKeys[] = {"moe_intermediate_size", "shared_expert_intermediate_size",
-                                              "n_shared_experts", "n_routed_experts", "first_k_dense_replace"};
+// Keys that put dense layers among the MoE layers (Qwen2-MoE decoder_sparse_step / mlp_only_layers,
+// DeepSeek first_k_dense_replace / moe_layer_freq): the estimate's layers are all alike.
+void refuse_mixed_layers(const nlohmann::json& j, const std::string& what) {
+  auto refuse = [&](const char* key, const std::string& value) {
+    throw ParseError(
+        fmt::format("{}: '{}' {}: this mixture-of-experts layout (dense layers among the MoE layers) is not "
+                    "modelled; describe it with --megatron-args, or use a config whose layers are all MoE",
+                    what, key, value));
+  };
+  for (const char* key : {"decoder_sparse_step", "moe_layer_freq"})
+    if (j.contains(key) && !j.at(key).is_null() && tools::get_int(j, key, what) != 1) refuse(key, j.at(key).dump());
+  if (j.contains("first_k_dense_replace") && !j.at("first_k_dense_replace").is_null() &&
+      tools::get_int(j, "first_k_dense_replace", what) != 0)
+    refuse("first_k_dense_replace", j.at("first_k_dense_replace").dump());
+  if (j.contains("mlp_only_layers") && j.at("mlp_only_layers").is_array() && !j.at("mlp_only_layers").empty())
+    refuse("mlp_only_layers", j.at("mlp_only_layers").dump());
+}
+
+// Routed experts of their own width and shared experts (Qwen2-MoE: shared_expert_intermediate_size;
+// DeepSeek-MoE: n_shared_experts experts of moe_intermediate_size, n_routed_experts routed).
+void read_moe_widths(const nlohmann::json& j, const std::string& what, ModelConfig& m) {
+  using tools::get_int_or;
+  if (j.contains("kv_lora_rank") || j.contains("q_lora_rank"))
+    throw ParseError(
+        fmt::format("{}: 'kv_lora_rank': multi-head latent attention (DeepSeek-V2/V3) is not modelled", what));
+  refuse_mixed_layers(j, what);
+  if (j.contains("n_routed_experts")) m.num_experts = tools::get_int(j, "n_routed_experts", what);
+  m.moe_ffn_hidden_size = get_int_or(j, "moe_intermediate_size", 0, what);
+  m.shared_expert_ffn_hidden_size = get_int_or(j, "shared_expert_intermediate_size", 0, what);
+  const std::int64_t n_shared = get_int_or(j, "n_shared_experts", 0, what);
+  if (n_shared > 0 && m.moe_ffn_hidden_size <= 0)
+    throw ParseError(
+        fmt::format("{}: 'n_shared_experts' needs 'moe_intermediate_size' (each shared expert's width)", what));
+  // DeepseekMoE builds its shared experts as one MLP of n_shared_experts × moe_intermediate_size.
+  if (n_shared > 0) m.shared_expert_ffn_hidden_size += n_shared * m.moe_ffn_hidden_size;
+  if (m.moe_ffn_hidden_size < 0 || m.shared_expert_ffn_hidden_size < 0 || n_shared < 0)
+    throw ParseError(fmt::format("{}: expert widths must not be negative", what));
+}
 
 }  // namespace
 
@@ -190,19 +243,13 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name,
   if (gpt2_keys) m.learned_positions = get_int(j, "n_positions", what);
   m.vocab_size = get_int(j, "vocab_size", what);
   m.head_dim = get_int_or(j, "head_dim", 0, what);
-  for (const char* key : kUnmodelledMoeKeys)
-    if (j.contains(key))
-      throw ParseError(
-          fmt::format("{}: '{}': this mixture-of-experts layout (experts of their own size, shared "
-                      "experts or dense first layers) is not modelled; describe it with "
-                      "--megatron-args, or use a dense or Mixtral-style config",
-                      what, key));
   const std::string type = get_string_or(j, "model_type", "", what);
   const Family* family = nullptr;
   for (const Family& f : kFamilies)
     if (type == f.type) family = &f;
   m.tie_embeddings = get_bool_or(j, "tie_word_embeddings", family != nullptr && family->tied_by_default, what);
   m.num_experts = get_int_or(j, "num_local_experts", get_int_or(j, "num_experts", 0, what), what);
+  read_moe_widths(j, what, m);
   m.experts_per_token = get_int_or(j, "num_experts_per_tok", m.num_experts > 0 ? 2 : 0, what);
   const std::string act = get_string_or(j, "hidden_act", "silu", what);
   m.attention_dropout = tools::get_number_or(j, "attention_dropout", 0.0, what) > 0.0;
@@ -220,6 +267,9 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name,
     m.qkv_bias = m.qkv_bias || family->qkv_bias;
     m.output_bias = family->output_bias;
     m.qk_layernorm = family->qk_norm;
+    m.shared_expert_gate = family->shared_gate && m.shared_expert_ffn_hidden_size > 0;
+    // Later Qwen2MoeConfig names the q, k and v biases (qkv_bias, true by default).
+    if (type == "qwen2_moe") m.qkv_bias = get_bool_or(j, "qkv_bias", true, what);
   } else {
     m.gated_mlp = act == "silu" || act == "swiglu" || act == "swish";
     m.rms_norm = j.contains("rms_norm_eps") || !(j.contains("layer_norm_epsilon") || j.contains("layer_norm_eps"));

@@ -34,6 +34,10 @@ struct ModelConfig {
   std::int64_t num_experts = 0;
   std::int64_t experts_per_token = 0;
   std::int64_t moe_ffn_hidden_size = 0;  // an expert's ffn width; 0: ffn_hidden_size (Megatron --moe-ffn-hidden-size)
+  // Shared experts: one dense MLP of this width beside the routed experts, every token through it,
+  // split by TP like a dense MLP (Megatron --moe-shared-expert-intermediate-size; 0: none).
+  std::int64_t shared_expert_ffn_hidden_size = 0;
+  bool shared_expert_gate = false;  // a Linear(h, 1) and a sigmoid scale the shared output (Qwen2-MoE)
 
   void set_linear_bias(bool on) { qkv_bias = proj_bias = mlp_bias = on; }  // every linear layer (Megatron)
   bool linear_bias() const { return qkv_bias && proj_bias && mlp_bias; }
@@ -41,6 +45,7 @@ struct ModelConfig {
   std::int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
   bool moe() const { return num_experts > 0; }
   std::int64_t expert_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
+  bool shared_experts() const { return moe() && shared_expert_ffn_hidden_size > 0; }
 };
 
 // Parameter counts, split the way parallelism splits them.
@@ -48,11 +53,13 @@ struct ParameterCounts {
   std::int64_t attention = 0;    // per layer: q, k, v, o (+ biases)
   std::int64_t mlp_dense = 0;    // per layer: the MLP of a dense model, or the router of an MoE
   std::int64_t mlp_experts = 0;  // per layer: all experts together (0 for dense)
+  std::int64_t mlp_shared = 0;   // per layer: the shared experts' fc1 and fc2 (split by TP)
+  std::int64_t shared_gate = 0;  // per layer: the shared experts' gate (replicated)
   std::int64_t norms = 0;        // per layer: the norms (and the q/k norms)
   std::int64_t embedding = 0;    // vocab × hidden (+ learned positions)
   std::int64_t output = 0;       // untied output projection (0 when tied)
   std::int64_t final_norm = 0;
-  std::int64_t per_layer() const { return attention + mlp_dense + mlp_experts + norms; }
+  std::int64_t per_layer() const { return attention + mlp_dense + mlp_experts + mlp_shared + shared_gate + norms; }
   std::int64_t total(std::int64_t layers) const { return per_layer() * layers + embedding + output + final_norm; }
 };
 
@@ -67,9 +74,10 @@ ModelConfig preset(std::string_view name);
 
 // Reads the fields of a Hugging Face config.json (hidden_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings,
-// num_local_experts, num_experts_per_tok, hidden_act, head_dim, attention_bias, mlp_bias) with
-// the architecture its model_type names (docs/estimate.md). ParseError naming the field; an MoE
-// with shared or differently sized experts is refused; a model_type the estimate does not know
+// num_local_experts, num_experts_per_tok, hidden_act, head_dim, attention_bias, mlp_bias, and the
+// MoE widths moe_intermediate_size, shared_expert_intermediate_size, n_shared_experts) with the
+// architecture its model_type names (docs/estimate.md). ParseError naming the field; an MoE with
+// dense layers among its MoE layers (or MLA) is refused; a model_type the estimate does not know
 // is read as a Llama-style decoder with a line in `warnings` saying so.
 ModelConfig model_from_hf_json(const std::string& text, const std::string& name = "config.json",
                                std::vector<std::string>* warnings = nullptr);

@@ -26,9 +26,9 @@ States model_states(const RunConfig& c, double params, double n, double largest_
   const int z = p.zero_stage;
   States s;
   if (p.accounting == Accounting::deepspeed) {
-    // bf16 under a pipeline at stage 0 runs DeepSpeed's BF16_Optimizer, which partitions the fp32
-    // master and the moments over data parallelism as ZeRO-1 does (bf16_optimizer.py).
-    const bool bf16_optimizer = z == 0 && tr.precision == Precision::bf16 && p.pp > 1;
+    // DeepSpeed's BF16_Optimizer (run_config.hpp) partitions the fp32 master and the moments over
+    // data parallelism as ZeRO-1 does (bf16_optimizer.py).
+    const bool bf16_optimizer = deepspeed_bf16_optimizer(c);
     const double n_opt = z >= 1 || bf16_optimizer ? n : 1;
     // ZeRO-1/2 clone their fp32 master partition even in fp32 training; stage 3 shares it then,
     // and stage 0 in fp32 runs the torch optimizer on the weights (no master, no fp32 grad copy).
@@ -46,17 +46,23 @@ States model_states(const RunConfig& c, double params, double n, double largest_
       // freed the activations. ZeRO-1/2 flatten the partition's gradients, then .to(fp32) (both
       // alive at once; the same tensor in fp32 training) (stage_1_and_2.py step()). At stage 0
       // the unfused optimizer (a client's torch optimizer) gives each parameter an fp32 gradient
-      // (fp16/unfused_optimizer.py step()): 4 B/param; the fused one (DeepSpeed's FusedAdam) also
-      // flattens them, up to 8 B/param for a moment (fused_optimizer.py). The BF16_Optimizer
-      // keeps a whole gradient-accumulation buffer of the weights' dtype and converts its
-      // partition in step() (bf16_optimizer.py). fp32 at stage 0 steps on the weights.
-      if (z >= 1 && !p.offload_optimizer_deepspeed) {
+      // (fp16/unfused_optimizer.py step()): 4 B/param; the fused one (FP16_Optimizer around
+      // DeepSpeed's FusedAdam) converts each gradient to fp32 and flattens the copies into one
+      // tensor, both alive until the flat one exists: 8 B/param (fused_optimizer.py step(), a
+      // group at a time: one group holding the parameters), or the 16-bit gradients flattened,
+      // 2 B/param, with legacy_fusion. The BF16_Optimizer keeps a whole gradient-accumulation
+      // buffer (bf16 by default, fp32 at stage 1) and converts its partition to fp32 in step()
+      // unless the buffer is fp32 already (bf16_optimizer.py). fp32 at stage 0 steps on the weights.
+      if (bf16_optimizer) {
+        const bool fp32_buffer = p.grad_accum_deepspeed == Precision::fp32;
+        s.gradients += (fp32_buffer ? 4 : W) * params;
+        s.step_only = fp32_buffer ? 0 : 4 * params / n_opt;
+      } else if (z >= 1 && !p.offload_optimizer_deepspeed) {
         s.step_only = (W + (mixed ? 4 : 0)) * params / n_opt;
-      } else if (bf16_optimizer) {
-        s.gradients += W * params;
-        s.step_only = 4 * params / n_opt;
       } else if (z == 0 && mixed) {
-        s.step_only = 4 * params;
+        using Step = Parallelism::Fp16Step;
+        const Step step = p.fp16_step_deepspeed;
+        s.step_only = (step == Step::fused ? 8 : step == Step::fused_legacy ? 2 : 4) * params;
       }
     }
     s.optimizer = p.offload_optimizer_deepspeed ? 0 : ds_K * params / n_opt;

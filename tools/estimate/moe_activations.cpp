@@ -37,6 +37,33 @@ MoeLayerBytes moe_layer_bytes_per_token(const RunConfig& c) {
   // the int64 index permute sorts by (L475, kept for unpermute) and its probability (kept by the
   // product above; token_dispatcher.py L331).
   b.router = probs * double(m.num_experts) * local + routed * (8 + probs);
+  if (m.shared_experts()) {
+    const SharedExpertBytes s = shared_expert_bytes_per_token(c);
+    b.mlp += s.mlp;
+    b.act_output += s.act_output;
+  }
+  return b;
+}
+
+SharedExpertBytes shared_expert_bytes_per_token(const RunConfig& c) {
+  const auto& m = c.model;
+  const auto& p = c.parallel;
+  SharedExpertBytes b;
+  if (!m.shared_experts()) return b;
+  const double h = double(m.hidden_size), S = double(m.shared_expert_ffn_hidden_size), t = double(p.tp);
+  const double A = activation_bytes(c);
+  // SharedExpertMLP is Megatron's MLP with ffn_hidden_size = S (shared_experts.py), split by TP: fc1's
+  // output (2S/t gated) is the activation's saved input, fc2 keeps the activation's output (S/t;
+  // unfused SwiGLU also silu(x1)), as a dense MLP of that width. fc1 saves the pre-MLP norm's
+  // output, the tensor the router keeps: no new bytes. With --moe-shared-expert-overlap the
+  // linears' TP communication is off and pre_forward_comm gathers the sequence-parallel input
+  // itself, so fc1 keeps that gathered copy, h per token (no gather at TP 1).
+  const bool gathered = c.moe.shared_expert_overlap && p.sequence_parallel && p.tp > 1;
+  b.mlp = A * S * (m.gated_mlp ? 2 : 1) / t + (gathered ? A * h : 0.0);
+  b.act_output = A * S / t * (m.gated_mlp && !c.training.fused_swiglu ? 2 : 1);
+  // --moe-shared-expert-gate: output * sigmoid(linear(x, gate_weight)); the sigmoid keeps its
+  // output (1 per token) and the product keeps the shared output (h) and that score.
+  if (m.shared_expert_gate) b.mlp += A * (h + 1) * local_fraction(c);
   return b;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// What an MoE layer's routed experts keep for backward and the dispatch buffer they leave
+// What an MoE layer's routed and shared experts keep for backward and the dispatch buffer they leave
 // allocated, from Megatron-LM's token dispatchers, experts and router (megatron/core/transformer/
 // moe/, d98e8a6). The sources are cited beside each term in moe_activations.cpp.
 #include "tools/estimate/run_config.hpp"
@@ -14,6 +14,14 @@ struct MoeLayerBytes {
   double mlp = 0, act_output = 0, router = 0;
 };
 MoeLayerBytes moe_layer_bytes_per_token(const RunConfig& c);
+
+// Of those, the shared experts' (included above): the activation's input and, with the overlapped
+// path under sequence parallelism, fc1's gathered input (`mlp`), fc2's input (`act_output`), and
+// with the gate its sigmoid output and the shared output it scales (`mlp`).
+struct SharedExpertBytes {
+  double mlp = 0, act_output = 0;
+};
+SharedExpertBytes shared_expert_bytes_per_token(const RunConfig& c);
 
 // Routed tokens an expert rank processes per token of its micro-batch, with balanced routing:
 // each of its T/tp (sequence-parallel) tokens is gathered over the ETP·EP ranks and k of the E

@@ -12,7 +12,11 @@ double muon_matrix_params(const RunConfig& c, std::int64_t layers, bool first, b
   const double attention = (h * q + 2 * h * kv + q * h) / t;
   const double F = double(m.ffn_hidden_size);
   // An MoE layer's dense part is its router (replicated); a dense layer's is its MLP.
-  const double mlp = m.moe() ? double(m.num_experts) * h : (h * F * (m.gated_mlp ? 2 : 1) + F * h) / t;
+  // Shared experts' fc1 and fc2 are split by TP; their gate weight (1, h) is 2-D too.
+  const double S = double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0);
+  const double shared =
+      (h * S * (m.gated_mlp ? 2 : 1) + S * h) / t + (m.shared_experts() && m.shared_expert_gate ? h : 0.0);
+  const double mlp = m.moe() ? double(m.num_experts) * h + shared : (h * F * (m.gated_mlp ? 2 : 1) + F * h) / t;
   return (attention + mlp) * double(layers) + (first ? double(m.learned_positions) * h : 0.0);
 }
 

@@ -42,6 +42,7 @@ nlohmann::json to_json(const EstimateResult& r) {
                 {"vocab_size", m.vocab_size},
                 {"num_experts", m.num_experts},
                 {"experts_per_token", m.experts_per_token},
+                {"shared_expert_ffn_hidden_size", m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0},
                 {"parameters", count_parameters(m, m.vocab_size).total(m.num_layers)}};
   j["training"] = {{"seq_length", c.training.seq_length},
                    {"micro_batch", c.training.micro_batch},
@@ -93,7 +94,11 @@ std::string to_table(const EstimateResult& r) {
   out += fmt::format(
       "model {}: {} layers, hidden {}, heads {}/{}, ffn {}, vocab {}{}\n", c.model.name, c.model.num_layers,
       c.model.hidden_size, c.model.num_heads, c.model.kv_heads(), c.model.ffn_hidden_size, c.model.vocab_size,
-      c.model.moe() ? fmt::format(", {} experts top-{}", c.model.num_experts, c.model.experts_per_token) : "");
+      c.model.moe() ? fmt::format(", {} experts top-{}{}", c.model.num_experts, c.model.experts_per_token,
+                                  c.model.shared_experts()
+                                      ? fmt::format(", shared experts {}", c.model.shared_expert_ffn_hidden_size)
+                                      : "")
+                    : "");
   out += fmt::format(
       "seq {} × micro-batch {}, {} micro-batches; TP {} PP {}{} DP {} CP {} EP {}{}; ZeRO {}; recompute {}\n",
       c.training.seq_length, c.training.micro_batch, c.training.grad_accumulation, c.parallel.tp, c.parallel.pp,

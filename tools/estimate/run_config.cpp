@@ -17,6 +17,14 @@ void finalize(RunConfig& c) {
   t.grad_accumulation = t.global_batch / per_step;
 }
 
+bool deepspeed_bf16_optimizer(const RunConfig& c) {
+  const auto& p = c.parallel;
+  if (p.accounting != Accounting::deepspeed || c.training.precision != Precision::bf16) return false;
+  const Precision accumulation = p.grad_accum_deepspeed.value_or(Precision::bf16);
+  return (p.zero_stage == 1 && accumulation == Precision::fp32 && !p.offload_optimizer_deepspeed) ||
+         (p.zero_stage == 0 && accumulation == Precision::bf16 && p.pp > 1);
+}
+
 void validate(const RunConfig& c) {
   validate(c.model);
   const auto& t = c.training;
@@ -99,12 +107,27 @@ void validate(const RunConfig& c) {
   if (m.moe() && m.expert_ffn() % p.expert_tp() != 0)
     throw InvalidArgument(fmt::format("expert-tensor-parallel ({}) does not divide the experts' ffn size ({})",
                                       p.expert_tp(), m.expert_ffn()));
+  if (m.shared_experts() && m.shared_expert_ffn_hidden_size % p.tp != 0)
+    throw InvalidArgument(fmt::format("tensor-parallel ({}) does not divide the shared experts' ffn size ({})", p.tp,
+                                      m.shared_expert_ffn_hidden_size));
+  // TransformerConfig: moe_shared_expert_overlap only works with the alltoall or flex dispatcher.
+  if (m.shared_experts() && c.moe.shared_expert_overlap && c.moe.dispatcher == MoeDispatcher::allgather)
+    throw InvalidArgument(
+        "shared-expert overlap needs the alltoall or flex token dispatcher (Megatron-LM raises otherwise)");
   if (c.moe.probs_bytes != 0 && c.moe.probs_bytes != 2 && c.moe.probs_bytes != 4 && c.moe.probs_bytes != 8)
     throw InvalidArgument(fmt::format("router probability bytes must be 2, 4 or 8, got {}", c.moe.probs_bytes));
   if (c.framework.te_grouped_gemm_workspaces < 0 || c.framework.te_grouped_gemm_workspaces > 64)
     throw InvalidArgument("TransformerEngine grouped-GEMM workspaces must be 0..64");
   if (p.zero_stage < 0 || p.zero_stage > 3)
     throw InvalidArgument(fmt::format("zero-stage must be 0..3, got {}", p.zero_stage));
+  // Without ZeRO, DeepSpeed accumulates gradients only in the weights' dtype (engine.py
+  // _do_optimizer_sanity_check: "unsupported mix of model_dtype and grad_accum_dtype").
+  if (p.accounting == Accounting::deepspeed && p.zero_stage == 0 && p.grad_accum_deepspeed &&
+      *p.grad_accum_deepspeed != t.precision)
+    throw InvalidArgument(fmt::format(
+        "data_types.grad_accum_dtype {} with {} weights at ZeRO stage 0: DeepSpeed refuses the mix (it accumulates in "
+        "the weights' dtype without ZeRO); use ZeRO stage 1 or more, or accumulate in {}",
+        to_string(*p.grad_accum_deepspeed), to_string(t.precision), to_string(t.precision)));
   if (c.recompute.num_layers < 0) throw InvalidArgument("recompute-num-layers must not be negative");
   if (c.techniques.prefetch_window < 0) throw InvalidArgument("prefetch-window must not be negative");
   if (c.techniques.stream_window_layers <= 0) throw InvalidArgument("stream-window must be positive");

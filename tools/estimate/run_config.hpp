@@ -89,6 +89,13 @@ struct Parallelism {
   Accounting accounting = Accounting::zero_paper;
   bool offload_optimizer_deepspeed = false;  // DeepSpeed offload_optimizer.device == cpu
   bool offload_param_deepspeed = false;      // DeepSpeed offload_param.device == cpu (stage 3)
+  // DeepSpeed data_types.grad_accum_dtype; absent: the weights' dtype (engine.py get_data_types).
+  // bf16 with fp32 accumulation at stage 1 runs the BF16_Optimizer.
+  std::optional<Precision> grad_accum_deepspeed;
+  // How a DeepSpeed optimizer without ZeRO (stage 0, 16-bit) gets its fp32 gradients in step():
+  // FP16_Optimizer around DeepSpeed's FusedAdam (the config's optimizer section) flattens them,
+  // the unfused wrapper around a client's optimizer does not (engine.py _configure_fp16_optimizer).
+  enum class Fp16Step { unfused, fused, fused_legacy } fp16_step_deepspeed = Fp16Step::unfused;
   // Interleaved schedule: micro-batches a rank runs through one model chunk before the next
   // (Megatron --microbatch-group-size-per-virtual-pipeline-stage); 0 = pp, Megatron's default.
   std::int64_t microbatch_group = 0;
@@ -146,6 +153,9 @@ struct MoeSettings {
   // casts the probs back to it): 2 in bf16/fp16, 4 in fp32 or with --moe-router-dtype fp32, 8
   // with fp64; 0: the activations' (activation_bytes()).
   int probs_bytes = 0;
+  // Megatron --moe-shared-expert-overlap: the shared experts run on a side stream inside the
+  // all-to-all dispatcher, gathering their sequence-parallel input themselves (shared_experts.py).
+  bool shared_expert_overlap = false;
 };
 
 struct RunConfig {
@@ -164,6 +174,11 @@ struct RunConfig {
   std::vector<std::string> notes;                 // what the reader of the estimate should know
   std::vector<std::string> warnings;              // settings that change memory but the model does not represent
 };
+
+// Whether DeepSpeed wraps the optimizer in its BF16_Optimizer, no ZeRO optimizer (engine.py
+// _do_optimizer_sanity_check): bf16 with fp32 gradient accumulation at stage 1 without an
+// optimizer offload, or bf16 accumulation (the default) at stage 0 under a pipeline.
+bool deepspeed_bf16_optimizer(const RunConfig& c);
 
 // Derives what follows from the settings once every source is applied (grad accumulation from
 // the global batch). InvalidArgument when the global batch is not a multiple of micro × dp.

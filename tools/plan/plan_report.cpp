@@ -127,6 +127,12 @@ std::string megatron_arguments(const RunConfig& c) {
   if (!m.attention_dropout) a.push_back("--attention-dropout 0.0");
   if (m.moe()) a.push_back(fmt::format("--num-experts {} --moe-router-topk {}", m.num_experts, m.experts_per_token));
   if (m.moe() && m.moe_ffn_hidden_size > 0) a.push_back(fmt::format("--moe-ffn-hidden-size {}", m.moe_ffn_hidden_size));
+  if (m.shared_experts())
+    a.push_back(fmt::format("--moe-shared-expert-intermediate-size {}", m.shared_expert_ffn_hidden_size));
+  if (m.shared_experts() && m.shared_expert_gate) a.push_back("--moe-shared-expert-gate");
+  if (m.moe() && c.moe.dispatcher != estimate::MoeDispatcher::allgather)
+    a.push_back(fmt::format("--moe-token-dispatcher-type {}", to_string(c.moe.dispatcher)));
+  if (m.shared_experts() && c.moe.shared_expert_overlap) a.push_back("--moe-shared-expert-overlap");
   a.push_back(fmt::format("--vocab-size {}", m.vocab_size));
   a.push_back(fmt::format("--seq-length {}", c.training.seq_length));
   a.push_back(fmt::format("--micro-batch-size {}", c.training.micro_batch));

@@ -24,8 +24,11 @@ LayerFlops layer_forward_flops(const RunConfig& c) {
   // An MoE token runs k experts of the experts' own width (--moe-ffn-hidden-size).
   const double F = double(m.moe() ? m.expert_ffn() : m.ffn_hidden_size),
                k = m.moe() ? double(m.experts_per_token) : 1.0;
+  // Every token also runs the shared experts, an MLP of their total width.
+  const double S = double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0);
   LayerFlops f;
-  f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * (h * F * (m.gated_mlp ? 2 : 1) + F * h));
+  f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * (h * F * (m.gated_mlp ? 2 : 1) + F * h) +
+                    (h * S * (m.gated_mlp ? 2 : 1) + S * h));
   f.attention = 2.0 * q * double(c.training.seq_length);
   return f;
 }
@@ -89,7 +92,8 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
     double act_layers = std::max(0.0, layers - recomputed_layers);
     if (recomputed_layers == 0 && c.recompute.num_layers > 0)
       act_layers = std::min(double(c.recompute.num_layers), layers);
-    stage_recompute += act_layers * T * k * 2.0 * F * (m.gated_mlp ? 3.0 : 2.0) / (cl.hbm_gbps * 1e9);
+    const double S = double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0) / t;
+    stage_recompute += act_layers * T * (k * F + S) * 2.0 * (m.gated_mlp ? 3.0 : 2.0) / (cl.hbm_gbps * 1e9);
   }
 
   // TP: with SP each layer all-gathers its two inputs and reduce-scatters its two outputs in
