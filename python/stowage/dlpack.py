@@ -1,12 +1,15 @@
-"""Tensors in stowage's memory handed to any DLPack consumer without a copy:
-`torch.from_dlpack(stowage.empty((4, 1024), "float32"))` (also NumPy, JAX, CuPy)."""
+"""Tensors in stowage's memory handed to a DLPack consumer without a copy:
+`torch.from_dlpack(stowage.empty((4, 1024), "float32"))` (also NumPy, JAX, CuPy), where the
+consumer reads the dtype: "bool" (kDLBool) needs PyTorch with pytorch/pytorch#108486 (not 2.0 or
+older) or NumPy 1.25+, "bfloat16" a consumer that has it (docs/pytorch.md)."""
 import ctypes
 import math
 
 from . import _lib
 from .errors import InvalidArgumentError
 
-# DLPack type codes (dlpack.h): kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6.
+# DLPack type codes (dlpack.h): kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6 (newer than
+# some readers: torch 1.13 raises "Unsupported code 6"; a uint8 tensor viewed as bool copies nothing).
 _DTYPES = {
     "float32": (2, 32), "float16": (2, 16), "float64": (2, 64), "bfloat16": (4, 16),
     "int8": (0, 8), "int16": (0, 16), "int32": (0, 32), "int64": (0, 64),

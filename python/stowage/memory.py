@@ -93,7 +93,7 @@ def dump_snapshot(path, device=0):
 def set_memory_cap(nbytes, device=0):
     """Caps the bytes the allocator reserves (0 removes the cap)."""
     if nbytes < 0:
-        raise ValueError(f"set_memory_cap: {nbytes} is negative")
+        raise InvalidArgumentError(f"set_memory_cap: {nbytes} is negative")
     _lib.call_int("stowage_set_memory_cap", device, nbytes)
 
 

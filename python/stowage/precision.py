@@ -10,18 +10,19 @@ is needed here. stowage.torch.optim builds optimizers on this.
 import ctypes
 
 from . import _lib
+from .errors import InvalidArgumentError
 
 HALF_UP = 0
 NEAREST_EVEN = 1
 _ROUNDING = {"half_up": HALF_UP, "nearest_even": NEAREST_EVEN}
+ROUNDINGS = tuple(_ROUNDING)
 
 
 def rounding_code(rounding):
     """"half_up" or "nearest_even" (the spelling `stowage estimate` and `stowage demo` take)."""
-    try:
-        return _ROUNDING[rounding]
-    except KeyError:
-        raise ValueError(f"rounding {rounding!r} is neither 'half_up' nor 'nearest_even'") from None
+    if not isinstance(rounding, str) or rounding not in _ROUNDING:
+        raise InvalidArgumentError(f"rounding {rounding!r} is neither 'half_up' nor 'nearest_even'")
+    return _ROUNDING[rounding]
 
 
 def tie_bitmap_bytes(numel, rounding):
@@ -57,7 +58,7 @@ def planes(bf16, residual, ties, numel, rounding):
 
 def _grad_bits(bits):
     if bits not in (16, 32):
-        raise ValueError(f"grad_bits {bits} is neither 32 (fp32) nor 16 (bf16)")
+        raise InvalidArgumentError(f"grad_bits {bits} is neither 32 (fp32) nor 16 (bf16)")
     return bits
 
 

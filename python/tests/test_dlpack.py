@@ -40,8 +40,9 @@ def torch_version():
     return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in torch.__version__.split(".")[:2])
 
 
-# DLPack's bool (code 6) is newer than torch 1.13's reader.
-BOOL = pytest.param("bool", torch.bool, marks=pytest.mark.skipif(torch_version() < (2, 0), reason="torch<2 lacks kDLBool"))
+# DLPack's bool (code 6) is newer than torch 2.0's reader (pytorch/pytorch#108486, 2023-09).
+BOOL = pytest.param("bool", torch.bool, marks=pytest.mark.skipif(torch_version() < (2, 2),
+                                                                 reason="torch<2.2 may lack kDLBool"))
 
 
 @pytest.mark.parametrize("name,dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float16),

@@ -13,7 +13,6 @@ from torch import nn  # noqa: E402
 from stowage import InvalidArgumentError  # noqa: E402
 from stowage.torch.adaptor import apply  # noqa: E402
 from stowage.torch.optim import SharedStorageAdamW  # noqa: E402
-from stowage.torch.recompute import recompute_activations  # noqa: E402
 from stowage.torch.swap import swap_activations  # noqa: E402
 from optim_training import batches, bits, make_model, train  # noqa: E402
 from pickling import loaded_without_stowage  # noqa: E402
@@ -122,7 +121,7 @@ def test_a_refused_applied_remove_undoes_nothing():
     model = nn.Sequential(Block(), Block())
     applied = apply(model, torch.optim.SGD(model.parameters(), lr=0.1), shared_storage=False, recompute=True,
                     swap=True)
-    later = recompute_activations(model[0])  # made after apply's handles, over the same modules
+    later = swap_activations(model[0], names=("fc1",))  # made after apply's handles, over the same modules
 
     def forwards():
         return {name: m.__dict__.get("forward") for name, m in model.named_modules()}

@@ -175,15 +175,36 @@ class WrapHandle:
         self.remove()
 
 
-def set_forward(module, forward, undo):
+def set_forward(module, forward, undo, role=None):
     """module.forward = forward (wrapped, see the module's docstring), with its restore appended to
     `undo` (a forward set on the instance before is put back; otherwise the class's shows through
-    again)."""
+    again). `role` names what the wrapper does to the module, for wrapped_as()."""
     had = "forward" in module.__dict__
     wrapped = _Wrapped(module, forward, had, module.__dict__.get("forward"))
+    wrapped.role = role
     # The first wrapper put on a module (the last one removed) refuses its replication.
     wrapped.refuses_replicas = "_replicate_for_data_parallel" not in module.__dict__
     if wrapped.refuses_replicas:
         module._replicate_for_data_parallel = _NoReplicas(module)
     module.forward = wrapped
     undo.append(wrapped)
+
+
+def wrapped_as(module, role):
+    """Whether a wrapper of `role` that is still in place (its handle not removed) is among the
+    forwards stacked on `module`."""
+    forward = module.__dict__.get("forward")
+    while isinstance(forward, _Wrapped):
+        if getattr(forward, "role", None) == role:
+            return True
+        forward = forward.old if forward.had else None
+    return False
+
+
+def check_names(what, option, names):
+    """Refuses `names` that are not a collection of qualified module names (a str would be taken
+    one character at a time). Returns them as a tuple."""
+    if not isinstance(names, (list, tuple, set, frozenset)) or not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"{what}: {option} must be a list or tuple of module names (str), e.g. "
+                                   f"[\"layers.0.mlp.act\"] (got {names!r})")
+    return tuple(names)

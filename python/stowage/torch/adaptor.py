@@ -1,17 +1,23 @@
 """One call that applies stowage's techniques to an existing model and optimizer, the way
 MindSpeed's adaptor does; the training loop stays as it is (docs/pytorch.md, "One entry point")."""
+import types
+import weakref
+
 import torch
 
+from .. import precision
 from ..errors import InvalidArgumentError, UnsupportedError
+from ._wrapping import check_names
 from .offload import check_options
-from .optim import SharedStorageAdamW, SharedStorageSGD, checked_entry, sparse_gradient_error
-from .recompute import DEFAULT_ACTIVATIONS, recompute_activations
+from .optim import SharedStorageAdamW, SharedStorageSGD, checked_entry, is_real, sparse_gradient_error
+from .recompute import DEFAULT_ACTIVATIONS, check_activation_types, recompute_activations
 from .swap import swap_activations
 
 
 class Applied:
-    """What apply() did: the optimizer to step (the shared-storage one, or the one given), the
-    recompute and swap handles (None when not asked for); remove() undoes the module wrapping."""
+    """What apply() did: the optimizer to step (the shared-storage one, which replaces the one given,
+    or the one given), the recompute and swap handles (None when not asked for); remove() undoes
+    the module wrapping."""
 
     def __init__(self, optimizer, recompute, swap):
         self.optimizer = optimizer
@@ -79,6 +85,58 @@ def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite, state_
     return made
 
 
+# What a replaced optimizer refuses: each would step, save or change state the new one no longer shares.
+_RETIRED = ("step", "state_dict", "load_state_dict", "add_param_group")
+
+
+def _replaced_error(optimizer, what):
+    new = optimizer._stowage_replaced_by()
+    by = f"the {type(new).__name__} " if new is not None else "the optimizer "
+    return InvalidArgumentError(
+        f"{what}: this {type(optimizer).__name__} was replaced by {by}that stowage.torch.adaptor.apply() returned "
+        "(Applied.optimizer): its parameters are bf16 views of that optimizer's planes, which hold the fp32 masters "
+        "and the state. Use that optimizer instead (step it, save and load its state_dict(), make LR schedulers "
+        "and checkpointing helpers on it)")
+
+
+def _retired(name):
+    def refuse(self, *args, **kwargs):
+        raise _replaced_error(self, f"{name}()")
+    refuse.__name__ = name
+    return refuse
+
+
+def _retire(optimizer, made):
+    """After a shared-storage apply(): `optimizer` (the one given) refuses _RETIRED, and its
+    param_groups are `made`'s, so an LR scheduler made on it before apply() sets the lr that `made`
+    steps with. Its own state, which `made` copied, is dropped. Bound methods on the instance: a
+    scheduler made on it later wraps them (it calls step's __func__) and still reaches the refusal."""
+    optimizer._stowage_replaced_by = weakref.ref(made)
+    optimizer.param_groups = made.param_groups
+    optimizer.state.clear()
+    for name in _RETIRED:
+        setattr(optimizer, name, types.MethodType(_retired(name), optimizer))
+
+
+def _check_options(shared_storage, rounding, max_grad_norm, skip_nonfinite, recompute, recompute_activation_types,
+                   recompute_names, swap, swap_prefetch, swap_names, state_offload, state_device_budget):
+    """Every option's type and value, before anything changes."""
+    for name, value in (("shared_storage", shared_storage), ("skip_nonfinite", skip_nonfinite),
+                        ("recompute", recompute), ("swap", swap)):
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(f"apply(): {name} must be True or False (got {value!r})")
+    if not isinstance(rounding, str) or rounding not in precision.ROUNDINGS:
+        raise InvalidArgumentError(f"apply(): rounding must be 'nearest_even' or 'half_up' (got {rounding!r})")
+    if max_grad_norm is not None and not (is_real(max_grad_norm) and max_grad_norm > 0):
+        raise InvalidArgumentError(f"apply(): max_grad_norm must be a number > 0 or None (got {max_grad_norm!r})")
+    if isinstance(swap_prefetch, bool) or not isinstance(swap_prefetch, int) or swap_prefetch < 0:
+        raise InvalidArgumentError(f"apply(): swap_prefetch must be an int >= 0 (got {swap_prefetch!r})")
+    check_activation_types("apply()", "recompute_activation_types", recompute_activation_types)
+    check_names("apply()", "recompute_names", recompute_names)
+    check_names("apply()", "swap_names", swap_names)
+    check_options(state_offload, state_device_budget)
+
+
 def _check_resumable(optimizer, kind):
     """A resumed optimizer's state must fit before any parameter moves (a refusal changes nothing)."""
     for p, entry in optimizer.state.items():  # checked only: no copy (the state may be meant to leave the device)
@@ -138,15 +196,25 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
     state_offload ("mapped" or "streamed"), state_device_budget (bytes of optimizer state each
       device keeps, or None): the shared-storage optimizer's m and v (momentum buffer) go to host
       memory, for the parameters that do not fit in the budget (stowage.torch.offload).
+
+    Options of the wrong type (a switch that is not True or False, a number given as a str or a
+    bool) are refused with InvalidArgumentError naming them, before anything changes. After a shared-storage apply() the
+    optimizer given is replaced: its step(), state_dict(), load_state_dict() and add_param_group()
+    raise InvalidArgumentError naming the new one, its param_groups are the new one's (an LR
+    scheduler made on it before sets the new one's lr), and its state is dropped (the new one
+    holds a copy). A refused apply() leaves it as it was.
     """
     if not isinstance(model, torch.nn.Module):
         raise InvalidArgumentError("apply(): model must be a torch.nn.Module")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError("apply(): optimizer must be a torch.optim.Optimizer")
+    if hasattr(optimizer, "_stowage_replaced_by"):
+        raise _replaced_error(optimizer, "apply()")
+    _check_options(shared_storage, rounding, max_grad_norm, skip_nonfinite, recompute, recompute_activation_types,
+                   recompute_names, swap, swap_prefetch, swap_names, state_offload, state_device_budget)
     if not shared_storage and max_grad_norm is not None:
         raise InvalidArgumentError("apply(): max_grad_norm is the fused clipping of shared storage; without it, "
                                    "call torch.nn.utils.clip_grad_norm_ in the loop")
-    check_options(state_offload, state_device_budget)
     if not shared_storage and state_offload != "none":
         raise InvalidArgumentError("apply(): state_offload moves the state of the shared-storage optimizers; give "
                                    "shared_storage=True with it")
@@ -167,4 +235,6 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
     except Exception:
         done.remove()
         raise
+    if shared_storage:
+        _retire(optimizer, done.optimizer)
     return done

@@ -26,6 +26,7 @@ import sys
 import torch
 
 from .. import memory
+from ..errors import InvalidArgumentError
 from . import gpt
 from .adaptor import apply
 from .reference import MasterWeightsOptimizer
@@ -102,7 +103,7 @@ def run(config, steps=8, seq=32, batch=4, layers=2, hidden=64, ffn=256, lr=3e-3,
         offload_budget=None):
     """Trains one configuration; returns a dict of its losses and measured bytes."""
     if config not in CONFIGS:
-        raise ValueError(f"config {config!r} is not one of {', '.join(CONFIGS)}")
+        raise InvalidArgumentError(f"config {config!r} is not one of {', '.join(CONFIGS)}")
     data, vocab = gpt.batches(gpt.corpus(), seq, batch, steps, seed=seed + 1)
     torch.manual_seed(seed)
     model = gpt.GPT(vocab, seq, hidden=hidden, layers=layers, ffn=ffn)

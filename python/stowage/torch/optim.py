@@ -12,6 +12,7 @@ stream (stowage_adam_step_async), when libstowage uses CUDA. state_offload puts 
 momentum buffer) in host memory, mapped or streamed, under a device budget (stowage.torch.offload).
 """
 import math
+import numbers
 import weakref
 
 import torch
@@ -94,6 +95,11 @@ class _Bucket:
     def nbytes(self):
         return self.bf16.numel() * 2 + self.residual.numel() * 2 + (self.ties.numel() if self.rounding == "nearest_even"
                                                                       else 0)
+
+
+def is_real(value):
+    """A real number as an option takes it: not a bool, a str or a tensor."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _param_list(params):
@@ -188,12 +194,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
                  state_device_budget):
-        precision.rounding_code(rounding)  # ValueError for a misspelt mode
+        precision.rounding_code(rounding)  # InvalidArgumentError for a misspelt mode
         homes = StateHomes(state_offload, state_device_budget, len(self._state_keys))
-        if max_grad_norm is not None and not (max_grad_norm > 0):
-            raise InvalidArgumentError(f"max_grad_norm must be > 0 or None (got {max_grad_norm})")
-        if not (loss_scale > 0 and math.isfinite(loss_scale)):
-            raise InvalidArgumentError(f"loss_scale must be finite and > 0 (got {loss_scale})")
+        if max_grad_norm is not None and not (is_real(max_grad_norm) and max_grad_norm > 0):
+            raise InvalidArgumentError(f"max_grad_norm must be a number > 0 or None (got {max_grad_norm!r})")
+        if not (is_real(loss_scale) and loss_scale > 0 and math.isfinite(loss_scale)):
+            raise InvalidArgumentError(f"loss_scale must be a finite number > 0 (got {loss_scale!r})")
+        if not isinstance(skip_nonfinite, bool):
+            raise InvalidArgumentError(f"skip_nonfinite must be True or False (got {skip_nonfinite!r})")
         self.rounding = rounding
         self.max_grad_norm = max_grad_norm
         self.skip_nonfinite = skip_nonfinite

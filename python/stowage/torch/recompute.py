@@ -25,7 +25,7 @@ import weakref
 import torch
 
 from ..errors import InvalidArgumentError, StowageError, UnsupportedError
-from ._wrapping import WrapHandle, set_forward, storage_of as _storage
+from ._wrapping import WrapHandle, check_names, set_forward, storage_of as _storage, wrapped_as
 
 __all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute_activations",
            "DEFAULT_ACTIVATIONS"]
@@ -294,6 +294,16 @@ def _flat_tensors(value):
     return []
 
 
+_ROLE = "recomputed activation"  # the role of an activation's wrapper (_wrapping.wrapped_as)
+
+
+def check_activation_types(what, option, types):
+    """Refuses activation types that are not a list or tuple of classes (a class alone included)."""
+    if not isinstance(types, (list, tuple)) or not all(isinstance(t, type) for t in types):
+        raise InvalidArgumentError(f"{what}: {option} must be a list or tuple of module classes, e.g. "
+                                   f"(torch.nn.GELU, torch.nn.SiLU) (got {types!r})")
+
+
 class RecomputeHandle(WrapHandle):
     """What recompute_activations() returns: .stats (RecomputeStats), .modules (the wrapped names),
     .remove() (the model as it was). Also a context manager."""
@@ -304,8 +314,8 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     named in names, e.g. "layers.0.mlp.act") when its parent module's forward returns, and
     recomputes it when the gradient reaches the parent's output. The model's code is unchanged;
     any module class works as an activation (SwiGLU written as a module, dropout inside). Refused:
-    a module with forward hooks, and one with trainable parameters called on an input that needs
-    no gradient.
+    a module with forward hooks, one with trainable parameters called on an input that needs no
+    gradient, and one an earlier handle that was not removed recomputes already.
 
     Rules: the activation's value must leave the parent only through the parent's outputs (a
     tensor stashed elsewhere would read released bytes), and backward must enter through them.
@@ -314,6 +324,8 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     No module chosen (an activation called as a function, e.g. a SwiGLU written F.silu(gate) * up)
     is refused with InvalidArgumentError, as swap_activations refuses it. A deep copy or a pickle of
     the model is a plain model (stowage.torch._wrapping)."""
+    check_activation_types("recompute_activations", "activation_types", activation_types)
+    names = check_names("recompute_activations", "names", names)
     # Every name a module is held under: an activation instance shared by several layers (built
     # once, passed to each) is called by each of them, and each one is a parent to wrap.
     modules = dict(_every_name(model))
@@ -343,6 +355,12 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
                                        "a parent module whose forward consumes it)")
         if getattr(module, "inplace", False):
             raise InvalidArgumentError(f"recompute_activations: {name} is in-place; its output is its input's storage")
+        if wrapped_as(module, _ROLE):
+            # Wrapped twice, the outer handle would run the inner one's wrapper in its own rerun, outside
+            # any forward the inner handle follows: the inner one would release nothing and warn.
+            raise InvalidArgumentError(f"recompute_activations: {name} is already recomputed by an earlier handle "
+                                       "(recompute_activations() or apply(recompute=True)) that was not removed; "
+                                       "remove() that handle first")
         _refuse_hooks(module, name)
     stats, undo, frames, parents = RecomputeStats(), [], _Frames(), set()
     for name in chosen:
@@ -442,7 +460,7 @@ def _wrap_activation(module, name, frames, stats, undo):
         out = act.checkpoint(fn, *args)
         frames.stack[-1].append((name, act))
         return out
-    set_forward(module, forward, undo)
+    set_forward(module, forward, undo, role=_ROLE)
 
 
 def _wrap_parent(parent, frames, undo):

@@ -30,7 +30,7 @@ from .. import dlpack as stowage_memory
 from .. import memory
 from ..errors import InvalidArgumentError
 from ._pinned import Holds, pinned_empty
-from ._wrapping import WrapHandle, set_forward, storage_of
+from ._wrapping import WrapHandle, check_names, set_forward, storage_of, wrapped_as
 
 __all__ = ["swap_activations", "SwapHandle", "SwapStats"]
 
@@ -394,6 +394,9 @@ class _Pass:
         return self.calls[call - self.base] if call >= self.base else ()
 
 
+_ROLE = "swapped module"  # the role of a swapped module's wrapper (_wrapping.wrapped_as)
+
+
 class SwapHandle(WrapHandle):
     """What swap_activations() returns: .stats (SwapStats), .modules (the swapped modules' names),
     .remove() (the model as it was). Also a context manager."""
@@ -412,9 +415,11 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     copied every byte of its span. One module call copies the bytes of a storage once however many
     of its saves cover them (x saved by separate q, k and v projections; softmax's output and the
     matmul's view of it), and they come back as one device copy that each is a view of (_Store).
-    A deep copy or a pickle of the model is a plain model (stowage.torch._wrapping)."""
-    if not isinstance(prefetch, int) or prefetch < 0:
+    A module an earlier handle that was not removed swaps already is refused. A deep copy or a
+    pickle of the model is a plain model (stowage.torch._wrapping)."""
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise InvalidArgumentError(f"swap_activations: prefetch must be an int >= 0 (got {prefetch!r})")
+    names = check_names("swap_activations", "names", names)
     found = dict(model.named_modules())
     missing = [n for n in names if n not in found]
     if missing:
@@ -435,6 +440,13 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         raise InvalidArgumentError(f"swap_activations: '{inner[0]}' is inside '{outer}', which is named too; "
                                    "name one of them (the outer one swaps what both save)")
     chosen = [n for n in chosen if n not in inner]
+    again = [n for n in chosen if wrapped_as(found[n], _ROLE)]
+    if again:
+        # The two handles' saved-tensor hooks would nest and only the innermost pair packs: the later
+        # handle would swap and count nothing.
+        raise InvalidArgumentError(f"swap_activations: {', '.join(again)} {'is' if len(again) == 1 else 'are'} "
+                                   "already swapped by an earlier handle (swap_activations() or apply(swap=True)) "
+                                   "that was not removed; remove() that handle first")
     # A parameter's storage, not the tensor: linear layers save views of their weights (weight.t()).
     # An optimizer made after this call may give the parameters new storage (a bf16 copy, apply()'s
     # shared-storage planes), and the old addresses may then hold activations: the model's are
@@ -557,7 +569,7 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
                 for d in seen:
                     d.clear()  # the storages' weak references; autograd owns the copies it saved
 
-        set_forward(module, forward, undo)
+        set_forward(module, forward, undo, role=_ROLE)
     # Each forward of the model starts its own pass and takes the parameters' storages again. A
     # wrapper, as the modules' (not a forward pre-hook): a deep copy or a pickle of the model drops
     # it with theirs (_wrapping).
