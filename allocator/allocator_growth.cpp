@@ -223,7 +223,8 @@ std::size_t CachingAllocator::Impl::release_cached(std::size_t want, bool oldest
 }
 
 void CachingAllocator::Impl::maybe_collect_garbage(Pool p, std::size_t rounded) {
-  if (opts.gc_threshold <= 0.0) return;
+  // Only under a cap, as PyTorch collects only under a memory fraction below 1.
+  if (opts.gc_threshold <= 0.0 || cap == 0) return;
   const std::size_t growth = mode == SegmentMode::expandable
                                  ? detail::round_up(rounded, device.properties().granularity)
                                  : detail::classic_segment_size(rounded);

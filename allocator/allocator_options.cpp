@@ -99,10 +99,18 @@ AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptio
       o.max_split_size = mib_to_bytes(key, mib);
     } else if (key == "garbage_collection_threshold") {
       o.gc_threshold = parse_fraction(key, value);
+      if (o.gc_threshold == 0.0 || o.gc_threshold == 1.0)  // PyTorch: "set it 0.0~1.0", both ends refused
+        throw ParseError(fmt::format("allocator options: {}: must lie strictly between 0 and 1, got {}", key, value));
     } else if (key == "memory_cap_mb") {
       o.memory_cap_bytes = mib_to_bytes(key, parse_count(key, value));
-    } else if (key == "memory_cap_fraction" || key == "per_process_memory_fraction") {
+    } else if (key == "memory_cap_fraction") {
       o.memory_cap_fraction = parse_fraction(key, value);
+    } else if (key == "per_process_memory_fraction") {
+      // PyTorch's meaning: 1 (its default) is no cap, 0 a cap no reservation fits (one byte here:
+      // a cap of 0 bytes means none).
+      const double f = parse_fraction(key, value);
+      o.memory_cap_fraction = f == 1.0 ? 0.0 : f;
+      if (f == 0.0) o.memory_cap_bytes = 1;
     } else if (key == "trace_entries") {
       o.trace_entries = static_cast<std::size_t>(parse_count(key, value));
     } else if (key == "expandable_reserve_mb") {

@@ -415,10 +415,11 @@ void CachingAllocator::set_memory_cap(std::size_t bytes) {
 
 void CachingAllocator::set_memory_fraction(double fraction) {
   impl_->check_not_forked("set_memory_fraction");
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw InvalidArgument(fmt::format("stowage: memory fraction {} is not in (0, 1]", fraction));
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw InvalidArgument(fmt::format("stowage: memory fraction {} is not in [0, 1]", fraction));
   }
-  set_memory_cap(cap_of(fraction, impl_->device.capacity()));
+  // As PyTorch's setMemoryFraction: 1 is no cap at all, 0 a cap no reservation fits.
+  set_memory_cap(fraction == 1.0 ? 0 : cap_of(fraction, impl_->device.capacity()));
 }
 
 std::size_t CachingAllocator::memory_cap() const {

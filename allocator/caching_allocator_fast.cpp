@@ -3,15 +3,13 @@
 //
 // Locks, always taken in this order: mu, then thread caches' locks, then live-map shards. A fast
 // operation holds its own cache's lock and at most one shard's.
-#include <dlfcn.h>
-#include <pthread.h>
-
 #include <algorithm>
 #include <memory>
 #include <new>
 
 #include "allocator/caching_allocator_impl.hpp"
 #include "allocator/size_classes.hpp"
+#include "common/thread_exit_key.hpp"
 
 namespace stowage {
 
@@ -48,11 +46,10 @@ struct TlsCaches {
   }
 };
 
-// Given back by a pthread key's destructor, not a thread_local's: glibc runs pthread key
-// destructors after the C++ thread_local ones, so a thread whose first call comes from a key
-// destructor (a client's thread-exit hook freeing a block) would register a thread_local
-// destructor that never runs, and keep its cache for ever. A key set during the key destructors
-// is destroyed in their next round. (The caches stay valid while C++ thread_locals die.)
+// Given back by a pthread key's destructor, not a thread_local's (common/thread_exit_key.hpp): a
+// thread whose first call comes from a key destructor (a client's thread-exit hook freeing a
+// block) would otherwise keep its cache for ever. (The caches stay valid while C++ thread_locals
+// die.)
 void give_back_thread_caches(void* caches) {
   tls_memo = {nullptr, nullptr, true};
   auto* c = static_cast<TlsCaches*>(caches);
@@ -61,17 +58,7 @@ void give_back_thread_caches(void* caches) {
 }
 
 pthread_key_t thread_caches_key() {
-  static const pthread_key_t key = [] {
-    pthread_key_t k{};
-    if (pthread_key_create(&k, give_back_thread_caches) != 0) throw std::bad_alloc();
-    // The key's destructor runs at every later thread exit: the code that holds it stays mapped
-    // (libstowage.so is -z nodelete; a plugin that embeds the static library is pinned here, or
-    // its dlclose would leave glibc calling into unmapped code).
-    Dl_info where{};
-    if (dladdr(reinterpret_cast<void*>(&give_back_thread_caches), &where) != 0 && where.dli_fname != nullptr)
-      (void)dlopen(where.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
-    return k;
-  }();
+  static const pthread_key_t key = make_thread_exit_key(give_back_thread_caches);
   return key;
 }
 

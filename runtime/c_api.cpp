@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
+#include "common/thread_exit_key.hpp"
 #include "stowage/allocator.hpp"
 #include "stowage/config.hpp"
 #include "stowage/dlpack.hpp"
@@ -41,9 +43,11 @@ struct ThreadState {
   std::vector<std::unique_ptr<ScopedTag>> tags;  // stowage_push_tag's, innermost last
 };
 
-// A client's thread-local destructor may call in after this thread's state is gone (thread-locals
-// die in reverse order of construction). So the state is reached through a memo with no
-// destructor, which then says `exited`, and an error message is kept, cut short, in a buffer.
+// A thread's state is ended by a pthread key's destructor (common/thread_exit_key.hpp), which
+// runs after every C++ thread_local destructor: a client's thread-local destructor still finds it
+// whole, and state first made by a client's own key destructor is ended too (a thread_local made
+// that late was never destroyed). Calls that come after it, from a later key destructor, find
+// `exited`; their error message is kept, cut short, in a buffer. The memo has no destructor.
 struct ThreadMemo {
   ThreadState* state;
   bool exited;
@@ -51,25 +55,23 @@ struct ThreadMemo {
 };
 thread_local ThreadMemo thread_memo{};
 
-struct ThreadStateOwner {
-  std::unique_ptr<ThreadState> state;
-  ~ThreadStateOwner() {
-    thread_memo.state = nullptr;
-    thread_memo.exited = true;
-    if (state) {
-      std::snprintf(thread_memo.exit_message, sizeof thread_memo.exit_message, "%s", state->last_error.c_str());
-      while (!state->tags.empty()) state->tags.pop_back();  // innermost first, as they were pushed
-    }
-  }
-};
-thread_local ThreadStateOwner thread_state_owner;
+void end_thread_state(void* state) {
+  auto* s = static_cast<ThreadState*>(state);
+  thread_memo.state = nullptr;
+  thread_memo.exited = true;
+  std::snprintf(thread_memo.exit_message, sizeof thread_memo.exit_message, "%s", s->last_error.c_str());
+  while (!s->tags.empty()) s->tags.pop_back();  // innermost first, as they were pushed
+  delete s;
+}
 
-// This thread's state, made on first use; nullptr once the thread's thread-locals are being destroyed.
+// This thread's state, made on first use; nullptr once it has ended.
 ThreadState* thread_state() {
   ThreadMemo& memo = thread_memo;
   if (memo.state != nullptr || memo.exited) return memo.state;
-  thread_state_owner.state = std::make_unique<ThreadState>();
-  memo.state = thread_state_owner.state.get();
+  static const pthread_key_t key = make_thread_exit_key(end_thread_state);
+  auto made = std::make_unique<ThreadState>();
+  if (pthread_setspecific(key, made.get()) != 0) throw std::bad_alloc();
+  memo.state = made.release();
   return memo.state;
 }
 
@@ -78,7 +80,7 @@ ThreadState& tag_state(const char* what) {
   ThreadState* state = thread_state();
   if (state == nullptr)
     throw InvalidArgument(fmt::format(
-        "{}: this thread's tags are gone (called from a thread-local destructor that runs after stowage's own)", what));
+        "{}: this thread's tags are gone (called at thread exit after stowage ended the thread's state)", what));
   return *state;
 }
 
@@ -306,8 +308,8 @@ int stowage_set_memory_cap(int device, size_t bytes) {
 
 int stowage_set_memory_fraction(int device, double fraction) {
   return guarded(-1, [&] {
-    if (!(fraction > 0.0 && fraction <= 1.0))
-      throw InvalidArgument(fmt::format("stowage_set_memory_fraction: {} is not in (0, 1]", fraction));
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+      throw InvalidArgument(fmt::format("stowage_set_memory_fraction: {} is not in [0, 1]", fraction));
     allocators().get(device).allocator->set_memory_fraction(fraction);
     return 0;
   });

@@ -74,9 +74,18 @@ TEST(AllocatorErrors, APositiveFractionCapsAtOneByteAtLeast) {
   EXPECT_EQ(a.memory_cap(), 128 * MiB);
   a.set_memory_fraction(1e-12);
   EXPECT_EQ(a.memory_cap(), 1u);
-  EXPECT_THROW(a.set_memory_fraction(0.0), InvalidArgument);
+  EXPECT_THROW(a.set_memory_fraction(-0.5), InvalidArgument);
   EXPECT_THROW(a.set_memory_fraction(1.5), InvalidArgument);
   EXPECT_EQ(a.memory_cap(), 1u);  // a refused fraction changes nothing
+  // PyTorch's range [0, 1]: 1 is no cap, 0 a cap no reservation fits.
+  a.set_memory_fraction(1.0);
+  EXPECT_EQ(a.memory_cap(), 0u);
+  void* p = a.allocate(512);
+  a.deallocate(p);
+  a.empty_cache();
+  a.set_memory_fraction(0.0);
+  EXPECT_EQ(a.memory_cap(), 1u);
+  EXPECT_THROW(a.allocate(512), OutOfMemory);
 }
 
 TEST(AllocatorErrors, RetryAfterFreeingTheCache) {

@@ -250,5 +250,31 @@ TEST(AllocatorSegments, GarbageCollectionFreesOldestCachedSegments) {
   a.deallocate(z);
 }
 
+// As PyTorch, which collects only under a memory fraction below 1: without a cap the threshold
+// does nothing (it used to collect against the device's capacity), and a fraction of 1 is none.
+TEST(AllocatorSegments, GarbageCollectionActsOnlyUnderACap) {
+  auto dev = small_device();
+  AllocatorOptions o = classic_options();
+  o.gc_threshold = 0.1;  // of the 256 MiB capacity: 25.6 MiB, were it a cap
+  CachingAllocator a(*dev, o);
+  void* x = a.allocate(12 * MiB);
+  a.deallocate(x);
+  void* y = a.allocate(16 * MiB);  // 12 + 16 past 25.6: nothing collected without a cap
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(28 * MiB));
+  EXPECT_EQ(a.stats().num_device_free, 0);
+  a.set_memory_fraction(1.0);  // no cap, as in PyTorch
+  void* z = a.allocate(14 * MiB);
+  EXPECT_EQ(a.stats().reserved_bytes.all.current, i64(42 * MiB));
+  EXPECT_EQ(a.stats().num_device_free, 0);
+  a.deallocate(z);
+  a.set_memory_fraction(0.25);     // 64 MiB: collecting past 6.4 MiB
+  void* w = a.allocate(18 * MiB);  // the two cached segments go first
+  const AllocatorStats st = a.stats();
+  EXPECT_EQ(st.reserved_bytes.all.current, i64(16 * MiB + 18 * MiB));
+  EXPECT_EQ(st.num_device_free, 2);
+  a.deallocate(w);
+  a.deallocate(y);
+}
+
 }  // namespace
 }  // namespace stowage

@@ -363,6 +363,26 @@ TEST(AllocatorOptionsText, ParsesPyTorchAndStowageKeys) {
   EXPECT_EQ(parse_allocator_options("expandable_segments:True", o).segments, SegmentMode::expandable);
 }
 
+// PyTorch's per_process_memory_fraction keeps PyTorch's meaning (CUDAAllocatorConfig, then
+// setMemoryFraction): 1, its default, is no cap; 0 a cap no reservation fits. stowage's own
+// memory_cap_fraction keeps 0 as "none".
+TEST(AllocatorOptionsText, PyTorchsMemoryFractionMeansWhatItMeansThere) {
+  AllocatorOptions o = parse_allocator_options("per_process_memory_fraction:0.25");
+  EXPECT_DOUBLE_EQ(o.memory_cap_fraction, 0.25);
+  EXPECT_EQ(o.memory_cap_bytes, 0u);
+  o = parse_allocator_options("per_process_memory_fraction:1");
+  EXPECT_DOUBLE_EQ(o.memory_cap_fraction, 0.0);
+  EXPECT_EQ(o.memory_cap_bytes, 0u);
+  o = parse_allocator_options("per_process_memory_fraction:0");
+  auto dev = small_device();
+  CachingAllocator a(*dev, o);
+  EXPECT_EQ(a.memory_cap(), 1u);
+  EXPECT_THROW(a.allocate(512), OutOfMemory);
+  o = parse_allocator_options("memory_cap_fraction:0");
+  EXPECT_DOUBLE_EQ(o.memory_cap_fraction, 0.0);
+  EXPECT_EQ(o.memory_cap_bytes, 0u);
+}
+
 TEST(AllocatorOptionsText, BadTextNamesTheKey) {
   auto message = [](const std::string& text) -> std::string {
     try {
@@ -375,6 +395,11 @@ TEST(AllocatorOptionsText, BadTextNamesTheKey) {
   EXPECT_THAT(message("roundup_bypass:1"), HasSubstr("unknown key \"roundup_bypass\""));
   EXPECT_THAT(message("max_split_size_mb:abc"), HasSubstr("max_split_size_mb"));
   EXPECT_THAT(message("garbage_collection_threshold:1.5"), HasSubstr("garbage_collection_threshold"));
+  // PyTorch refuses both ends ("garbage_collect_threshold too small/too big").
+  EXPECT_EQ(message("garbage_collection_threshold:0"),
+            "allocator options: garbage_collection_threshold: must lie strictly between 0 and 1, got 0");
+  EXPECT_EQ(message("garbage_collection_threshold:1.0"),
+            "allocator options: garbage_collection_threshold: must lie strictly between 0 and 1, got 1.0");
   EXPECT_THAT(message("expandable_segments:maybe"), HasSubstr("expandable_segments"));
   EXPECT_THAT(message("memory_cap_mb"), HasSubstr("expected key:value"));
 }

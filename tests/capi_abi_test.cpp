@@ -252,7 +252,10 @@ TEST_F(CApiTest, ATinyMemoryFractionIsACapOfOneByteNotNone) {
   ASSERT_EQ(stowage_set_memory_fraction(0, 1e-12), 0) << error();  // 1e-12 of the capacity rounds to 0 bytes
   EXPECT_EQ(stowage_malloc(512, 0, nullptr), nullptr);
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_OUT_OF_MEMORY);
-  EXPECT_EQ(stowage_set_memory_fraction(0, 0.0), -1);  // refused: the range is (0, 1]
+  // PyTorch's fraction 0 (its range is [0, 1]): a cap no reservation fits.
+  EXPECT_EQ(stowage_set_memory_fraction(0, 0.0), 0) << error();
+  EXPECT_EQ(stowage_malloc(512, 0, nullptr), nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(stowage_set_memory_cap(0, 0), 0);
   void* p = stowage_malloc(512, 0, nullptr);
   EXPECT_NE(p, nullptr) << error();

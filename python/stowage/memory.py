@@ -98,7 +98,8 @@ def set_memory_cap(nbytes, device=0):
 
 
 def set_per_process_memory_fraction(fraction, device=0):
-    """Caps reserved bytes at `fraction` (0 < fraction <= 1) of the device's memory."""
+    """Caps reserved bytes at `fraction` (0 <= fraction <= 1) of the device's memory, as PyTorch's
+    set_per_process_memory_fraction: 1 removes the cap, 0 refuses every new reservation."""
     _lib.call_int("stowage_set_memory_fraction", device, ctypes.c_double(fraction))
 
 

@@ -16,8 +16,9 @@ struct AllocatorOptions {
   // A cap on reserved bytes: absolute bytes, or a fraction of capacity (0 = none).
   std::size_t memory_cap_bytes = 0;
   double memory_cap_fraction = 0.0;
-  // When reserved bytes exceed this fraction of the cap (or capacity), free cached blocks that
-  // have not been used recently before growing (0 = off). PyTorch's garbage_collection_threshold.
+  // Under a cap (memory_cap_*, set_memory_fraction/cap): when reserved bytes would exceed this
+  // fraction of it, free cached blocks that have not been used recently before growing (0 =
+  // off; without a cap nothing is collected, as in PyTorch). PyTorch's garbage_collection_threshold.
   double gc_threshold = 0.0;
   // Blocks this large or larger are never split (0 = no limit). PyTorch's max_split_size_mb.
   std::size_t max_split_size = 0;
@@ -38,7 +39,9 @@ struct AllocatorOptions {
 // plus stowage's keys (memory_cap_mb, memory_cap_fraction, trace_entries, expandable_reserve_mb,
 // thread_cache_mb, thread_cache_max_block_kb). ParseError on bad input.
 // A PYTORCH_CUDA_ALLOC_CONF value pasted as it is parses: PyTorch's per_process_memory_fraction
-// maps to memory_cap_fraction, and its keys stowage has no knob for (roundup_power2_divisions,
+// maps to memory_cap_fraction with PyTorch's meaning (1 no cap, 0 a cap no reservation fits; for
+// memory_cap_fraction 0 is no cap), garbage_collection_threshold is refused outside (0, 1) as
+// PyTorch refuses it, and its keys stowage has no knob for (roundup_power2_divisions,
 // backend, pinned_*, ...) are ignored, each with a line in `warnings` (when given) saying so.
 AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptions base = {},
                                          std::vector<std::string>* warnings = nullptr);

@@ -38,7 +38,8 @@ class CachingAllocator final : public MemoryResource {
   // Gives every free segment (or whole free granule) back to the device.
   void empty_cache();
   void set_memory_cap(std::size_t bytes);  // 0 removes the cap
-  // A cap of `fraction` (in (0, 1]) of the device's capacity, at least one byte.
+  // A cap of `fraction` (in [0, 1]) of the device's capacity, at least one byte (0: every new
+  // reservation is refused); 1 removes the cap, as in PyTorch.
   void set_memory_fraction(double fraction);
   std::size_t memory_cap() const;
 

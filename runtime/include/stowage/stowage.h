@@ -71,8 +71,9 @@ ssize_t stowage_snapshot_json(int device, char* buf, size_t len);
 /* Caps the bytes the allocator of `device` reserves (0 removes the cap). 0, or -1 on error. */
 int stowage_set_memory_cap(int device, size_t bytes);
 
-/* Caps reserved bytes at `fraction` (0 < fraction <= 1) of the device's capacity, as PyTorch's
- * set_per_process_memory_fraction does. 0, or -1 on error. */
+/* Caps reserved bytes at `fraction` (0 <= fraction <= 1) of the device's capacity, as PyTorch's
+ * set_per_process_memory_fraction does: 1 removes the cap, 0 refuses every new reservation.
+ * 0, or -1 on error. */
 int stowage_set_memory_fraction(int device, double fraction);
 
 /* The device's memory in bytes; -1 on error. */
