@@ -26,10 +26,26 @@ void check_grad(const HostGrad& g, std::size_t n, const char* what) {
   if (n > 0) detail::check_pointer(g.data, bf16 ? 2 : 4, "gradient");
 }
 
+// The hyper-parameters PyTorch's own optimizers accept (torch/optim/adam.py, sgd.py __init__).
+void check_non_negative(float value, const char* name, const char* what) {
+  if (!(std::isfinite(value) && value >= 0.0f))
+    throw InvalidArgument(fmt::format("{}: {} must be finite and >= 0 (got {})", what, name, value));
+}
+
+void check_beta(float value, const char* name, const char* what) {
+  if (!(value >= 0.0f && value < 1.0f))
+    throw InvalidArgument(fmt::format("{}: {} must be in [0, 1) (got {})", what, name, value));
+}
+
 }  // namespace
 
 AdamScalars adam_scalars(const AdamOptions& o, std::int64_t step, const GradScaling& scaling) {
   if (step < 1) throw InvalidArgument(fmt::format("adam_scalars: step is 1-based (got {})", step));
+  check_non_negative(o.lr, "lr", "adam");
+  check_beta(o.beta1, "beta1", "adam");
+  check_beta(o.beta2, "beta2", "adam");
+  check_non_negative(o.eps, "eps", "adam");
+  check_non_negative(o.weight_decay, "weight_decay", "adam");
   const double t = static_cast<double>(step);
   AdamScalars s{};
   s.beta1 = o.beta1;
@@ -49,6 +65,13 @@ AdamScalars adam_scalars(const AdamOptions& o, std::int64_t step, const GradScal
 
 SgdScalars sgd_scalars(const SgdOptions& o, std::int64_t step, const GradScaling& scaling) {
   if (step < 1) throw InvalidArgument(fmt::format("sgd_scalars: step is 1-based (got {})", step));
+  check_non_negative(o.lr, "lr", "sgd");
+  check_non_negative(o.momentum, "momentum", "sgd");
+  check_non_negative(o.weight_decay, "weight_decay", "sgd");
+  if (!std::isfinite(o.dampening))
+    throw InvalidArgument(fmt::format("sgd: dampening must be finite (got {})", o.dampening));
+  if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
+    throw InvalidArgument("sgd: Nesterov momentum needs a momentum above 0 and zero dampening");
   SgdScalars s{};
   s.lr = o.lr;
   s.momentum = o.momentum;

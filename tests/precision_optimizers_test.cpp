@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
@@ -345,6 +346,25 @@ TEST(PrecisionOptimizers, BadInputThrowsAndWritesNothing) {
                InvalidArgument);
   EXPECT_THROW(sgd_step(s.view, g.host(DType::f32), nullptr, {.momentum = 0.9f}, {}, state), InvalidArgument);
   EXPECT_THROW(adam_scalars({}, 0), InvalidArgument);
+  // Hyper-parameters PyTorch's optimizers refuse (adam.py, sgd.py), refused before any write.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const AdamOptions& bad :
+       {AdamOptions{.lr = -1e-3f}, AdamOptions{.lr = nan}, AdamOptions{.beta1 = 1.0f}, AdamOptions{.beta1 = 1.5f},
+        AdamOptions{.beta1 = -0.1f}, AdamOptions{.beta2 = 1.0f}, AdamOptions{.beta2 = nan}, AdamOptions{.eps = -1e-8f},
+        AdamOptions{.eps = inf}, AdamOptions{.weight_decay = -0.01f}})
+    EXPECT_THROW(adam_step(s.view, g.host(DType::f32), m.data(), v.data(), bad, {}, state), InvalidArgument);
+  try {
+    (void)adam_scalars({.beta1 = 1.5f}, 1);
+    ADD_FAILURE() << "beta1 1.5 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "adam: beta1 must be in [0, 1) (got 1.5)");
+  }
+  for (const SgdOptions& bad : {SgdOptions{.lr = -0.1f}, SgdOptions{.momentum = -0.9f}, SgdOptions{.dampening = nan},
+                                SgdOptions{.weight_decay = -1.0f}, SgdOptions{.momentum = 0.0f, .nesterov = true},
+                                SgdOptions{.momentum = 0.9f, .dampening = 0.1f, .nesterov = true}})
+    EXPECT_THROW(sgd_step(s.view, g.host(DType::f32), m.data(), bad, {}, state), InvalidArgument);
+  // What PyTorch accepts: lr 0, eps 0, beta 0.
+  EXPECT_NO_THROW((void)adam_scalars({.lr = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f, .eps = 0.0f}, 1));
   EXPECT_EQ(state.step, 0);
   EXPECT_EQ(h, fnv(s.hi.data(), 128, fnv(s.lo.data(), 128)));
 }

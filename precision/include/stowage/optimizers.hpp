@@ -57,6 +57,8 @@ struct AdamScalars {
   float inv_loss_scale, clip_coef;
   bool decoupled;
 };
+// InvalidArgument for hyper-parameters PyTorch's optimizers refuse (lr, eps, weight_decay < 0 or
+// not finite; a beta outside [0, 1)); every step computes these first, before writing anything.
 AdamScalars adam_scalars(const AdamOptions& options, std::int64_t step, const GradScaling& scaling = {});
 
 struct SgdScalars {
@@ -64,6 +66,8 @@ struct SgdScalars {
   bool nesterov;
   bool first_step;  // the momentum buffer is initialised to g
 };
+// InvalidArgument as PyTorch's SGD: lr, momentum, weight_decay < 0; Nesterov without momentum or
+// with dampening.
 SgdScalars sgd_scalars(const SgdOptions& options, std::int64_t step, const GradScaling& scaling = {});
 
 // A gradient array in host-addressable memory, indexed like the weights (f32 or bf16).
