@@ -17,7 +17,11 @@ using detail::Segment;
 Block* CachingAllocator::Impl::grow(Pool p, std::size_t rounded, Stream stream) {
   if (mode == SegmentMode::classic) return grow_classic(p, rounded, stream);
   grow_expandable(p, rounded, stream);  // the new granules merge with free neighbours in the pool
-  return pool(p).find(rounded, stream, max_split());
+  Block* b = pool(p).find(rounded, stream, max_split());
+  // hand_out syncs the split statistic once the block is split: syncing before would count the
+  // new granules as inactive split bytes for an instant, a peak no caller could see.
+  if (b == nullptr) sync_split_stat(p);
+  return b;
 }
 
 Block* CachingAllocator::Impl::grow_classic(Pool p, std::size_t rounded, Stream stream) {
@@ -124,7 +128,6 @@ void CachingAllocator::Impl::grow_expandable(Pool p, std::size_t rounded, Stream
   st.reserved_bytes.add(p, static_cast<std::int64_t>(bytes));
   if (trace.enabled()) trace.push(TraceAction::segment_map, b->addr, bytes, stream, ScopedTag::current());
   pool(p).insert(b);
-  sync_split_stat(p);
 }
 
 std::size_t CachingAllocator::Impl::release_block(Block* b) {

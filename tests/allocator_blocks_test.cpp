@@ -102,6 +102,24 @@ TEST(AllocatorBlocks, SplitAndCoalesceExactAddresses) {
   a.deallocate(big);
 }
 
+// A peak is a value some caller could have read: growing an expandable segment for an allocation
+// used to count the new granule as inactive split bytes for an instant inside the call (peak 2 MiB
+// after one 4000-byte allocation, whose current value never passed 2 MiB - 4096).
+TEST(AllocatorBlocks, ExpandableGrowthLeavesNoPeakNoCallerSaw) {
+  auto dev = small_device();
+  AllocatorOptions o;
+  o.segments = SegmentMode::expandable;
+  CachingAllocator a(*dev, without_thread_caches(o));
+  ASSERT_EQ(a.segment_mode(), SegmentMode::expandable);
+  void* p = a.allocate(4000);
+  const AllocatorStats st = a.stats();
+  EXPECT_EQ(st.inactive_split_bytes.all.current, static_cast<std::int64_t>(2 * MiB - 4096));
+  EXPECT_EQ(st.inactive_split_bytes.all.peak, st.inactive_split_bytes.all.current);
+  a.deallocate(p);  // the whole mapped granule is free: a caller now reads it as inactive
+  EXPECT_EQ(a.stats().inactive_split_bytes.all.current, static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(a.stats().inactive_split_bytes.all.peak, static_cast<std::int64_t>(2 * MiB));
+}
+
 TEST(AllocatorBlocks, SameStreamReuseIsImmediate) {
   auto dev = small_device();
   CachingAllocator a(*dev);
