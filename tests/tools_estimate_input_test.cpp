@@ -395,20 +395,33 @@ TEST(EstimateInput, HuggingFaceConfigsCountTheirCheckpointsParametersExactly) {
   }
 }
 
-TEST(EstimateInput, MixtureOfExpertsLayoutsNotModelledAreRefused) {
-  const nlohmann::json all = hf_configs();  // kept: a range over a temporary's member would dangle
-  ASSERT_EQ(all.at("refused").size(), 1u);  // DeepSeek-MoE 16B: a dense first layer
-  for (const auto& c : all.at("refused")) {
-    const std::string name = c.at("name").get<std::string>();
-    try {
-      (void)model_from_hf_json(c.at("config").dump(), name);
-      ADD_FAILURE() << name << " accepted";
-    } catch (const ParseError& e) {
-      EXPECT_NE(std::string(e.what()).find("'first_k_dense_replace' 1: this mixture-of-experts layout"),
-                std::string::npos)
-          << e.what();
-    }
+// DeepSeek-MoE 16B (modeling_deepseek.py DeepseekDecoderLayer): layer i is MoE when i >=
+// first_k_dense_replace and i % moe_layer_freq == 0, else a dense MLP of intermediate_size. Its
+// first layer is dense: 16375728128 parameters, the released checkpoint's (hf_configs.json).
+TEST(EstimateInput, DeepSeekMoeDenseFirstLayerIsCounted) {
+  const nlohmann::json all = hf_configs();
+  bool found = false;
+  for (const auto& c : all.at("counted")) {
+    if (c.at("name") != "deepseek-moe-16b") continue;
+    found = true;
+    const ModelConfig m = model_from_hf_json(c.at("config").dump(), "deepseek-moe-16b");
+    ASSERT_EQ(m.moe_layer_pattern.size(), 28u);
+    EXPECT_EQ(m.moe_layer_pattern[0], 0);
+    EXPECT_EQ(m.moe_layers(0, 28), 27);
+    EXPECT_TRUE(m.mixed_layers());
+    const ParameterCounts p = count_parameters(m, m.vocab_size);
+    const std::int64_t h = 2048;
+    EXPECT_EQ(p.dense_layers, 1);
+    EXPECT_EQ(p.dense_mlp, 3 * h * 10944);
+    EXPECT_EQ(p.mlp_experts, 64 * 3 * h * 1408);
+    EXPECT_EQ(p.mlp_shared, 3 * h * 2 * 1408);
+    // One dense layer, 27 MoE layers, untied embedding and output, the final norm.
+    const std::int64_t attention = 4 * h * h, norms = 2 * h;
+    EXPECT_EQ(p.total(28), (attention + 3 * h * 10944 + norms) +
+                               27 * (attention + 64 * h + 64 * 3 * h * 1408 + 3 * h * 2816 + norms) + 2 * 102400 * h +
+                               h);
   }
+  EXPECT_TRUE(found);
 }
 
 // Qwen2-MoE (transformers modeling_qwen2_moe.py): each MoE layer has routed experts of
@@ -432,19 +445,26 @@ TEST(EstimateInput, Qwen2MoeSharedExpertAndGateAreCounted) {
     EXPECT_EQ(p.mlp_dense, 60 * h);  // the router
     EXPECT_EQ(p.attention, 4 * h * h + 3 * h);
   }
-  // Dense layers among the MoE layers (decoder_sparse_step, mlp_only_layers) are refused.
+  // Qwen2MoeDecoderLayer: layer i is MoE when it is not in mlp_only_layers and (i + 1) %
+  // decoder_sparse_step == 0; the others are a dense MLP of intermediate_size.
   const std::string base = R"({"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 4,
       "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "num_experts": 4,
       "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64)";
-  EXPECT_NO_THROW((void)model_from_hf_json(base + R"(, "decoder_sparse_step": 1, "mlp_only_layers": []})"));
-  for (const char* mixed : {R"(, "decoder_sparse_step": 2})", R"(, "mlp_only_layers": [0]})"}) {
-    try {
-      (void)model_from_hf_json(base + mixed);
-      ADD_FAILURE() << mixed << " accepted";
-    } catch (const ParseError& e) {
-      EXPECT_NE(std::string(e.what()).find("dense layers among the MoE layers"), std::string::npos) << e.what();
-    }
-  }
+  const ModelConfig all_moe = model_from_hf_json(base + R"(, "decoder_sparse_step": 1, "mlp_only_layers": []})");
+  EXPECT_TRUE(all_moe.moe_layer_pattern.empty());
+  const ModelConfig every_second = model_from_hf_json(base + R"(, "decoder_sparse_step": 2})");
+  EXPECT_EQ(every_second.moe_layer_pattern, (std::vector<std::uint8_t>{0, 1, 0, 1}));
+  const ModelConfig listed = model_from_hf_json(base + R"(, "mlp_only_layers": [0, 3]})");
+  EXPECT_EQ(listed.moe_layer_pattern, (std::vector<std::uint8_t>{0, 1, 1, 0}));
+  // A dense layer: q, k, v (with biases) and o, a SwiGLU MLP of 128, two RMSNorms; an MoE layer adds
+  // the router, 4 experts of 32, the shared expert of 64 and its gate instead of that MLP.
+  const std::int64_t h = 64, attention = 4 * h * h + 3 * h, norms = 2 * h;
+  const std::int64_t dense = attention + 3 * h * 128 + norms;
+  const std::int64_t moe = attention + 4 * h + 4 * 3 * h * 32 + 3 * h * 64 + h + norms;
+  EXPECT_EQ(count_parameters(every_second, 100).total(4), 2 * dense + 2 * moe + 2 * 100 * h + h);
+  EXPECT_EQ(count_parameters(all_moe, 100).total(4), 4 * moe + 2 * 100 * h + h);
+  EXPECT_THROW((void)model_from_hf_json(base + R"(, "decoder_sparse_step": 0})"), ParseError);
+  EXPECT_THROW((void)model_from_hf_json(base + R"(, "mlp_only_layers": [0.5]})"), ParseError);
 }
 
 // DeepSeek-MoE's layout (n_routed_experts, n_shared_experts × moe_intermediate_size in one MLP,
@@ -464,7 +484,16 @@ TEST(EstimateInput, DeepSeekSharedExpertsAreOneMlpOfTheirTotalWidth) {
   const std::int64_t layer = 4 * h * h + 8 * h + 8 * 3 * h * 16 + 3 * h * 32 + 2 * h;
   EXPECT_EQ(count_parameters(m, 100).total(2), 2 * layer + 2 * 100 * h + h);
   EXPECT_THROW((void)model_from_hf_json(base + R"(, "kv_lora_rank": 512})"), ParseError);
-  EXPECT_THROW((void)model_from_hf_json(base + R"(, "moe_layer_freq": 2})"), ParseError);
+  EXPECT_TRUE(warnings.empty());
+  // first_k_dense_replace 1 and moe_layer_freq 2: layer 0 is below it, layers 1 and 3 are odd.
+  const std::string four = R"({"model_type": "deepseek", "hidden_size": 64, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "n_routed_experts": 8,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 16, "n_shared_experts": 2, "rms_norm_eps": 1e-6)";
+  EXPECT_EQ(model_from_hf_json(four + R"(, "first_k_dense_replace": 1, "moe_layer_freq": 2})").moe_layer_pattern,
+            (std::vector<std::uint8_t>{0, 0, 1, 0}));
+  EXPECT_EQ(model_from_hf_json(four + R"(, "first_k_dense_replace": 3})").moe_layer_pattern,
+            (std::vector<std::uint8_t>{0, 0, 0, 1}));
+  EXPECT_THROW((void)model_from_hf_json(four + R"(, "first_k_dense_replace": -1})"), ParseError);
 }
 
 TEST(EstimateInput, ZeroKeyValueHeadsAreRefusedNotReadAsMultiHead) {

@@ -19,6 +19,7 @@
 #include "tools/estimate/report.hpp"
 #include "tools/plan/plan_report.hpp"
 #include "tools/plan/search.hpp"
+#include "tools/plan/time_model.hpp"
 
 using namespace stowage::estimate;
 
@@ -302,6 +303,183 @@ TEST(MoeSharedExperts, PlanSearchesAndWritesThemTheSameWay) {
   });
   EXPECT_GT(candidates, 0);
   EXPECT_EQ(largest_tp, 4);
+}
+
+// --moe-layer-freq (arguments.py moe_freq_type / _eval_pattern; gpt_layer_specs.py
+// get_gpt_decoder_layer_specs): an integer N makes layers 0, N, 2N, … MoE; a list expression is the
+// pattern, as many entries as layers, 1 MoE and 0 dense.
+TEST(MoeLayerFreq, IntegersAndListExpressionsAsMegatronEvaluatesThem) {
+  using P = std::vector<std::uint8_t>;
+  EXPECT_EQ(moe_layer_freq_pattern("2", 6), (P{1, 0, 1, 0, 1, 0}));
+  EXPECT_EQ(moe_layer_freq_pattern("3", 4), (P{1, 0, 0, 1}));
+  EXPECT_EQ(moe_layer_freq_pattern("([0]*3+[1]*5)", 8), (P{0, 0, 0, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(moe_layer_freq_pattern("([1]*3+[0]*1)*3", 12), (P{1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0}));
+  EXPECT_EQ(moe_layer_freq_pattern("[1,0]*2", 4), (P{1, 0, 1, 0}));
+  EXPECT_EQ(moe_layer_freq_pattern("2*[0]+[1,1,]", 4), (P{0, 0, 1, 1}));
+  EXPECT_EQ(moe_layer_freq_pattern("[0]*(1+1)+[1]*2*1", 4), (P{0, 0, 1, 1}));
+  // Python refuses these, Megatron's character filter or its layer check does, or the length is wrong.
+  for (const char* bad : {"[1, 0]", "__import__('os')", "[2]*4", "[[1]]*4", "([1],[0])", "[1]*3", "[1]+1", "[1]*[1]",
+                          "[01]*4", "[1", "0", "-1", "[1]*100000000"})
+    EXPECT_THROW((void)moe_layer_freq_pattern(bad, 4), stowage::InvalidArgument) << bad;
+  // Only with experts: Megatron-LM builds a dense layer spec without --num-experts.
+  const RunConfig dense = megatron(
+      "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+      "--moe-layer-freq 2",
+      1);
+  EXPECT_TRUE(dense.model.moe_layer_pattern.empty());
+  EXPECT_FALSE(warned(dense, "--moe-layer-freq"));
+  EXPECT_THROW(megatron(kMoe + "--moe-layer-freq ([0]+[1]*4)", 8), stowage::InvalidArgument);
+}
+
+// Megatron-LM's theoretical_memory_usage.py counts dense layers (attention, an MLP of
+// --ffn-hidden-size, norms) and MoE layers (attention, shared experts, routed experts, norms,
+// router) apart. Its unit test's model (tests/unit_tests/training/test_weight_and_optimizer_memory.py:
+// h 8, 2 heads of 4, ffn 16, 4 experts of 16, shared 8, moe_layer_freq [0, 1], vocab 32, tied, TP 2,
+// PP 2, EP 2, ETP 4, 64 GPUs): 2248 parameters; its most loaded shard holds half the block and the
+// embedding, 388 parameters split by TP and replicated and 64 expert parameters.
+TEST(MoeLayerFreq, ParameterCountsAgreeWithMegatronsTheoreticalMemoryUsage) {
+  const RunConfig c = megatron(
+      "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --kv-channels 4 --ffn-hidden-size 16 "
+      "--moe-ffn-hidden-size 16 --num-experts 4 --moe-router-topk 1 --moe-shared-expert-intermediate-size 8 "
+      "--moe-layer-freq [0,1] --padded-vocab-size 32 --normalization RMSNorm --disable-bias-linear "
+      "--position-embedding-type rope --seq-length 64 --max-position-embeddings 64 --bf16 "
+      "--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 "
+      "--expert-model-parallel-size 2 --expert-tensor-parallel-size 4 --use-distributed-optimizer",
+      16);
+  EXPECT_FALSE(warned(c, "--moe-layer-freq"));
+  const ParameterCounts pc = count_parameters(c.model, 32);
+  EXPECT_EQ(pc.dense_layers, 1);
+  EXPECT_EQ(pc.per_dense_layer(), 256 + 256 + 16);
+  EXPECT_EQ(pc.per_layer(), 256 + 128 + 1024 + 16 + 32);
+  EXPECT_EQ(pc.total(2), 2248);
+  // Megatron builds layer 0 (dense) and the embedding on stage 0; layer 1 (MoE), the final norm and
+  // the tied output layer's copy on stage 1. Per device: TP-split weights ÷ 2, experts ÷ ETP·EP = 8.
+  const StageMemory first = estimate_stage(c, 0), last = estimate_stage(c, 1);
+  EXPECT_EQ(first.parameters, (256 + 256) / 2 + 256 / 2 + 16);
+  EXPECT_EQ(last.parameters, (256 + 128) / 2 + 256 / 2 + (16 + 32 + 8) + 1024 / 8);
+  // Together, twice the most loaded shard theoretical_memory_usage.py averages over the stages.
+  EXPECT_EQ(first.parameters + last.parameters, 2 * (388 + 64));
+  // bf16 weights, fp32 main grads, Adam's 12 B sharded over DP·CP = 16, the experts' over
+  // expert-DP = 64 / (ETP·EP·PP) = 4 (6 + 12/d, as theoretical_memory_usage.py).
+  const double dense_last = (256 + 128) / 2 + 256 / 2 + (16 + 32 + 8), expert_last = 1024 / 8;
+  EXPECT_DOUBLE_EQ(double(last.model_states()), dense_last * (6 + 12.0 / 16) + expert_last * (6 + 12.0 / 4));
+  EXPECT_DOUBLE_EQ(double(first.model_states()), 400 * (6 + 12.0 / 16));
+}
+
+// Each stage's activations follow its own layers: with the first layer dense and PP 2, stage 0 holds
+// a dense and an MoE layer for 2 micro-batches in flight, stage 1 two MoE layers for 1. Per token
+// (h 512, F 2048, GeLU, top-1 of 8, TP 1): a dense layer keeps fc1's input 2h and GeLU's input 2F
+// (mlp) and GeLU's output 2F; an MoE layer the router's input 2h, the expert's fc1 input 2h and
+// GeLU's input 2F (mlp), GeLU's output and the probability product 2·2F, and the router's 8 bf16
+// probabilities, an int64 index and a probability (8·2 + 8 + 2).
+TEST(MoeLayerFreq, EachStageCountsItsOwnDenseAndMoeLayers) {
+  const std::string line =
+      kMoe +
+      "--moe-router-topk 1 --pipeline-model-parallel-size 2 --global-batch-size 32 --moe-layer-freq ([0]*1+[1]*3) ";
+  RunConfig c = megatron(line, 1);
+  finalize(c);  // 8 micro-batches
+  EXPECT_FALSE(warned(c, "--moe-layer-freq"));
+  const std::int64_t T = 4096, h = 512, F = 2048;
+  const std::int64_t dense_mlp = 2 * h + 2 * F, dense_act = 2 * F;
+  const std::int64_t moe_mlp = 2 * h + 2 * h + 2 * F, moe_act = 2 * 2 * F, router = 8 * 2 + 8 + 2;
+  const StageMemory s0 = estimate_stage(c, 0), s1 = estimate_stage(c, 1);
+  EXPECT_EQ(activation(s0, "mlp"), T * 2 * (dense_mlp + moe_mlp));
+  EXPECT_EQ(activation(s0, "mlp_activation_output"), T * 2 * (dense_act + moe_act));
+  EXPECT_EQ(activation(s0, "moe_router"), T * 2 * router);
+  EXPECT_EQ(activation(s1, "mlp"), T * 2 * moe_mlp);
+  EXPECT_EQ(activation(s1, "moe_router"), T * 2 * router);
+  // Stage 0's dense layer has a dense MLP instead of the router and the 8 experts.
+  RunConfig all_moe = megatron(kMoe + "--moe-router-topk 1 --pipeline-model-parallel-size 2 --global-batch-size 32", 1);
+  finalize(all_moe);
+  EXPECT_EQ(estimate_stage(all_moe, 0).parameters - s0.parameters, (8 * h + 8 * 2 * h * F) - 2 * h * F);
+  EXPECT_EQ(estimate_stage(all_moe, 1).parameters, s1.parameters);
+  // The most loaded stage is searched among all of them.
+  RunConfig most = c;
+  most.stage = -1;
+  EXPECT_EQ(estimate_memory(most).peak_reserved, std::max(s0.peak_reserved, s1.peak_reserved));
+}
+
+// A stage of dense layers alone runs no grouped GEMM (TransformerEngine allocates its workspaces at the
+// first one, cpp_extensions/gemm.py) and leaves no token dispatcher buffer.
+TEST(MoeLayerFreq, AStageWithoutMoeLayersHasNoMoeBuffers) {
+  const std::string line = kMoe +
+                           "--moe-router-topk 1 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 "
+                           "--moe-grouped-gemm --global-batch-size 32 --moe-layer-freq ([0]*2+[1]*2) ";
+  const RunConfig c = megatron(line, 2);
+  const std::int64_t MiB = std::int64_t{1} << 20, T = 4096, h = 512;
+  const StageMemory s0 = estimate_stage(c, 0), s1 = estimate_stage(c, 1);
+  EXPECT_EQ(s0.framework, 2 * 32 * MiB + 32 * MiB);
+  EXPECT_EQ(s1.framework, 2 * 32 * MiB + 5 * 32 * MiB);
+  EXPECT_EQ(activation(s0, "moe_router"), 0);
+  // The pipeline receive buffer on both; the all-gather dispatcher's gathered tokens (EP 2) on stage 1.
+  EXPECT_EQ(s0.communication, T * 2 * h);
+  EXPECT_EQ(s1.communication, T * 2 * h + T * 2 * 2 * h);
+}
+
+// The pattern follows Megatron's layer offsets (transformer_layer.py get_transformer_layer_offset)
+// under the interleaved schedule and when the embedding counts as a layer: 7 layers, PP 2 × VPP 2,
+// chunks of 2 with one fewer in the first: rank 0 holds layers 0 and 3-4, rank 1 layers 1-2 and 5-6.
+TEST(MoeLayerFreq, InterleavedChunksTakeTheirLayersInOrder) {
+  const RunConfig c = megatron(kMoe +
+                                   "--num-layers 7 --moe-router-topk 1 --pipeline-model-parallel-size 2 "
+                                   "--num-virtual-stages-per-pipeline-rank 2 "
+                                   "--account-for-embedding-in-pipeline-split --moe-layer-freq ([0]*3+[1]*4)",
+                               1);
+  EXPECT_NO_THROW(estimate_memory(c));
+  EXPECT_EQ(chunk_first_layer(c, 0, 0), 0);
+  EXPECT_EQ(chunk_first_layer(c, 1, 0), 1);
+  EXPECT_EQ(chunk_first_layer(c, 0, 1), 3);
+  EXPECT_EQ(chunk_first_layer(c, 1, 1), 5);
+  EXPECT_EQ(stage_moe_layers(c, 0), 2);  // layers 3 and 4
+  EXPECT_EQ(stage_moe_layers(c, 1), 2);  // layers 5 and 6
+  EXPECT_EQ(stage_layers(c, 1) - stage_moe_layers(c, 1), 2);
+}
+
+// Full recompute reruns a stage's first layers (block) or groups (uniform): its working set is the
+// largest of them, an MoE layer's here, and only the layers left stored keep their activations.
+TEST(MoeLayerFreq, FullRecomputeSeesWhichLayersItReruns) {
+  const std::string line = kMoe + "--moe-router-topk 1 --global-batch-size 32 --moe-layer-freq ([0]*2+[1]*2) ";
+  const RunConfig block =
+      megatron(line + "--recompute-granularity full --recompute-method block --recompute-num-layers 2", 8);
+  const std::int64_t T = 4096, h = 512, F = 2048;
+  const StageMemory m = estimate_memory(block);
+  // The two dense layers are rerun; the two MoE layers stay stored, with the two checkpointed inputs.
+  EXPECT_EQ(activation(m, "mlp"), T * (2 * (2 * h + 2 * h + 2 * F) + 2 * 2 * h));
+  EXPECT_EQ(activation(m, "moe_router"), T * 2 * (8 * 2 + 8 + 2));
+}
+
+// The plan writes the pattern back as Megatron-LM reads it, and counts each stage's own layers.
+TEST(MoeLayerFreq, PlanSearchesMixedLayersAndWritesThePatternBack) {
+  stowage::plan::PlanRequest r;
+  r.base =
+      megatron(kMoe + "--num-layers 8 --moe-router-topk 2 --global-batch-size 64 --moe-layer-freq ([0]*3+[1]*5)", 1);
+  r.space.techniques = false;
+  int pipelined = 0;
+  stowage::plan::for_each_candidate(r, [&](const RunConfig& c) {
+    const std::string args = stowage::plan::megatron_arguments(c);
+    EXPECT_NE(args.find("--moe-layer-freq '([0]*3+[1]*5)'"), std::string::npos) << args;
+    RunConfig back;
+    apply_megatron_args(args, back);
+    EXPECT_EQ(back.model.moe_layer_pattern, c.model.moe_layer_pattern);
+    if (c.parallel.pp < 2) return;
+    ++pipelined;
+    std::int64_t peak = 0;
+    for (std::int64_t s = 0; s < c.parallel.pp; ++s) peak = std::max(peak, estimate_stage(c, s).peak_reserved);
+    EXPECT_EQ(estimate_memory(c).peak_reserved, peak);
+  });
+  EXPECT_GT(pipelined, 0);
+  // Dense layers run a dense MLP: 3 of them cost 2·(2·h·ffn) instead of 2·k experts' 2·h·F each.
+  RunConfig all = r.base;
+  all.model.moe_layer_pattern.clear();
+  finalize(all);
+  RunConfig mixed = r.base;
+  finalize(mixed);
+  const double tokens = 64.0 * 1024, h = 512, F = 2048;  // 64 sequences
+  EXPECT_DOUBLE_EQ(stowage::plan::model_flops_per_step(all) - stowage::plan::model_flops_per_step(mixed),
+                   3 * tokens * 3 * 2 * (2 * 2 * h * F - 2 * h * F));
+  // An integer frequency is written as one.
+  RunConfig every_second = megatron(kMoe + "--moe-router-topk 2 --moe-layer-freq 2", 8);
+  EXPECT_NE(stowage::plan::megatron_arguments(every_second).find("--moe-layer-freq 2"), std::string::npos);
 }
 
 namespace {

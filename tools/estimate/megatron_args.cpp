@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <functional>
 #include <map>
@@ -77,6 +78,134 @@ std::string one_of(const std::string& arg, const std::string& value, std::initia
   throw InvalidArgument(fmt::format("megatron-args: {} '{}' is not one of {}", arg, value, fmt::join(choices, ", ")));
 }
 
+// The list expressions Megatron-LM's _eval_pattern hands to Python's eval: integer literals,
+// [a, b, …], +, * and parentheses, with Python's precedence and meaning (list + list concatenates,
+// list * int and int * list repeat).
+class PatternParser {
+ public:
+  explicit PatternParser(const std::string& text) : s_(text) {}
+
+  std::vector<std::int64_t> list() {
+    Value v = expr();
+    if (pos_ != s_.size()) fail(fmt::format("unexpected '{}' at position {}", s_[pos_], pos_ + 1));
+    if (!v.is_list) fail("it evaluates to an integer, not a list");
+    return v.items;
+  }
+
+ private:
+  // Far beyond any layer count, small enough that no product overflows.
+  static constexpr std::int64_t kMax = std::int64_t{1} << 20;
+  struct Value {
+    bool is_list = false;
+    std::int64_t number = 0;
+    std::vector<std::int64_t> items;
+  };
+
+  [[noreturn]] void fail(const std::string& why) const {
+    throw InvalidArgument(fmt::format(
+        "megatron-args: --moe-layer-freq '{}': {} (Megatron-LM takes an integer or a list expression of integer "
+        "literals, [ ], +, * and parentheses, e.g. \"([0]*3+[1]*29)\")",
+        s_, why));
+  }
+  bool eat(char ch) {
+    if (pos_ >= s_.size() || s_[pos_] != ch) return false;
+    ++pos_;
+    return true;
+  }
+  Value expr() {
+    Value v = term();
+    while (eat('+')) {
+      Value r = term();
+      if (v.is_list != r.is_list) fail("'+' joins a list and an integer");
+      if (v.is_list) v.items.insert(v.items.end(), r.items.begin(), r.items.end());
+      else v.number += r.number;
+      if (std::ssize(v.items) > kMax || v.number > kMax) fail("the pattern is implausibly long");
+    }
+    return v;
+  }
+  Value term() {
+    Value v = factor();
+    while (eat('*')) {
+      Value r = factor();
+      if (v.is_list && r.is_list) fail("'*' multiplies two lists");
+      if (!v.is_list && !r.is_list) {
+        if (v.number * r.number > kMax) fail("a product is implausibly large");
+        v.number *= r.number;
+        continue;
+      }
+      Value& list = v.is_list ? v : r;
+      const std::int64_t times = v.is_list ? r.number : v.number;
+      if (std::ssize(list.items) * times > kMax) fail("the pattern is implausibly long");
+      std::vector<std::int64_t> out;
+      for (std::int64_t i = 0; i < times; ++i) out.insert(out.end(), list.items.begin(), list.items.end());
+      v.is_list = true;
+      v.items = std::move(out);
+    }
+    return v;
+  }
+  Value factor() {
+    Value v;
+    if (eat('(')) {
+      v = expr();
+      if (eat(',')) fail("a tuple, not a list");
+      if (!eat(')')) fail("a '(' without its ')'");
+      return v;
+    }
+    if (eat('[')) {
+      v.is_list = true;
+      while (!eat(']')) {
+        const Value e = expr();
+        if (e.is_list) fail("a list inside the list (entries are 0 or 1)");
+        v.items.push_back(e.number);
+        if (!eat(',') && !(pos_ < s_.size() && s_[pos_] == ']'))
+          fail(pos_ < s_.size() ? fmt::format("expected ',' or ']' at position {}", pos_ + 1)
+                                : std::string("a '[' without its ']'"));
+      }
+      return v;
+    }
+    const std::size_t start = pos_;
+    while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
+    if (pos_ == start)
+      fail(pos_ < s_.size() ? fmt::format("unexpected '{}' at position {}", s_[pos_], pos_ + 1)
+                            : std::string("it ends early"));
+    const std::string digits = s_.substr(start, pos_ - start);
+    // Python refuses leading zeros in a literal other than 0 itself.
+    if (digits.size() > 1 && digits[0] == '0' && digits.find_first_not_of('0') != std::string::npos)
+      fail(fmt::format("'{}' is no Python integer literal", digits));
+    if (digits.size() > 7) fail("an integer is implausibly large");
+    v.number = std::stoll(digits);
+    return v;
+  }
+
+  const std::string& s_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::uint8_t> moe_layer_freq_pattern(const std::string& value, std::int64_t num_layers) {
+  std::vector<std::uint8_t> pattern;
+  if (value.find('[') == std::string::npos) {  // moe_freq_type: int(x)
+    const std::int64_t n = to_int("--moe-layer-freq", value);
+    if (n <= 0) throw InvalidArgument(fmt::format("megatron-args: --moe-layer-freq must be positive, got {}", n));
+    for (std::int64_t i = 0; i < num_layers; ++i) pattern.push_back(i % n == 0 ? 1 : 0);
+    return pattern;
+  }
+  for (std::int64_t v : PatternParser(value).list()) {
+    if (v != 0 && v != 1)  // get_gpt_decoder_layer_specs raises for other entries
+      throw InvalidArgument(
+          fmt::format("megatron-args: --moe-layer-freq '{}': entry {} is neither 0 (dense) nor 1 (MoE)", value, v));
+    pattern.push_back(static_cast<std::uint8_t>(v));
+  }
+  if (std::ssize(pattern) != num_layers)
+    throw InvalidArgument(fmt::format(
+        "megatron-args: --moe-layer-freq '{}' has {} entries for --num-layers {} (Megatron-LM asserts they match)",
+        value, pattern.size(), num_layers));
+  return pattern;
+}
+
+namespace {
+
 // Megatron arguments that change what a training step allocates in ways the model does not
 // represent: the estimate warns that it ignores them.
 constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
@@ -100,7 +229,6 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--use-grouped-gemm-for-shared-expert", "the shared experts' fused fp8/fp4 grouped-GEMM path"},
     {"--no-use-layer-wise-param-layout",
      "Muon's layer-wise optimizer without its sharded layout keeps more than a shard"},
-    {"--moe-layer-freq", "dense and MoE layers mixed"},
     {"--moe-expert-capacity-factor", "expert capacity padding and dropped tokens"},
     {"--moe-pad-expert-input-to-capacity", "expert capacity padding"},
     {"--overlap-moe-expert-parallel-comm", "one more micro-batch in the pipeline warm-up"},
@@ -308,6 +436,22 @@ void apply_experts(ModelConfig& m, bool topk_given, std::vector<std::string>& no
                                       m.experts_per_token, m.num_experts));
 }
 
+// --moe-layer-freq: which layers get the experts (gpt_layer_specs.py get_gpt_decoder_layer_specs).
+// Without --num-experts Megatron-LM builds a dense layer spec and never reads it (gpt_builders.py).
+void apply_moe_layer_freq(const std::optional<std::string>& freq, ModelConfig& m, std::vector<std::string>& notes) {
+  if (!freq) return;
+  if (m.num_experts <= 0) {
+    notes.push_back(fmt::format(
+        "megatron-args: --moe-layer-freq {} without --num-experts is ignored, as Megatron-LM builds no MoE layer",
+        *freq));
+    m.moe_layer_pattern.clear();
+    return;
+  }
+  m.moe_layer_pattern = moe_layer_freq_pattern(*freq, m.num_layers);
+  if (std::all_of(m.moe_layer_pattern.begin(), m.moe_layer_pattern.end(), [](std::uint8_t v) { return v == 1; }))
+    m.moe_layer_pattern.clear();  // every layer MoE: the plain layout
+}
+
 }  // namespace
 
 MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, UnknownArguments unknown) {
@@ -339,6 +483,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   std::optional<double> attn_dropout, hidden_dropout;
   std::optional<std::int64_t> max_positions;
   std::int64_t query_groups = 0, global_batch = 0;
+  std::optional<std::string> moe_layer_freq;
   LineRecompute recompute;
   LineVirtualStages virtual_stages;
   MegatronArgsReport report;
@@ -383,6 +528,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
          rmsnorm = one_of(a, v, {"LayerNorm", "RMSNorm"}) == "RMSNorm";
        }},
       {"--num-experts", [&](auto& a, auto& v) { m.num_experts = to_positive(a, v); }},
+      {"--moe-layer-freq", [&](auto&, auto& v) { moe_layer_freq = v; }},
       {"--moe-router-topk",
        [&](auto& a, auto& v) {
          m.experts_per_token = to_positive(a, v);
@@ -611,6 +757,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   apply_virtual_stages(virtual_stages, c);
   apply_recompute(recompute, c);
   apply_experts(m, topk_given, c.notes);
+  apply_moe_layer_freq(moe_layer_freq, m, c.notes);
   check_sequence(c, max_positions, seq_given, cp_given);
   if (fp16 && bf16) throw InvalidArgument("megatron-args: --bf16 and --fp16 together (Megatron-LM refuses them too)");
   if (fp16) t.precision = Precision::fp16;

@@ -82,7 +82,8 @@ struct LayerBytes {
   double total() const { return attention + core_attention + mlp + act_output + router; }
 };
 
-LayerBytes layer_bytes_per_token(const RunConfig& c) {
+// One layer's bytes: an MoE layer's (`moe_layer`) or a dense layer's, whose MLP is ffn_hidden_size wide.
+LayerBytes layer_bytes_per_token(const RunConfig& c, bool moe_layer) {
   const auto& m = c.model;
   const auto& p = c.parallel;
   const double h = double(m.hidden_size), a = double(m.num_heads), d = double(m.head_size());
@@ -90,7 +91,6 @@ LayerBytes layer_bytes_per_token(const RunConfig& c) {
   // Without sequence parallelism, norm inputs, the QKV/fc1 inputs and dropout masks are
   // replicated on every TP rank (the "10" of 10 + 24/t); with it they are split too.
   const double rep = p.sequence_parallel ? t : 1.0;
-  const double k = m.moe() ? double(m.experts_per_token) : 1.0;
   const double mask = m.dropout ? 1.0 : 0.0, A = activation_bytes(c);
   LayerBytes l;
   // Attention block incl. both norms (MindSpeed's swap-modules default: input_norm,
@@ -106,11 +106,11 @@ LayerBytes layer_bytes_per_token(const RunConfig& c) {
   if (c.training.flash_attention) l.core_attention = 4 * a / t;
   else if (c.recompute.granularity != Recompute::selective)
     l.core_attention = a * s * (m.attention_dropout ? 2 * A + 1 : A) / t;
-  // MLP: fc1 input h (per routed copy for MoE), activation input F (2·F gated), dropout mask h bytes.
-  l.mlp = (k * A * h + mask * h) / rep + k * A * F * (m.gated_mlp ? 2 : 1) / t;
+  // MLP: fc1 input h, activation input F (2·F gated), dropout mask h bytes.
+  l.mlp = (A * h + mask * h) / rep + A * F * (m.gated_mlp ? 2 : 1) / t;
   // Activation output (fc2's input) F; unfused SwiGLU also keeps silu(x1) for the product.
-  l.act_output = k * A * F / t * (m.gated_mlp && !c.training.fused_swiglu ? 2 : 1);
-  if (m.moe()) {  // routed experts, gathered over ETP·EP and kept per copy (moe_activations.cpp)
+  l.act_output = A * F / t * (m.gated_mlp && !c.training.fused_swiglu ? 2 : 1);
+  if (moe_layer) {  // routed experts, gathered over ETP·EP and kept per copy (moe_activations.cpp)
     const MoeLayerBytes e = moe_layer_bytes_per_token(c);
     l.mlp = e.mlp;
     l.act_output = e.act_output;
@@ -123,7 +123,9 @@ struct StageParams {
   double dense = 0, expert = 0, largest_layer = 0;  // on this device, after TP/EP split
 };
 
-StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bool last, std::int64_t vocab) {
+// `moe_layers` MoE layers and `dense_layers` dense ones (every layer of a dense model is dense).
+StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64_t dense_layers, bool first, bool last,
+                         std::int64_t vocab) {
   const auto& m = c.model;
   const auto& p = c.parallel;
   const ParameterCounts pc = count_parameters(m, vocab);
@@ -136,13 +138,15 @@ StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bo
   // An MoE layer's dense MLP part is its router, replicated too.
   const double proj_bias = m.proj_bias ? h : 0.0, fc2_bias = m.mlp_bias ? h : 0.0;
   // Shared experts are a dense MLP split by TP (no biases); their gate is replicated, as the
-  // router (theoretical_memory_usage.py: tp_sharded / replicated params of an MoE layer).
-  const double replicated_layer =
-      double(pc.norms) + proj_bias + (m.moe() ? double(pc.mlp_dense) + double(pc.shared_gate) : fc2_bias);
-  double sharded =
-      (double(pc.attention) - proj_bias + (m.moe() ? double(pc.mlp_shared) : double(pc.mlp_dense) - fc2_bias)) *
-      double(layers);
-  double replicated = replicated_layer * double(layers);
+  // router (theoretical_memory_usage.py: tp_sharded / replicated params of an MoE layer). A dense
+  // layer of an MoE model has a dense model's MLP.
+  const double dense_mlp = double(m.moe() ? pc.dense_mlp : pc.mlp_dense);
+  const double moe_replicated = double(pc.norms) + proj_bias + double(pc.mlp_dense) + double(pc.shared_gate);
+  const double moe_sharded = double(pc.attention) - proj_bias + double(pc.mlp_shared);
+  const double dense_replicated = double(pc.norms) + proj_bias + fc2_bias;
+  const double dense_sharded = double(pc.attention) - proj_bias + dense_mlp - fc2_bias;
+  double sharded = moe_sharded * double(moe_layers) + dense_sharded * double(dense_layers);
+  double replicated = moe_replicated * double(moe_layers) + dense_replicated * double(dense_layers);
   if (first) {
     sharded += double(vocab) * h;
     replicated += double(m.learned_positions) * h;
@@ -153,7 +157,7 @@ StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bo
     if (m.output_bias) sharded += double(vocab);
   }
   s.dense = sharded / t + replicated;
-  s.expert = expert_params_per_rank(c, layers);  // split by ETP and EP (expert_parallel.cpp)
+  s.expert = expert_params_per_rank(c, moe_layers);  // split by ETP and EP (expert_parallel.cpp)
   const double emb = (first || last) ? double(vocab) * h / t : 0.0;
   // DeepSpeed's "largest layer" is the largest single module (nn.Linear / nn.Embedding).
   const double per_linear = h *
@@ -164,27 +168,42 @@ StageParams stage_params(const RunConfig& c, std::int64_t layers, bool first, bo
   return s;
 }
 
-// Layers of one model chunk that full recompute rematerialises, the checkpointed inputs it keeps
-// per chunk, and the layers rematerialised at once in backward (Megatron-LM
-// transformer_block.py _checkpointed_forward).
-struct FullRecompute {
-  double recomputed = 0, inputs = 0, working_layers = 0;
+// One micro-batch through one model chunk of `n` layers from `first_layer` on: the MoE and dense
+// layers whose activations stay stored, the layers full recompute rematerialises, the checkpointed
+// inputs it keeps, and the bytes per token it rematerialises at once in backward (Megatron-LM
+// transformer_block.py _checkpointed_forward: `uniform` checkpoints every group of num_layers
+// layers and reruns a group at a time; `block` the first num_layers layers, one at a time).
+struct ChunkActivations {
+  double moe = 0, dense = 0, recomputed = 0, inputs = 0, working = 0;
 };
 
-FullRecompute full_recompute(const RunConfig& c, double chunk_layers) {
-  FullRecompute f;
-  if (c.recompute.granularity != Recompute::full) return f;
-  const double n = double(c.recompute.num_layers);
-  if (c.recompute.method == RecomputeMethod::uniform) {
-    const double group = n > 0 ? std::min(n, chunk_layers) : 1.0;
-    f.recomputed = chunk_layers;
-    f.inputs = std::ceil(chunk_layers / group);
-    f.working_layers = group;
-  } else {
-    f.recomputed = n > 0 ? std::min(n, chunk_layers) : chunk_layers;
-    f.inputs = f.recomputed;
-    f.working_layers = f.recomputed > 0 ? 1.0 : 0.0;
+ChunkActivations chunk_activations(const RunConfig& c, std::int64_t first_layer, std::int64_t n, const LayerBytes& moe,
+                                   const LayerBytes& dense) {
+  const auto& m = c.model;
+  ChunkActivations f;
+  auto bytes = [&](std::int64_t begin, std::int64_t count) {
+    const std::int64_t k = m.moe_layers(begin, count);
+    return double(k) * moe.total() + double(count - k) * dense.total();
+  };
+  std::int64_t recomputed = 0;  // the chunk's first layers
+  if (c.recompute.granularity == Recompute::full) {
+    const std::int64_t r = c.recompute.num_layers;
+    if (c.recompute.method == RecomputeMethod::uniform) {
+      const std::int64_t group = r > 0 ? std::min(r, n) : 1;
+      recomputed = n;
+      const std::int64_t groups = n > 0 ? (n + group - 1) / group : 0;
+      f.inputs = double(groups);
+      for (std::int64_t b = 0; b < n; b += group)
+        f.working = std::max(f.working, bytes(first_layer + b, std::min(group, n - b)));
+    } else {
+      recomputed = r > 0 ? std::min(r, n) : n;
+      f.inputs = double(recomputed);
+      for (std::int64_t b = 0; b < recomputed; ++b) f.working = std::max(f.working, bytes(first_layer + b, 1));
+    }
   }
+  f.recomputed = double(recomputed);
+  f.moe = double(m.moe_layers(first_layer, n) - m.moe_layers(first_layer, recomputed));
+  f.dense = double(n - recomputed) - f.moe;
   return f;
 }
 
@@ -197,34 +216,41 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   StageMemory out;
   out.stage = stage;
   out.layers = stage_layers(c, stage);
+  // Each layer's activations follow its kind: an MoE layer's experts, or a dense layer's MLP.
+  const std::int64_t moe_layers = stage_moe_layers(c, stage), dense_layers = out.layers - moe_layers;
+  const LayerBytes dense_per = layer_bytes_per_token(c, false);
+  const LayerBytes moe_per = m.moe() ? layer_bytes_per_token(c, true) : dense_per;
   // Layer-micro-batches whose activations the stage holds at its peak: the chunk-forwards in
   // flight (chunks_in_flight), in the interleaved schedule's order — `group` micro-batches
   // through chunk 0, then through chunk 1, … (schedules.py) — each with its chunk's layers.
   // Full recompute applies per model chunk. Reported as micro-batches of the stage's layers.
   const std::int64_t group = p.vpp > 1 ? (p.microbatch_group > 0 ? p.microbatch_group : p.pp) : 1;
-  double units = 0, recomputed = 0, checkpoint_inputs = 0, working_layers = 0;
+  double units = 0, stored_moe = 0, stored_dense = 0, recomputed = 0, checkpoint_inputs = 0, working_per_token = 0;
   for (std::int64_t i = 0, n = chunks_in_flight(c, stage); i < n; ++i) {
-    const double layers = double(chunk_layers(c, stage, (i / group) % p.vpp));
-    const FullRecompute f = full_recompute(c, layers);
-    units += layers;
+    const std::int64_t chunk = (i / group) % p.vpp, layers = chunk_layers(c, stage, chunk);
+    const ChunkActivations f = chunk_activations(c, chunk_first_layer(c, stage, chunk), layers, moe_per, dense_per);
+    units += double(layers);
+    stored_moe += f.moe;
+    stored_dense += f.dense;
     recomputed += f.recomputed;
     checkpoint_inputs += f.inputs;
-    working_layers = std::max(working_layers, f.working_layers);
+    working_per_token = std::max(working_per_token, f.working);
   }
   out.microbatches_in_flight = out.layers > 0 ? units / double(out.layers) : 0.0;
 
   const double T = double(tr.micro_batch) * double(tr.seq_length) / double(p.cp);  // tokens on this rank
   const double h = double(m.hidden_size), t = double(p.tp), rep = p.sequence_parallel ? t : 1.0;
   const double A = activation_bytes(c);
-  const LayerBytes per = layer_bytes_per_token(c);
+  const LayerBytes& per = dense_per;  // attention is the same in both kinds of layer
 
   // Full recompute keeps each checkpointed chunk's input, A·s·b·h (÷ t with SP) (Korthikanti §4);
   // MindSpeed: activation-function recompute covers the layers full recompute leaves stored.
-  const double stored_units = units - recomputed;
+  const double stored_units = stored_moe + stored_dense;
   const bool act_fn = tech.act_fn_recompute || c.recompute.granularity == Recompute::activation_function;
   double act_fn_units = act_fn ? stored_units : 0.0;
   if (act_fn && recomputed == 0 && c.recompute.num_layers)
     act_fn_units = std::min<double>(double(c.recompute.num_layers), double(out.layers)) * out.microbatches_in_flight;
+  const double act_fn_share = stored_units > 0 ? act_fn_units / stored_units : 0.0;  // of either kind
 
   double attention = T * (per.attention + per.core_attention) * stored_units;
   double core = 0.0;  // reported with attention when swapped; kept apart otherwise
@@ -232,14 +258,16 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
     attention = T * per.attention * stored_units;
     core = T * per.core_attention * stored_units;
   }
-  double mlp = T * per.mlp * stored_units + T * A * h / rep * checkpoint_inputs;
+  double mlp = T * (moe_per.mlp * stored_moe + dense_per.mlp * stored_dense) + T * A * h / rep * checkpoint_inputs;
   // Activation-function recompute (MindSpeed, docs/features/activation-function-recompute.md):
   // the activation output is released after fc2's forward and recomputed before fc2's backward.
-  double act_out = T * per.act_output * (stored_units - act_fn_units);
-  double router = T * per.router * stored_units;
+  double act_out = T * (moe_per.act_output * stored_moe + dense_per.act_output * stored_dense) * (1.0 - act_fn_share);
+  double router = T * moe_per.router * stored_moe;
   // Rematerialised in backward: the layers full recompute runs at once, or one activation output.
-  double working = working_layers * T * per.total();
-  if (act_fn_units > 0) working = std::max(working, T * per.act_output);
+  double working = T * working_per_token;
+  if (act_fn_units > 0)
+    working = std::max(
+        {working, moe_layers > 0 ? T * moe_per.act_output : 0.0, dense_layers > 0 ? T * dense_per.act_output : 0.0});
   // Swap-attention (MindSpeed --swap-attention): attention activations go to pinned host memory
   // after forward and come back ahead of backward; the prefetch window's layers stay resident.
   if (tech.swap_attention && stored_units > 0) {
@@ -279,15 +307,16 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
                      {"recompute_working_set", to_bytes(working_extra, "recompute_working_set")}};
 
   // Model states: dense parameters shard over DP·CP, experts over the expert-data-parallel group.
-  const StageParams sp = stage_params(c, out.layers, first, last, vocab);
+  const StageParams sp = stage_params(c, moe_layers, dense_layers, first, last, vocab);
   out.parameters = to_bytes(sp.dense + sp.expert, "parameters");
   // validate(): instances divide DP·CP and the expert-data-parallel size.
   const double n_dense = double(p.dp * p.cp) / double(p.optimizer_instances);
   const double n_expert = m.moe() ? expert_state_shards(c) : 1.0;
   // Muon orthogonalises the 2-D weights only (muon_states.cpp); other optimizers treat all alike.
-  const States dense =
-      stage_states(c, sp.dense, muon_matrix_params(c, out.layers, first, false), n_dense, sp.largest_layer);
-  const States expert = stage_states(c, sp.expert, muon_matrix_params(c, out.layers, first, true), n_expert, 0.0);
+  const States dense = stage_states(c, sp.dense, muon_matrix_params(c, moe_layers, dense_layers, first, false), n_dense,
+                                    sp.largest_layer);
+  const States expert =
+      stage_states(c, sp.expert, muon_matrix_params(c, moe_layers, dense_layers, first, true), n_expert, 0.0);
   out.weights = to_bytes(dense.weights + expert.weights, "weights");
   out.gradients = to_bytes(dense.gradients + expert.gradients, "gradients");
   out.optimizer_states = to_bytes(dense.optimizer + expert.optimizer, "optimizer states");
@@ -301,13 +330,16 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Megatron's gradient buckets are views into the gradient buffer (counted with the gradients).
   double comm = 0.0;
   if (p.pp > 1) comm += T * A * h / rep;
-  if (m.moe()) comm += moe_dispatch_buffer_bytes(c, T);  // moe_activations.cpp
+  if (moe_layers > 0) comm += moe_dispatch_buffer_bytes(c, T);  // moe_activations.cpp
   const double W = mixed ? 2.0 : 4.0;
   // The BF16_Optimizer is no ZeRO optimizer: it reduces without ZeRO's bucket.
   if (!deepspeed_bf16_optimizer(c))
     comm += W * (double(p.reduce_bucket_elements) * double(p.reduce_buffers) + double(p.allgather_bucket_elements));
   out.communication = to_bytes(comm, "communication buffers");
   out.framework = c.framework.total();
+  // TransformerEngine allocates the grouped GEMM's workspaces at its first grouped GEMM
+  // (cpp_extensions/gemm.py get_cublas_workspace, lru_cache): a stage without MoE layers runs none.
+  if (moe_layers == 0) out.framework -= c.framework.te_workspace * c.framework.te_grouped_gemm_workspaces;
 
   out.optimizer_step_beyond_activations = std::max<std::int64_t>(0, out.optimizer_step - out.activation_total());
   double total = double(out.model_states()) + double(out.communication) + double(out.framework) +
@@ -340,6 +372,14 @@ StageMemory estimate_memory(const RunConfig& config) {
   // loss) is the most loaded. Unevenly split, the second stage is the middle stage with the most
   // in flight and may hold more layers than either.
   StageMemory best = evaluate_stage(config, 0, vocab);
+  // Dense layers mixed among the MoE layers make any stage the most loaded one: each is evaluated.
+  if (config.model.mixed_layers()) {
+    for (std::int64_t r = 1; r < p.pp; ++r) {
+      StageMemory m = evaluate_stage(config, r, vocab);
+      if (m.peak_reserved > best.peak_reserved) best = std::move(m);
+    }
+    return best;
+  }
   const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0 || p.embedding_as_layer || p.loss_as_layer;
   for (std::int64_t r : {uneven && p.pp > 2 ? std::int64_t{1} : std::int64_t{0}, p.pp - 1}) {
     if (r == 0) continue;

@@ -6,11 +6,20 @@
 
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 
 #include "stowage/error.hpp"
 #include "tools/common/json_input.hpp"
 
 namespace stowage::estimate {
+
+std::int64_t ModelConfig::moe_layers(std::int64_t begin, std::int64_t count) const {
+  if (!moe() || count <= 0) return 0;
+  if (moe_layer_pattern.empty()) return count;
+  std::int64_t n = 0;
+  for (std::int64_t i = begin; i < begin + count; ++i) n += moe_layer(i) ? 1 : 0;
+  return n;
+}
 
 ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
   ParameterCounts p;
@@ -31,6 +40,9 @@ ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
       p.mlp_shared = mlp(m.shared_expert_ffn_hidden_size);
       p.shared_gate = m.shared_expert_gate ? h : 0;
     }
+    // A dense layer among them has the dense MLP (gpt_layer_specs.py get_gpt_decoder_layer_specs).
+    p.dense_layers = m.num_layers - m.moe_layers(0, m.num_layers);
+    p.dense_mlp = p.dense_layers > 0 ? mlp(m.ffn_hidden_size) : 0;
   } else {
     p.mlp_dense = mlp(m.ffn_hidden_size);
   }
@@ -72,6 +84,11 @@ void validate(const ModelConfig& m) {
         fmt::format("model '{}': shared experts without MLP biases only (Megatron-LM's SharedExpertMLP asserts "
                     "--disable-bias-linear)",
                     m.name));
+  if (!m.moe_layer_pattern.empty() && std::ssize(m.moe_layer_pattern) != m.num_layers)
+    throw InvalidArgument(fmt::format("model '{}': the MoE layer pattern has {} entries for {} layers", m.name,
+                                      m.moe_layer_pattern.size(), m.num_layers));
+  if (std::any_of(m.moe_layer_pattern.begin(), m.moe_layer_pattern.end(), [](std::uint8_t v) { return v > 1; }))
+    throw InvalidArgument(fmt::format("model '{}': the MoE layer pattern takes 0 (dense) and 1 (MoE) only", m.name));
   if (m.moe() && (m.experts_per_token == 0 || m.experts_per_token > m.num_experts))
     throw InvalidArgument(fmt::format("model '{}': num_experts_per_tok must be in 1..{} , got {}", m.name,
                                       m.num_experts, m.experts_per_token));
@@ -169,6 +186,8 @@ constexpr Family kFamilies[] = {
     {"mixtral", false, true, false, false, 2, false, false, false, false, false},
     {"qwen2", false, true, false, false, 2, true, false, false, false, false},
     {"qwen2_moe", false, true, false, false, 2, true, false, false, false, true},
+    // DeepSeek-MoE (modeling_deepseek.py): Llama's layer, MoE layers of routed and shared experts.
+    {"deepseek", false, true, false, false, 2, false, false, false, false, false},
     {"qwen3", false, true, false, false, 2, false, false, false, true, false},
     {"gemma", true, true, false, false, 2, false, false, false, false, false},
     {"gemma2", true, true, false, false, 4, false, false, false, false, false},
@@ -178,22 +197,41 @@ constexpr Family kFamilies[] = {
     {"phi", false, false, true, false, 1, false, true, true, false, false},
 };
 
-// Keys that put dense layers among the MoE layers (Qwen2-MoE decoder_sparse_step / mlp_only_layers,
-// DeepSeek first_k_dense_replace / moe_layer_freq): the estimate's layers are all alike.
-void refuse_mixed_layers(const nlohmann::json& j, const std::string& what) {
-  auto refuse = [&](const char* key, const std::string& value) {
-    throw ParseError(
-        fmt::format("{}: '{}' {}: this mixture-of-experts layout (dense layers among the MoE layers) is not "
-                    "modelled; describe it with --megatron-args, or use a config whose layers are all MoE",
-                    what, key, value));
+// Which layers are MoE. DeepSeek (modeling_deepseek.py DeepseekDecoderLayer, and V2/V3/Kimi alike):
+// layer i when i >= first_k_dense_replace and i % moe_layer_freq == 0. Qwen2-MoE
+// (modeling_qwen2_moe.py Qwen2MoeDecoderLayer): layer i when i is not in mlp_only_layers and
+// (i + 1) % decoder_sparse_step == 0. The others are a dense MLP of intermediate_size.
+void read_moe_layers(const nlohmann::json& j, const std::string& what, ModelConfig& m) {
+  using tools::get_int_or;
+  if (!m.moe()) return;
+  auto positive = [&](const char* key) {
+    const std::int64_t v = get_int_or(j, key, 1, what);
+    if (v <= 0) throw ParseError(fmt::format("{}: field '{}' must be positive, got {}", what, key, v));
+    return v;
   };
-  for (const char* key : {"decoder_sparse_step", "moe_layer_freq"})
-    if (j.contains(key) && !j.at(key).is_null() && tools::get_int(j, key, what) != 1) refuse(key, j.at(key).dump());
-  if (j.contains("first_k_dense_replace") && !j.at("first_k_dense_replace").is_null() &&
-      tools::get_int(j, "first_k_dense_replace", what) != 0)
-    refuse("first_k_dense_replace", j.at("first_k_dense_replace").dump());
-  if (j.contains("mlp_only_layers") && j.at("mlp_only_layers").is_array() && !j.at("mlp_only_layers").empty())
-    refuse("mlp_only_layers", j.at("mlp_only_layers").dump());
+  const std::int64_t first_dense = get_int_or(j, "first_k_dense_replace", 0, what);
+  if (first_dense < 0) throw ParseError(fmt::format("{}: field 'first_k_dense_replace' must not be negative", what));
+  const std::int64_t freq = positive("moe_layer_freq"), step = positive("decoder_sparse_step");
+  std::vector<std::int64_t> mlp_only;
+  if (j.contains("mlp_only_layers") && !j.at("mlp_only_layers").is_null()) {
+    if (!j.at("mlp_only_layers").is_array())
+      throw ParseError(fmt::format("{}: field 'mlp_only_layers' must be a list of layer indices", what));
+    for (const auto& v : j.at("mlp_only_layers")) {
+      if (!v.is_number_integer())
+        throw ParseError(fmt::format("{}: field 'mlp_only_layers' must be a list of layer indices", what));
+      mlp_only.push_back(v.get<std::int64_t>());
+    }
+  }
+  if (m.num_layers <= 0 || m.num_layers > (1 << 14)) return;  // validate() names the layer count
+  std::vector<std::uint8_t> pattern(static_cast<std::size_t>(m.num_layers));
+  bool mixed = false;
+  for (std::int64_t i = 0; i < m.num_layers; ++i) {
+    const bool listed = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+    const bool moe = i >= first_dense && i % freq == 0 && (i + 1) % step == 0 && !listed;
+    pattern[static_cast<std::size_t>(i)] = moe ? 1 : 0;
+    mixed = mixed || !moe;
+  }
+  if (mixed) m.moe_layer_pattern = std::move(pattern);
 }
 
 // Routed experts of their own width and shared experts (Qwen2-MoE: shared_expert_intermediate_size;
@@ -203,7 +241,6 @@ void read_moe_widths(const nlohmann::json& j, const std::string& what, ModelConf
   if (j.contains("kv_lora_rank") || j.contains("q_lora_rank"))
     throw ParseError(
         fmt::format("{}: 'kv_lora_rank': multi-head latent attention (DeepSeek-V2/V3) is not modelled", what));
-  refuse_mixed_layers(j, what);
   if (j.contains("n_routed_experts")) m.num_experts = tools::get_int(j, "n_routed_experts", what);
   m.moe_ffn_hidden_size = get_int_or(j, "moe_intermediate_size", 0, what);
   m.shared_expert_ffn_hidden_size = get_int_or(j, "shared_expert_intermediate_size", 0, what);
@@ -250,6 +287,7 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name,
   m.tie_embeddings = get_bool_or(j, "tie_word_embeddings", family != nullptr && family->tied_by_default, what);
   m.num_experts = get_int_or(j, "num_local_experts", get_int_or(j, "num_experts", 0, what), what);
   read_moe_widths(j, what, m);
+  read_moe_layers(j, what, m);
   m.experts_per_token = get_int_or(j, "num_experts_per_tok", m.num_experts > 0 ? 2 : 0, what);
   const std::string act = get_string_or(j, "hidden_act", "silu", what);
   m.attention_dropout = tools::get_number_or(j, "attention_dropout", 0.0, what) > 0.0;

@@ -38,6 +38,10 @@ struct ModelConfig {
   // split by TP like a dense MLP (Megatron --moe-shared-expert-intermediate-size; 0: none).
   std::int64_t shared_expert_ffn_hidden_size = 0;
   bool shared_expert_gate = false;  // a Linear(h, 1) and a sigmoid scale the shared output (Qwen2-MoE)
+  // Which layers hold the experts when dense layers are mixed in (Megatron --moe-layer-freq; Hugging
+  // Face first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers): one entry per
+  // layer, 1 an MoE layer, 0 a dense MLP of ffn_hidden_size. Empty: every layer alike.
+  std::vector<std::uint8_t> moe_layer_pattern;
 
   void set_linear_bias(bool on) { qkv_bias = proj_bias = mlp_bias = on; }  // every linear layer (Megatron)
   bool linear_bias() const { return qkv_bias && proj_bias && mlp_bias; }
@@ -46,9 +50,18 @@ struct ModelConfig {
   bool moe() const { return num_experts > 0; }
   std::int64_t expert_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
   bool shared_experts() const { return moe() && shared_expert_ffn_hidden_size > 0; }
+  // Whether layer i (0-based) has the experts; a dense model has none.
+  bool moe_layer(std::int64_t i) const {
+    return moe() && (moe_layer_pattern.empty() || moe_layer_pattern[static_cast<std::size_t>(i)] != 0);
+  }
+  // MoE layers among layers [begin, begin + count).
+  std::int64_t moe_layers(std::int64_t begin, std::int64_t count) const;
+  // An MoE model with dense layers among its layers.
+  bool mixed_layers() const { return moe() && moe_layers(0, num_layers) < num_layers; }
 };
 
-// Parameter counts, split the way parallelism splits them.
+// Parameter counts, split the way parallelism splits them. Per layer means per MoE layer of an
+// MoE model (per layer of a dense one); an MoE model's dense layers have dense_mlp instead.
 struct ParameterCounts {
   std::int64_t attention = 0;    // per layer: q, k, v, o (+ biases)
   std::int64_t mlp_dense = 0;    // per layer: the MLP of a dense model, or the router of an MoE
@@ -59,8 +72,14 @@ struct ParameterCounts {
   std::int64_t embedding = 0;    // vocab × hidden (+ learned positions)
   std::int64_t output = 0;       // untied output projection (0 when tied)
   std::int64_t final_norm = 0;
+  std::int64_t dense_mlp = 0;     // per dense layer of an MoE model: its MLP of ffn_hidden_size (+ biases)
+  std::int64_t dense_layers = 0;  // of the model's layers, the dense ones of an MoE model
   std::int64_t per_layer() const { return attention + mlp_dense + mlp_experts + mlp_shared + shared_gate + norms; }
-  std::int64_t total(std::int64_t layers) const { return per_layer() * layers + embedding + output + final_norm; }
+  std::int64_t per_dense_layer() const { return attention + dense_mlp + norms; }
+  // `layers` layers, dense_layers of them dense (theoretical_memory_usage.py: dense and MoE layers).
+  std::int64_t total(std::int64_t layers) const {
+    return per_layer() * (layers - dense_layers) + per_dense_layer() * dense_layers + embedding + output + final_norm;
+  }
 };
 
 ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab);
@@ -75,9 +94,10 @@ ModelConfig preset(std::string_view name);
 // Reads the fields of a Hugging Face config.json (hidden_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings,
 // num_local_experts, num_experts_per_tok, hidden_act, head_dim, attention_bias, mlp_bias, and the
-// MoE widths moe_intermediate_size, shared_expert_intermediate_size, n_shared_experts) with the
-// architecture its model_type names (docs/estimate.md). ParseError naming the field; an MoE with
-// dense layers among its MoE layers (or MLA) is refused; a model_type the estimate does not know
+// MoE widths moe_intermediate_size, shared_expert_intermediate_size, n_shared_experts, and which
+// layers are MoE: first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers) with
+// the architecture its model_type names (docs/estimate.md). ParseError naming the field; MLA is
+// refused; a model_type the estimate does not know
 // is read as a Llama-style decoder with a line in `warnings` saying so.
 ModelConfig model_from_hf_json(const std::string& text, const std::string& name = "config.json",
                                std::vector<std::string>* warnings = nullptr);

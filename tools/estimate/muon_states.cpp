@@ -4,9 +4,10 @@
 
 namespace stowage::estimate {
 
-double muon_matrix_params(const RunConfig& c, std::int64_t layers, bool first, bool experts) {
+double muon_matrix_params(const RunConfig& c, std::int64_t moe_layers, std::int64_t dense_layers, bool first,
+                          bool experts) {
   const auto& m = c.model;
-  if (experts) return expert_weights_per_rank(c, layers);  // their biases go to the scalar optimizer
+  if (experts) return expert_weights_per_rank(c, moe_layers);  // their biases go to the scalar optimizer
   const double h = double(m.hidden_size), t = double(c.parallel.tp);
   const double q = double(m.num_heads * m.head_size()), kv = double(m.kv_heads() * m.head_size());
   const double attention = (h * q + 2 * h * kv + q * h) / t;
@@ -16,8 +17,9 @@ double muon_matrix_params(const RunConfig& c, std::int64_t layers, bool first, b
   const double S = double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0);
   const double shared =
       (h * S * (m.gated_mlp ? 2 : 1) + S * h) / t + (m.shared_experts() && m.shared_expert_gate ? h : 0.0);
-  const double mlp = m.moe() ? double(m.num_experts) * h + shared : (h * F * (m.gated_mlp ? 2 : 1) + F * h) / t;
-  return (attention + mlp) * double(layers) + (first ? double(m.learned_positions) * h : 0.0);
+  const double moe_mlp = double(m.num_experts) * h + shared, dense_mlp = (h * F * (m.gated_mlp ? 2 : 1) + F * h) / t;
+  return attention * double(moe_layers + dense_layers) + moe_mlp * double(moe_layers) +
+         dense_mlp * double(dense_layers) + (first ? double(m.learned_positions) * h : 0.0);
 }
 
 States stage_states(const RunConfig& c, double params, double matrix, double n, double largest_layer) {

@@ -10,7 +10,9 @@ namespace stowage::estimate {
 // The 2-D weights Muon manages among a pipeline stage's parameters on one rank: attention and MLP
 // (or router and expert) weights and learned position embeddings; not the word embedding or the
 // output layer (is_embedding_or_output_parameter). `experts` selects the expert weights alone.
-double muon_matrix_params(const RunConfig& c, std::int64_t layers, bool first, bool experts);
+// The stage holds `moe_layers` MoE layers and `dense_layers` dense ones (all dense in a dense model).
+double muon_matrix_params(const RunConfig& c, std::int64_t moe_layers, std::int64_t dense_layers, bool first,
+                          bool experts);
 
 // model_states() for `params` parameters of which `matrix` are Muon's (all of them Adam's or
 // SGD's for the other optimizers).

@@ -43,6 +43,7 @@ nlohmann::json to_json(const EstimateResult& r) {
                 {"num_experts", m.num_experts},
                 {"experts_per_token", m.experts_per_token},
                 {"shared_expert_ffn_hidden_size", m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0},
+                {"moe_layers", m.moe_layers(0, m.num_layers)},
                 {"parameters", count_parameters(m, m.vocab_size).total(m.num_layers)}};
   j["training"] = {{"seq_length", c.training.seq_length},
                    {"micro_batch", c.training.micro_batch},
@@ -94,11 +95,15 @@ std::string to_table(const EstimateResult& r) {
   out += fmt::format(
       "model {}: {} layers, hidden {}, heads {}/{}, ffn {}, vocab {}{}\n", c.model.name, c.model.num_layers,
       c.model.hidden_size, c.model.num_heads, c.model.kv_heads(), c.model.ffn_hidden_size, c.model.vocab_size,
-      c.model.moe() ? fmt::format(", {} experts top-{}{}", c.model.num_experts, c.model.experts_per_token,
-                                  c.model.shared_experts()
-                                      ? fmt::format(", shared experts {}", c.model.shared_expert_ffn_hidden_size)
-                                      : "")
-                    : "");
+      c.model.moe()
+          ? fmt::format(
+                ", {} experts top-{}{}{}", c.model.num_experts, c.model.experts_per_token,
+                c.model.shared_experts() ? fmt::format(", shared experts {}", c.model.shared_expert_ffn_hidden_size)
+                                         : "",
+                c.model.mixed_layers() ? fmt::format(" in {} of the {} layers (the others dense)",
+                                                     c.model.moe_layers(0, c.model.num_layers), c.model.num_layers)
+                                       : "")
+          : "");
   out += fmt::format(
       "seq {} × micro-batch {}, {} micro-batches; TP {} PP {}{} DP {} CP {} EP {}{}; ZeRO {}; recompute {}\n",
       c.training.seq_length, c.training.micro_batch, c.training.grad_accumulation, c.parallel.tp, c.parallel.pp,

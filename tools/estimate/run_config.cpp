@@ -179,6 +179,20 @@ std::int64_t stage_layers(const RunConfig& c, std::int64_t rank) {
   return n;
 }
 
+std::int64_t chunk_first_layer(const RunConfig& c, std::int64_t rank, std::int64_t chunk) {
+  std::int64_t offset = 0;
+  for (std::int64_t k = 0; k <= chunk; ++k)
+    for (std::int64_t r = 0; r < (k < chunk ? c.parallel.pp : rank); ++r) offset += chunk_layers(c, r, k);
+  return offset;
+}
+
+std::int64_t stage_moe_layers(const RunConfig& c, std::int64_t rank) {
+  std::int64_t n = 0;
+  for (std::int64_t k = 0; k < c.parallel.vpp; ++k)
+    n += c.model.moe_layers(chunk_first_layer(c, rank, k), chunk_layers(c, rank, k));
+  return n;
+}
+
 namespace {
 template <typename E, std::size_t N>
 E parse_enum(std::string_view s, const char* field, const std::pair<const char*, E> (&names)[N]) {

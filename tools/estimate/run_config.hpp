@@ -195,6 +195,11 @@ void validate(const RunConfig& c);
 std::int64_t chunk_layers(const RunConfig& c, std::int64_t rank, std::int64_t chunk);
 // All transformer layers of pipeline rank `rank`.
 std::int64_t stage_layers(const RunConfig& c, std::int64_t rank);
+// The index of the first layer of that model chunk: chunks hold the layers in order, chunk 0 of
+// every rank, then chunk 1, … (transformer_layer.py get_transformer_layer_offset).
+std::int64_t chunk_first_layer(const RunConfig& c, std::int64_t rank, std::int64_t chunk);
+// The MoE layers of pipeline rank `rank` (all of its layers unless dense layers are mixed in).
+std::int64_t stage_moe_layers(const RunConfig& c, std::int64_t rank);
 
 // Parsing of the enum names used on the command line and in JSON ("selective", "mapped", …).
 Precision parse_precision(std::string_view s);

@@ -17,20 +17,46 @@ struct LayerFlops {
   double linear = 0, attention = 0;
 };
 
-LayerFlops layer_forward_flops(const RunConfig& c) {
+// `moe_layer`: an MoE layer's, else a dense layer's (an MoE model's dense layers have a dense MLP).
+LayerFlops layer_forward_flops(const RunConfig& c, bool moe_layer) {
   const auto& m = c.model;
   const double h = double(m.hidden_size), q = double(m.num_heads * m.head_size()),
                kv = double(m.kv_heads() * m.head_size());
   // An MoE token runs k experts of the experts' own width (--moe-ffn-hidden-size).
-  const double F = double(m.moe() ? m.expert_ffn() : m.ffn_hidden_size),
-               k = m.moe() ? double(m.experts_per_token) : 1.0;
+  const double F = double(moe_layer ? m.expert_ffn() : m.ffn_hidden_size),
+               k = moe_layer ? double(m.experts_per_token) : 1.0;
   // Every token also runs the shared experts, an MLP of their total width.
-  const double S = double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0);
+  const double S = double(moe_layer && m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0);
   LayerFlops f;
   f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * (h * F * (m.gated_mlp ? 2 : 1) + F * h) +
                     (h * S * (m.gated_mlp ? 2 : 1) + S * h));
   f.attention = 2.0 * q * double(c.training.seq_length);
   return f;
+}
+
+// The stage that takes longest per micro-batch: its layers and, of them, the MoE ones. Evenly split
+// models have alike stages and the last one (the output layer) is the slowest; with dense layers
+// mixed in, each stage's own layers decide.
+struct SlowStage {
+  double layers = 0, moe = 0;
+};
+
+SlowStage slow_stage(const RunConfig& c) {
+  const auto& m = c.model;
+  const auto& p = c.parallel;
+  SlowStage s{double(m.num_layers) / double(p.pp), m.moe() ? double(m.num_layers) / double(p.pp) : 0.0};
+  if (!m.mixed_layers()) return s;
+  const LayerFlops fm = layer_forward_flops(c, true), fd = layer_forward_flops(c, false);
+  double slowest = -1;
+  for (std::int64_t r = 0; r < p.pp; ++r) {
+    const double moe = double(estimate::stage_moe_layers(c, r)), layers = double(estimate::stage_layers(c, r));
+    const double flops = moe * (fm.linear + fm.attention) + (layers - moe) * (fd.linear + fd.attention);
+    if (flops >= slowest) {  // ties: the later stage, as the last one also runs the loss
+      slowest = flops;
+      s = {layers, moe};
+    }
+  }
+  return s;
 }
 
 double seconds(double bytes, double gbps) { return bytes / (gbps * 1e9); }
@@ -43,11 +69,12 @@ double ring_fraction(double n) { return n > 1 ? (n - 1) / n : 0.0; }
 
 double model_flops_per_step(const RunConfig& c) {
   const auto& m = c.model;
-  const LayerFlops f = layer_forward_flops(c);
+  const LayerFlops fm = layer_forward_flops(c, true), fd = layer_forward_flops(c, false);
+  const double moe = double(m.moe_layers(0, m.num_layers)), dense = double(m.num_layers) - moe;
   const double tokens = double(c.training.seq_length) * double(c.training.micro_batch) *
                         double(c.training.grad_accumulation) * double(c.parallel.dp);
   const double logits = 2.0 * double(m.hidden_size) * double(estimate::padded_vocab(c));
-  return 3.0 * tokens * (double(m.num_layers) * (f.linear + f.attention) + logits);
+  return 3.0 * tokens * (moe * (fm.linear + fm.attention) + dense * (fd.linear + fd.attention) + logits);
 }
 
 StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageMemory& memory) {
@@ -58,9 +85,14 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   const double rate = cl.peak_tflops * 1e12 * cl.efficiency;                       // FLOP/s one GPU reaches
   const double T = double(tr.micro_batch) * double(tr.seq_length) / double(p.cp);  // tokens per rank
   const double t = double(p.tp), h = double(m.hidden_size);
-  const double layers = double(m.num_layers) / double(p.pp);
+  const SlowStage slow = slow_stage(c);
+  const double layers = slow.layers;
+  const double moe_share = slow.layers > 0 ? slow.moe / slow.layers : 0.0;  // of its layers, the MoE ones
   const double M = double(tr.grad_accumulation);
-  const LayerFlops f = layer_forward_flops(c);
+  // Its average layer: MoE and dense layers in their share.
+  const LayerFlops fm = layer_forward_flops(c, true), fd = layer_forward_flops(c, false);
+  const LayerFlops f{moe_share * fm.linear + (1 - moe_share) * fd.linear,
+                     moe_share * fm.attention + (1 - moe_share) * fd.attention};
   const double vocab = double(estimate::padded_vocab(c));
 
   // One micro-batch through one stage: forward, backward (2× forward: dgrad + wgrad), on the
@@ -87,13 +119,13 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   // It covers the layers full recompute leaves stored (the others rerun their activation in the
   // forward counted above), or the first num_layers without full recompute, as the memory model.
   if (c.techniques.act_fn_recompute || c.recompute.granularity == Recompute::activation_function) {
-    const double F = double(m.moe() ? m.expert_ffn() : m.ffn_hidden_size) / t,
-                 k = m.moe() ? double(m.experts_per_token) : 1.0;
+    const double S = double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0) / t;
+    const double moe_width = double(m.experts_per_token) * double(m.expert_ffn()) / t + S;
+    const double width = moe_share * moe_width + (1 - moe_share) * double(m.ffn_hidden_size) / t;
     double act_layers = std::max(0.0, layers - recomputed_layers);
     if (recomputed_layers == 0 && c.recompute.num_layers > 0)
       act_layers = std::min(double(c.recompute.num_layers), layers);
-    const double S = double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0) / t;
-    stage_recompute += act_layers * T * (k * F + S) * 2.0 * (m.gated_mlp ? 3.0 : 2.0) / (cl.hbm_gbps * 1e9);
+    stage_recompute += act_layers * T * width * 2.0 * (m.gated_mlp ? 3.0 : 2.0) / (cl.hbm_gbps * 1e9);
   }
 
   // TP: with SP each layer all-gathers its two inputs and reduce-scatters its two outputs in
@@ -123,7 +155,7 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   if (m.moe() && p.ep > 1) {
     const double bw = p.tp * p.cp * p.ep <= cl.gpus_per_node ? cl.intra_node_gbps : cl.inter_node_gbps;
     const double bytes = double(m.experts_per_token) * act_bytes / t * ring_fraction(double(p.ep));
-    stage_ep = 2.0 * bytes / (bw * 1e9) * (2.0 * layers + recomputed_layers);
+    stage_ep = 2.0 * bytes / (bw * 1e9) * (2.0 * layers + recomputed_layers) * moe_share;
   }
 
   // Swap-attention: each micro-batch's swapped activations go to the host after its forward
