@@ -88,7 +88,9 @@ int stowage_pop_tag(void);
 /* A new contiguous tensor of `ndim` dimensions `shape` and DLPack type (code, bits) on `device`,
  * allocated on `stream`, as a DLManagedTensor: pass it to a DLPack consumer, which calls its
  * deleter (that frees the memory); or call the deleter yourself. Emulated devices' memory is
- * kDLCPU data. NULL on error. */
+ * kDLCPU data. NULL on error: STOWAGE_ERROR_UNSUPPORTED for a (code, bits) stowage has no dtype
+ * for (it has float 64/32/16, bfloat 16, int 64/32/16/8, uint 16/8, bool 8; one lane),
+ * STOWAGE_ERROR_INVALID_ARGUMENT for a bad shape or device. */
 struct DLManagedTensor* stowage_dlpack_empty(int device, const int64_t* shape, int ndim, uint8_t code, uint8_t bits,
                                              void* stream);
 
