@@ -15,6 +15,7 @@
 #include "stowage/error.hpp"
 #include "tools/common/json_input.hpp"
 #include "tools/inspect/inspect_report.hpp"
+#include "tools/inspect/pytorch_export.hpp"
 #include "tools/inspect/pytorch_snapshot.hpp"
 #include "tools/inspect/snapshot_consistency.hpp"
 #include "tools_inspect_test_util.hpp"
@@ -46,12 +47,13 @@ TEST(InspectSnapshot, PeaksBlocksAndTags) {
   EXPECT_EQ(a.tags_at_peak[3].bytes, 1 * MiB);
   ASSERT_EQ(a.tags_now.size(), 3u);
   EXPECT_EQ(a.tags_now[0].bytes, 8 * MiB);
-  // Timeline: allocated and reserved after every traced event. The activation stops counting
-  // at its free_requested, as allocated_bytes does (in stowage's allocator and PyTorch's).
-  ASSERT_EQ(a.timeline.size(), 8u);
-  const std::int64_t alloc[] = {0, 8, 12, 20, 20, 21, 13, 13};
-  const std::int64_t res[] = {20, 20, 20, 20, 22, 22, 22, 22};
-  for (std::size_t i = 0; i < 8; ++i) {
+  // Timeline: allocated and reserved before the first traced event, then after every one. The
+  // activation stops counting at its free_requested, as allocated_bytes does (in stowage's
+  // allocator and PyTorch's).
+  ASSERT_EQ(a.timeline.size(), 9u);
+  const std::int64_t alloc[] = {0, 0, 8, 12, 20, 20, 21, 13, 13};
+  const std::int64_t res[] = {0, 20, 20, 20, 20, 22, 22, 22, 22};
+  for (std::size_t i = 0; i < 9; ++i) {
     EXPECT_EQ(a.timeline[i].allocated, alloc[i] * MiB) << i;
     EXPECT_EQ(a.timeline[i].reserved, res[i] * MiB) << i;
   }
@@ -68,10 +70,15 @@ TEST(InspectSnapshot, TraceThatStartsMidRun) {
   s.trace.push_back({TraceAction::alloc, 0x1000, std::size_t(4 * MiB), Stream{}, 10, "grad"});
   s.trace.push_back({TraceAction::free_completed, 0x1000, std::size_t(4 * MiB), Stream{}, 20, "grad"});
   const SnapshotAnalysis a = analyze(s);
-  ASSERT_EQ(a.timeline.size(), 2u);
-  EXPECT_EQ(a.timeline[0].allocated, 14 * MiB);
-  EXPECT_EQ(a.timeline[1].allocated, 10 * MiB);
+  ASSERT_EQ(a.timeline.size(), 3u);  // the state before the trace, then after each event
+  EXPECT_EQ(a.timeline[0].allocated, 10 * MiB);
+  EXPECT_EQ(a.timeline[1].allocated, 14 * MiB);
+  EXPECT_EQ(a.timeline[2].allocated, 10 * MiB);
   EXPECT_EQ(a.timeline[0].reserved, 16 * MiB);
+  EXPECT_EQ(a.timeline[0].time_ns, 10);
+  EXPECT_EQ(a.timeline[0].events, 0);
+  EXPECT_EQ(a.timeline[2].events, 2);
+  EXPECT_EQ(a.trace_peak_allocated, 14 * MiB);
   ASSERT_EQ(a.tags_at_peak.size(), 2u);
   EXPECT_EQ(a.tags_at_peak[0].tag, "(before trace)");
   EXPECT_EQ(a.tags_at_peak[0].bytes, 10 * MiB);
@@ -128,7 +135,7 @@ TEST(InspectOutput, JsonCarriesPeaksAndTimeline) {
   const auto j = nlohmann::json::parse(r.output);
   EXPECT_EQ(j["schema"], "stowage.inspect/1");
   EXPECT_EQ(j["peak_allocated"].get<std::int64_t>(), 21 * MiB);
-  EXPECT_EQ(j["timeline"].size(), 8u);
+  EXPECT_EQ(j["timeline"].size(), 9u);  // the trace's start and its 8 events
   EXPECT_EQ(j["tags_at_peak"][0]["tag"], "layer0.act");
 }
 

@@ -8,6 +8,21 @@ pickles use the memo. Also, each as _dump_snapshot writes it:
   pytorch_streams.pickle    a block pending free on another stream (free_requested, no
                             free_completed yet), requested sizes that are not multiples of 512
   pytorch_stacks_all.pickle stacks="all": C++ frames (unwinder, dispatcher, interpreter) first
+  pytorch_stale_requested.pickle  a free block left by a split keeps the requested_size of an
+                            earlier, larger allocation (CUDACachingAllocator.cpp: the remainder's
+                            `remaining->size -= size`), more than its size
+  pytorch_ring_start.pickle the trace (a ring) begins with the free of a 10 MiB block allocated
+                            before its window
+  pytorch_v20_history.pickle PyTorch 2.0's form (Module.cpp memorySnapshot): blocks without
+                            address, requested_size or frames; each allocation's frames and
+                            requested size in history[0] (real_size); no time_us in the trace
+  pytorch_no_time.pickle    a trace without time_us (PyTorch up to about 2.1)
+  pytorch_multi_device.pickle three devices: cuda:0 with one block, cuda:1 with an OOM, cuda:2
+                            with a segment only
+  pytorch_4gib_segment.pickle a 4 GiB segment next to a 2 MiB one (integers beyond 32 bits)
+pytorch_stale_requested, _ring_start, _v20_history, _no_time and _4gib_segment are the
+reproducers r1, r2, r5, r6 and r4 of an outside check of `stowage inspect` against PyTorch's
+snapshots.
 
     python3 tests/data/make_pytorch_snapshot.py tests/data
 """
@@ -152,6 +167,96 @@ def snapshot_stacks_all():
     return {"segments": [seg], "device_traces": [trace]}
 
 
+def repro_segment(addr, total, blocks, segtype="large", device=0):
+    alloc = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+    req = sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated")
+    return {"device": device, "address": addr, "total_size": total, "allocated_size": alloc, "active_size": alloc,
+            "requested_size": req, "stream": 0, "segment_type": segtype, "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": [], "blocks": blocks}
+
+
+REPRO_FRAMES = [{"name": "forward", "filename": "/work/train.py", "line": 42}]
+
+
+def repro_block(addr, size, req, state):
+    return {"address": addr, "size": size, "requested_size": req, "state": state,
+            "frames": list(REPRO_FRAMES) if state != "inactive" else []}
+
+
+def repro_event(action, addr, size, t=None):
+    e = {"action": action, "addr": addr, "size": size, "stream": 0, "frames": list(REPRO_FRAMES)}
+    if t is not None:
+        e["time_us"] = t
+    return e
+
+
+def snapshot_stale_requested():
+    a = 0x7F0000000000
+    blocks = [repro_block(a, 19398656, 19398656, "active_allocated"),
+              repro_block(a + 19398656, 1572864, 9437184, "inactive")]  # stale: 9 MiB requested once
+    trace = [repro_event("segment_alloc", a, 20 * MiB, 1), repro_event("alloc", a, 9 * MiB, 2),
+             repro_event("free_requested", a, 9 * MiB, 3), repro_event("free_completed", a, 9 * MiB, 4),
+             repro_event("alloc", a, 19398656, 5)]
+    return {"segments": [repro_segment(a, 20 * MiB, blocks)], "device_traces": [trace]}
+
+
+def snapshot_ring_start():
+    a = 0x7F0000000000
+    blocks = [repro_block(a, MiB, MiB, "active_allocated"), repro_block(a + MiB, 19 * MiB, 0, "inactive")]
+    trace = [repro_event("free_requested", a + MiB, 10 * MiB, 10),
+             repro_event("free_completed", a + MiB, 10 * MiB, 11)]
+    return {"segments": [repro_segment(a, 20 * MiB, blocks)], "device_traces": [trace]}
+
+
+def snapshot_v20_history():
+    a = 0x7F0000000000
+    other = [{"name": "backward", "filename": "/work/train.py", "line": 50}]
+    blocks = [{"size": 512, "state": "active_allocated",
+               "history": [{"addr": a, "real_size": 100, "frames": REPRO_FRAMES},
+                           {"addr": a, "real_size": 300, "frames": other}]},
+              # freed: its history names what was allocated there before, larger than it now
+              {"size": 1024, "state": "inactive", "history": [{"addr": a + 512, "real_size": 4000, "frames": other}]},
+              {"size": 2 * MiB - 1536, "state": "inactive"}]
+    seg = {"device": 0, "address": a, "total_size": 2 * MiB, "allocated_size": 512, "active_size": 512, "stream": 0,
+           "segment_type": "small", "blocks": blocks}
+    trace = [{"frames": REPRO_FRAMES, "action": "segment_alloc", "addr": a, "size": 2 * MiB, "stream": 0},
+             {"frames": REPRO_FRAMES, "action": "alloc", "addr": a, "size": 100, "stream": 0}]
+    return {"segments": [seg], "device_traces": [trace]}
+
+
+def snapshot_no_time():
+    a = 0x7F0000000000
+    blocks = [repro_block(a, 1024, 1000, "active_allocated"), repro_block(a + 1024, 2 * MiB - 1024, 0, "inactive")]
+    trace = [repro_event("segment_alloc", a, 2 * MiB), repro_event("alloc", a, 100),
+             repro_event("free_requested", a, 100), repro_event("free_completed", a, 100),
+             repro_event("alloc", a, 1000)]
+    return {"segments": [repro_segment(a, 2 * MiB, blocks, "small")], "device_traces": [trace]}
+
+
+def snapshot_multi_device():
+    a0, a1, a2 = 0x7F0000000000, 0x7F1000000000, 0x7F2000000000
+    seg0 = repro_segment(a0, 2 * MiB, [repro_block(a0, MiB, MiB, "active_allocated"),
+                                       repro_block(a0 + MiB, MiB, 0, "inactive")], device=0)
+    seg1 = repro_segment(a1, 20 * MiB, [repro_block(a1, 12 * MiB, 12 * MiB, "active_allocated"),
+                                        repro_block(a1 + 12 * MiB, 8 * MiB, 0, "inactive")], device=1)
+    seg2 = repro_segment(a2, 2 * MiB, [repro_block(a2, 2 * MiB, 0, "inactive")], device=2)
+    trace0 = [repro_event("segment_alloc", a0, 2 * MiB, 1), repro_event("alloc", a0, MiB, 2)]
+    oom = {"action": "oom", "device_free": 123456789, "size": 16 * MiB, "stream": 0, "time_us": 5,
+           "frames": REPRO_FRAMES}
+    trace1 = [repro_event("segment_alloc", a1, 20 * MiB, 3), repro_event("alloc", a1, 12 * MiB, 4), oom]
+    return {"segments": [seg0, seg1, seg2], "device_traces": [trace0, trace1, []]}
+
+
+def snapshot_4gib_segment():
+    a, b = 0x7F0000000000, 0x7F1000000000
+    small = repro_segment(a, 2 * MiB, [repro_block(a, 512, 100, "active_allocated"),
+                                       repro_block(a + 512, 2 * MiB - 512, 0, "inactive")], "small")
+    large = repro_segment(b, 4096 * MiB, [repro_block(b, 4096 * MiB, 4096 * MiB, "active_allocated")])
+    trace = [repro_event("segment_alloc", a, 2 * MiB, 1), repro_event("alloc", a, 100, 2),
+             repro_event("segment_alloc", b, 4096 * MiB, 3), repro_event("alloc", b, 4096 * MiB, 4)]
+    return {"segments": [small, large], "device_traces": [trace]}
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     s = snapshot()
@@ -162,7 +267,11 @@ def main():
     with open(os.path.join(out, "pytorch_snapshot.json"), "w") as f:
         json.dump(s, f, indent=1)
     for name, make in (("pytorch_oom", snapshot_oom), ("pytorch_streams", snapshot_streams),
-                       ("pytorch_stacks_all", snapshot_stacks_all)):
+                       ("pytorch_stacks_all", snapshot_stacks_all),
+                       ("pytorch_stale_requested", snapshot_stale_requested),
+                       ("pytorch_ring_start", snapshot_ring_start), ("pytorch_v20_history", snapshot_v20_history),
+                       ("pytorch_no_time", snapshot_no_time), ("pytorch_multi_device", snapshot_multi_device),
+                       ("pytorch_4gib_segment", snapshot_4gib_segment)):
         with open(os.path.join(out, name + ".pickle"), "wb") as f:
             pickle.dump(make(), f)
 

@@ -9,6 +9,7 @@
 #include "tools/command.hpp"
 #include "tools/inspect/inspect_report.hpp"
 #include "tools/inspect/pickle_reader.hpp"
+#include "tools/inspect/pytorch_export.hpp"
 #include "tools/inspect/pytorch_snapshot.hpp"
 
 namespace stowage::inspect {
@@ -20,7 +21,27 @@ struct Options {
   bool json = false;
   std::string svg, memory_viz;
   std::size_t top = 10;
+  int device = -1;  // -1: the lowest in the file
 };
+
+// The snapshot of the device asked for (else the lowest) among a file's, analysed, with the
+// file's devices listed.
+SnapshotAnalysis analyze_device(const std::vector<Snapshot>& snapshots, const std::string& path, const Options& o) {
+  std::vector<int> devices;
+  const Snapshot* chosen = o.device < 0 ? &snapshots.front() : nullptr;
+  for (const Snapshot& s : snapshots) {
+    devices.push_back(s.device);
+    if (s.device == o.device) chosen = &s;
+  }
+  if (!chosen) {
+    std::string held;
+    for (int d : devices) held += fmt::format("{}cuda:{}", held.empty() ? "" : ", ", d);
+    throw InvalidArgument(fmt::format("inspect --device {}: {} holds {}", o.device, path, held));
+  }
+  SnapshotAnalysis a = analyze(*chosen, o.top);
+  a.devices = std::move(devices);
+  return a;
+}
 
 void write_file(const std::string& path, const std::string& text, const char* option = "--svg") {
   std::ofstream out(path, std::ios::binary);
@@ -29,8 +50,8 @@ void write_file(const std::string& path, const std::string& text, const char* op
 
 int run(const Options& o) {
   if (!o.compare.empty()) {
-    const SnapshotAnalysis a = analyze(load_snapshot(o.compare[0]), o.top);
-    const SnapshotAnalysis b = analyze(load_snapshot(o.compare[1]), o.top);
+    const SnapshotAnalysis a = analyze_device(load_snapshots(o.compare[0]), o.compare[0], o);
+    const SnapshotAnalysis b = analyze_device(load_snapshots(o.compare[1]), o.compare[1], o);
     if (o.json) std::cout << compare_json(a, b).dump(2) << "\n";
     else std::cout << fmt::format("A = {}\nB = {}\n", o.compare[0], o.compare[1]) << compare_table(a, b);
     return 0;
@@ -43,9 +64,9 @@ int run(const Options& o) {
     else std::cout << to_table(a);
     return 0;
   }
-  const Snapshot snapshot = load_snapshot(o.file);
-  if (!o.memory_viz.empty()) write_file(o.memory_viz, write_pickle(to_pytorch(snapshot)), "--to-memory-viz");
-  const SnapshotAnalysis a = analyze(snapshot, o.top);
+  const std::vector<Snapshot> snapshots = load_snapshots(o.file);
+  const SnapshotAnalysis a = analyze_device(snapshots, o.file, o);
+  if (!o.memory_viz.empty()) write_file(o.memory_viz, write_pickle(to_pytorch(snapshots)), "--to-memory-viz");
   if (!o.svg.empty()) write_file(o.svg, timeline_svg(a, o.file));
   if (o.json) std::cout << to_json(a).dump(2) << "\n";
   else std::cout << to_table(a);
@@ -63,7 +84,12 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", o->json, "JSON output (schema stowage.inspect/1, docs/estimate.md)");
   cmd->add_option("--svg", o->svg, "write a timeline of allocated and reserved bytes");
   cmd->add_option("--to-memory-viz", o->memory_viz,
-                  "write the snapshot as a PyTorch snapshot pickle for pytorch.org/memory_viz (tags as categories)");
+                  "write the snapshot (every device's) as a PyTorch snapshot pickle for pytorch.org/memory_viz "
+                  "(tags as frames and categories)");
+  cmd->add_option("--device", o->device,
+                  "the device to analyse in a snapshot of several (PyTorch's); default: the lowest that has "
+                  "segments or trace entries")
+      ->check(CLI::Range(0, kMaxDevice));
   cmd->add_option("--top", o->top, "how many blocks and tags to list")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();

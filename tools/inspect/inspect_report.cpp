@@ -148,6 +148,7 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& p : thin(a.timeline, 2000, [](const TimelinePoint& q) { return q.allocated; }))
     timeline.push_back({{"time_ns", p.time_ns},
+                        {"events", p.events},
                         {"allocated", p.allocated},
                         {"reserved", p.reserved},
                         {"fragmentation", p.fragmentation()}});
@@ -155,10 +156,11 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
   nlohmann::json steps = nlohmann::json::array();
   const std::size_t stride = a.steps.size() / 2000 + 1;
   for (std::size_t i = 0; i < a.steps.size(); i += stride)
-    steps.push_back({{"step", a.steps[i].step}, {"time_ns", a.steps[i].time_ns}});
+    steps.push_back({{"step", a.steps[i].step}, {"time_ns", a.steps[i].time_ns}, {"events", a.steps[i].events}});
   return {{"schema", "stowage.inspect/1"},
           {"kind", "snapshot"},
           {"device_name", a.device_name},
+          {"devices", a.devices},
           {"capacity", a.capacity > 0 ? nlohmann::json(a.capacity) : nlohmann::json()},  // null: unknown
           {"allocated", a.allocated},
           {"reserved", a.reserved},
@@ -171,6 +173,8 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
           {"largest_blocks", blocks},
           {"tags_now", tags_json(a.tags_now)},
           {"tags_at_peak", tags_json(a.tags_at_peak)},
+          {"trace_events", a.trace_events},
+          {"trace_timed", a.trace_timed},
           {"trace_peak_allocated", a.trace_peak_allocated},
           {"fragmentation_at_peak", a.fragmentation_at_peak},
           {"largest_gap", a.largest_gap},
@@ -181,6 +185,12 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
 std::string to_table(const SnapshotAnalysis& a) {
   std::string out = fmt::format("device {} (capacity {})\n", a.device_name,
                                 a.capacity > 0 ? format_bytes(a.capacity) : std::string("unknown"));
+  if (a.devices.size() > 1) {
+    std::string others;
+    for (int d : a.devices)
+      if (d != a.device) others += fmt::format("{}cuda:{}", others.empty() ? "" : ", ", d);
+    out += fmt::format("  note: the file also holds {} (select one with --device N)\n", others);
+  }
   out += fmt::format("  allocated {:>14}   peak {:>14}\n", format_bytes(a.allocated), format_bytes(a.peak_allocated));
   out += fmt::format("  reserved  {:>14}   peak {:>14}\n", format_bytes(a.reserved), format_bytes(a.peak_reserved));
   out += fmt::format("  fragmentation {:.1f}% (reserved but free), largest free block {}, {} segments, {} OOMs\n",
@@ -188,7 +198,7 @@ std::string to_table(const SnapshotAnalysis& a) {
   if (!a.timeline.empty()) {
     out += fmt::format(
         "  trace: {} events, allocated peak {} with {:.1f}% of reserved free; largest reserved-but-free gap {}\n",
-        a.timeline.size(), format_bytes(a.trace_peak_allocated), 100.0 * a.fragmentation_at_peak,
+        a.trace_events, format_bytes(a.trace_peak_allocated), 100.0 * a.fragmentation_at_peak,
         format_bytes(a.largest_gap));
     if (!a.steps.empty())
       out += fmt::format("  steps: {} marked, step {} to step {}\n", a.steps.size(), a.steps.front().step,
@@ -279,19 +289,27 @@ std::string compare_table(const SnapshotAnalysis& a, const SnapshotAnalysis& b) 
 
 std::string timeline_svg(const SnapshotAnalysis& a, const std::string& title) {
   Series alloc{"allocated", "#4e79a7", {}}, res{"reserved", "#e15759", {}};
+  // x: milliseconds since the first traced event, or the event's index when the trace has no
+  // times (PyTorch's before about 2.1).
   const double t0 = a.timeline.empty() ? 0.0 : double(a.timeline.front().time_ns);
+  auto x = [&](std::int64_t time_ns, std::int64_t events) {
+    return a.trace_timed ? (double(time_ns) - t0) / 1e6 : double(events);
+  };
   for (const auto& p : thin(a.timeline, 4000, [](const TimelinePoint& q) { return q.allocated; }))
-    alloc.points.emplace_back((double(p.time_ns) - t0) / 1e6, double(p.allocated));
+    alloc.points.emplace_back(x(p.time_ns, p.events), double(p.allocated));
   for (const auto& p : thin(a.timeline, 4000, [](const TimelinePoint& q) { return q.reserved; }))
-    res.points.emplace_back((double(p.time_ns) - t0) / 1e6, double(p.reserved));
+    res.points.emplace_back(x(p.time_ns, p.events), double(p.reserved));
   if (a.timeline.empty()) {
     alloc.points = {{0, double(a.allocated)}, {1, double(a.allocated)}};
     res.points = {{0, double(a.reserved)}, {1, double(a.reserved)}};
   }
   std::vector<Mark> marks;
   marks.reserve(a.steps.size());
-  for (const auto& m : a.steps) marks.push_back({(double(m.time_ns) - t0) / 1e6, fmt::format("step {}", m.step)});
-  return chart(title, "time since the first traced event (ms)", {alloc, res}, marks);
+  for (const auto& m : a.steps) marks.push_back({x(m.time_ns, m.events), fmt::format("step {}", m.step)});
+  return chart(title,
+               a.trace_timed || a.timeline.empty() ? "time since the first traced event (ms)"
+                                                   : "trace event (the snapshot records no times)",
+               {alloc, res}, marks);
 }
 
 std::string timeline_svg(const EventLogAnalysis& a, const std::string& title) {

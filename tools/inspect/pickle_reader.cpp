@@ -318,34 +318,41 @@ void put_le(std::string& out, std::uint64_t v, int n) {
   for (int i = 0; i < n; ++i) out.push_back(static_cast<char>(v >> (8 * i) & 0xff));
 }
 
+// An integer as Python's pickle writes it at protocol 2 (save_long): BININT1, BININT2 or BININT
+// when it fits, else LONG1 with the fewest bytes of two's complement that hold it. `bits` is the
+// value's 64-bit pattern, read as signed when `negative`.
+void write_int(std::string& out, std::uint64_t bits, bool negative) {
+  const auto i = static_cast<std::int64_t>(bits);
+  if (!negative && bits <= 0xff) {
+    out.push_back('K');
+    put_le(out, bits, 1);
+  } else if (!negative && bits <= 0xffff) {
+    out.push_back('M');
+    put_le(out, bits, 2);
+  } else if (negative ? i >= INT32_MIN : bits <= INT32_MAX) {
+    out.push_back('J');
+    put_le(out, bits, 4);
+  } else {
+    // Bytes until the rest is all sign: the top byte's high bit must then be the sign.
+    int n = 1;
+    while (n < 8 && (negative ? i >> (8 * n - 1) != -1 : bits >> (8 * n - 1) != 0)) ++n;
+    const bool spill = !negative && n == 8 && bits >> 63 != 0;  // above INT64_MAX: a ninth, zero byte
+    out += "\x8a";
+    out.push_back(static_cast<char>(n + (spill ? 1 : 0)));
+    put_le(out, bits, n);
+    if (spill) out.push_back('\0');
+  }
+}
+
 void write(std::string& out, const nlohmann::json& v) {
   switch (v.type()) {
     case nlohmann::json::value_t::null: out.push_back('N'); return;
     case nlohmann::json::value_t::boolean: out.push_back(v.get<bool>() ? '\x88' : '\x89'); return;
     case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned: {
-      if (v.is_number_integer() && !v.is_number_unsigned()) {
-        const auto i = v.get<std::int64_t>();
-        if (i >= INT32_MIN && i <= INT32_MAX) {
-          out.push_back('J');
-          put_le(out, static_cast<std::uint32_t>(static_cast<std::int32_t>(i)), 4);
-          return;
-        }
-        out += "\x8a\x08";  // LONG1, 8 bytes of two's complement
-        put_le(out, static_cast<std::uint64_t>(i), 8);
-        return;
-      }
-      const auto u = v.get<std::uint64_t>();
-      if (u <= INT32_MAX) {
-        out.push_back('J');
-        put_le(out, u, 4);
-      } else {
-        out += "\x8a\x09";  // nine bytes: the top one zero keeps it positive
-        put_le(out, u, 8);
-        out.push_back('\0');
-      }
+    case nlohmann::json::value_t::number_unsigned:
+      if (v.is_number_unsigned()) write_int(out, v.get<std::uint64_t>(), false);
+      else write_int(out, static_cast<std::uint64_t>(v.get<std::int64_t>()), v.get<std::int64_t>() < 0);
       return;
-    }
     case nlohmann::json::value_t::number_float: {
       out.push_back('G');
       const auto bits = std::bit_cast<std::uint64_t>(v.get<double>());

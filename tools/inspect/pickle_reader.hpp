@@ -33,7 +33,9 @@ inline constexpr std::size_t kMaxPickleValues = std::size_t{1} << 24;
 nlohmann::json read_pickle(std::string_view data, const std::string& what, const ListSelector* selector = nullptr);
 
 // Writes `value` as a protocol-2 pickle that Python's pickle.load reads back: objects become
-// dicts, arrays lists; integers beyond 32 bits use LONG1.
+// dicts, arrays lists; integers as Python's pickle writes them (BININT1, BININT2, BININT, else
+// LONG1 with the fewest bytes), which memory_viz's JavaScript unpickler needs: it reads a LONG1
+// of more than 8 bytes as a BigInt, which it cannot mix with numbers.
 std::string write_pickle(const nlohmann::json& value);
 
 }  // namespace stowage::inspect

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 
@@ -131,6 +132,14 @@ bool trace_action(const std::string& s, TraceAction& out) {
   return true;
 }
 
+// history[0] of a block in PyTorch 2.0's and 1.13's form (no "frames", a "history" list), else null.
+const nlohmann::json* legacy_history(const nlohmann::json& block) {
+  if (!block.is_object() || block.contains("frames")) return nullptr;
+  const auto it = block.find("history");
+  if (it == block.end() || !it->is_array() || it->empty() || !(*it)[0].is_object()) return nullptr;
+  return &(*it)[0];
+}
+
 void add(StatArray& a, Pool pool, std::int64_t n) {
   a.all.current += n;
   (pool == Pool::small ? a.small_pool : a.large_pool).current += n;
@@ -199,26 +208,36 @@ void to_block_sizes(Snapshot& s, const std::vector<std::size_t>& requested) {
 
 }  // namespace
 
-Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what) {
-  // A bare list of segments is an older form that PyTorch's own reader still takes
-  // (_memory_viz._read: {'segments': data, 'traces': []}).
-  if (j.is_array()) return snapshot_from_pytorch({{"segments", j}, {"device_traces", nlohmann::json::array()}}, what);
+std::vector<int> pytorch_devices(const nlohmann::json& j, const std::string& what) {
+  if (j.is_array()) return pytorch_devices({{"segments", j}, {"device_traces", nlohmann::json::array()}}, what);
   if (!j.is_object())
     throw ParseError(
         fmt::format("{}: expected a dict with \"segments\" and \"device_traces\" (or a list of segments)", what));
   const nlohmann::json& segments = array_at(j, "segments", what);
   const nlohmann::json& traces = array_at(j, "device_traces", what);
-  // The device: the lowest with segments or trace entries.
-  int device = -1;
+  std::set<int> devices;
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const std::string where = fmt::format("{}.segments[{}]", what, i);
     const auto d = int_or(segments[i], "device", 0, where);
-    if (d < 0 || d > 1024) throw ParseError(fmt::format("{}: device {} is out of range", where, d));
-    device = device < 0 ? int(d) : std::min(device, int(d));
+    if (d < 0 || d > kMaxDevice) throw ParseError(fmt::format("{}: device {} is out of range", where, d));
+    devices.insert(int(d));
   }
-  for (std::size_t d = 0; d < traces.size() && (device < 0 || int(d) < device); ++d)
-    if (traces[d].is_array() && !traces[d].empty()) device = int(d);
-  if (device < 0) device = 0;
+  for (std::size_t d = 0; d < traces.size() && d <= std::size_t(kMaxDevice); ++d)
+    if (traces[d].is_array() && !traces[d].empty()) devices.insert(int(d));
+  return {devices.begin(), devices.end()};
+}
+
+Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what, int device) {
+  // A bare list of segments is an older form that PyTorch's own reader still takes
+  // (_memory_viz._read: {'segments': data, 'traces': []}).
+  if (j.is_array())
+    return snapshot_from_pytorch({{"segments", j}, {"device_traces", nlohmann::json::array()}}, what, device);
+  if (device < 0) {
+    const std::vector<int> devices = pytorch_devices(j, what);
+    device = devices.empty() ? 0 : devices.front();
+  }
+  const nlohmann::json& segments = array_at(j, "segments", what);
+  const nlohmann::json& traces = array_at(j, "device_traces", what);
 
   Snapshot s;  // capacity stays 0, unknown: PyTorch's snapshot does not hold the device's memory
   s.device = device;
@@ -240,10 +259,18 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
       BlockInfo b;
       b.address = blocks[k].is_object() && blocks[k].contains("address") ? unsigned_at(blocks[k], "address", bw) : next;
       b.size = bytes_at(blocks[k], "size", bw);
-      b.requested_size = blocks[k].contains("requested_size") ? bytes_at(blocks[k], "requested_size", bw) : b.size;
       b.state = block_state(tools::get_string_or(blocks[k], "state", "", bw), bw);
       b.stream = info.stream;
-      b.tag = tag_of(blocks[k]);
+      // PyTorch 2.0 and 1.13 keep frames and the requested size in history[0] (as
+      // _memory_viz._block_extra_legacy reads them).
+      const nlohmann::json* history = legacy_history(blocks[k]);
+      b.tag = tag_of(history ? *history : blocks[k]);
+      // A free block's requested size is stale (an earlier allocation's): 0, as stowage's.
+      if (b.state == BlockState::inactive) b.requested_size = 0;
+      else if (blocks[k].contains("requested_size")) b.requested_size = bytes_at(blocks[k], "requested_size", bw);
+      else if (history && history->contains("real_size"))
+        b.requested_size = bytes_at(*history, "real_size", bw + ".history[0]");
+      else b.requested_size = b.size;
       next = b.address + b.size;
       if (b.state != BlockState::inactive) {
         info.active_size += b.size;
@@ -302,104 +329,6 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what)
   s.stats.reserved_bytes.all.peak =
       std::max(s.stats.reserved_bytes.all.current, s.stats.reserved_bytes.all.current - reserved + high_reserved);
   return s;
-}
-
-nlohmann::json to_pytorch(const Snapshot& s) {
-  auto frames = [](const std::string& tag) {
-    nlohmann::json f = nlohmann::json::array();
-    if (!tag.empty()) f.push_back({{"filename", kTagFrameFile}, {"line", 0}, {"name", tag}});
-    return f;
-  };
-  auto state = [](BlockState b) {
-    return b == BlockState::active_allocated      ? "active_allocated"
-           : b == BlockState::active_pending_free ? "active_pending_free"
-                                                  : "inactive";
-  };
-  // PyTorch reports an expandable segment as one segment per contiguous mapped run (its blocks
-  // tile each), as memory_viz draws them; stowage's lists the runs in one, holes unlisted.
-  nlohmann::json segments = nlohmann::json::array();
-  auto add_segment = [&](const SegmentInfo& seg, std::size_t first, std::size_t last) {
-    nlohmann::json blocks = nlohmann::json::array();
-    std::uint64_t total = 0, allocated = 0, active = 0, requested = 0;
-    for (std::size_t k = first; k < last; ++k) {
-      const BlockInfo& b = seg.blocks[k];
-      total += b.size;
-      if (b.state != BlockState::inactive) active += b.size;
-      if (b.state == BlockState::active_allocated) {
-        allocated += b.size;
-        requested += b.requested_size;
-      }
-      blocks.push_back({{"address", b.address},
-                        {"size", b.size},
-                        {"requested_size", b.requested_size},
-                        {"state", state(b.state)},
-                        {"frames", frames(b.tag)},
-                        {"category", b.tag}});
-    }
-    const bool whole = !seg.expandable;
-    segments.push_back({{"device", s.device},
-                        {"address", whole ? seg.address : seg.blocks[first].address},
-                        {"total_size", whole ? seg.total_size : total},
-                        {"allocated_size", whole ? seg.allocated_size : allocated},
-                        {"active_size", whole ? seg.active_size : active},
-                        {"requested_size", requested},
-                        {"stream", static_cast<std::int64_t>(seg.stream)},
-                        {"segment_type", seg.pool == Pool::small ? "small" : "large"},
-                        {"segment_pool_id", {0, 0}},
-                        {"is_expandable", seg.expandable},
-                        {"frames", nlohmann::json::array()},
-                        {"blocks", std::move(blocks)}});
-  };
-  for (const auto& seg : s.segments) {
-    if (!seg.expandable) {
-      add_segment(seg, 0, seg.blocks.size());
-      continue;
-    }
-    // One segment per run; none when nothing is mapped, as in PyTorch's.
-    for (std::size_t first = 0, k = 1; first < seg.blocks.size(); ++k)
-      if (k == seg.blocks.size() || seg.blocks[k].address != seg.blocks[k - 1].address + seg.blocks[k - 1].size) {
-        add_segment(seg, first, k);
-        first = k;
-      }
-  }
-  // PyTorch names a classic segment's events segment_alloc/segment_free (cudaMalloc, cudaFree)
-  // and only an expandable one's segment_map/segment_unmap; memory_viz and _memory_viz.trace()
-  // know classic segments by the former. An event inside a segment of the snapshot takes its
-  // kind; one outside every segment (since released) the kind the snapshot's segments have.
-  bool any_expandable = false;
-  for (const auto& seg : s.segments) any_expandable |= seg.expandable;
-  auto expandable_at = [&](std::uintptr_t address) {
-    for (const auto& seg : s.segments) {
-      const std::uintptr_t end = seg.expandable && !seg.blocks.empty()
-                                     ? seg.blocks.back().address + seg.blocks.back().size
-                                     : seg.address + seg.total_size;
-      if (address >= seg.address && address < end) return seg.expandable;
-    }
-    return any_expandable;
-  };
-  nlohmann::json trace = nlohmann::json::array();
-  for (const auto& t : s.trace) {
-    const bool segment = t.action == TraceAction::segment_map || t.action == TraceAction::segment_unmap;
-    const bool expandable = segment && expandable_at(t.address);
-    const char* action = t.action == TraceAction::alloc            ? "alloc"
-                         : t.action == TraceAction::free_requested ? "free_requested"
-                         : t.action == TraceAction::free_completed ? "free_completed"
-                         : t.action == TraceAction::segment_map    ? (expandable ? "segment_map" : "segment_alloc")
-                         : t.action == TraceAction::segment_unmap  ? (expandable ? "segment_unmap" : "segment_free")
-                                                                   : "oom";
-    // An OOM's address slot holds the device's free bytes, under PyTorch's name for them.
-    trace.push_back({{"action", action},
-                     {t.action == TraceAction::oom ? "device_free" : "addr", t.address},
-                     {"size", t.size},
-                     {"stream", static_cast<std::int64_t>(t.stream)},  // PyTorch's are int64: any stream is -1
-                     {"time_us", t.time_ns / 1000},
-                     {"frames", frames(t.tag)},
-                     {"category", t.tag}});
-  }
-  nlohmann::json traces = nlohmann::json::array();
-  for (int d = 0; d < s.device; ++d) traces.push_back(nlohmann::json::array());
-  traces.push_back(std::move(trace));
-  return {{"segments", std::move(segments)}, {"device_traces", std::move(traces)}};
 }
 
 }  // namespace stowage::inspect

@@ -1,11 +1,12 @@
 #pragma once
 // PyTorch's memory snapshot (torch.cuda.memory._snapshot(), pickled by _dump_snapshot, or the
-// same dict as JSON) read as a stowage Snapshot, and a stowage Snapshot written in PyTorch's
-// form for pytorch.org/memory_viz, with stowage's tags as the blocks' categories.
+// same dict as JSON) read as stowage Snapshots, one per device (pytorch_export.hpp writes them
+// back in PyTorch's form).
 #include <nlohmann/json.hpp>
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "stowage/snapshot.hpp"
 #include "tools/inspect/pickle_reader.hpp"
@@ -25,21 +26,24 @@ const ListSelector& pytorch_frames_selector();
 // read_pickle with that selector.
 nlohmann::json read_pytorch_pickle(std::string_view data, const std::string& what);
 
-// One device's memory (the lowest that has segments or trace entries); a bare list of segments
-// (an older form) reads as segments without a trace. Statistics are what the segments say now;
-// peaks come from replaying the trace, shifted to end at now (PyTorch's snapshot keeps no
-// counters). Trace sizes become block sizes (PyTorch traces the requested size): a live block's
-// size, else the request rounded up to 512 bytes. An OOM entry's address is the device_free
-// PyTorch wrote there. A block's tag is its stowage tag frame when it has one, else the first
-// frame that memory_viz shows (its _frame_filter) from a .py file, else the first it shows, else
-// the innermost ("name (file:line)"), else empty. ParseError naming the field and the entry
-// otherwise, floats in integer fields included.
-Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what);
+// Devices beyond this one are refused as malformed.
+inline constexpr int kMaxDevice = 1024;
 
-// PyTorch's form of `snapshot`: segments with blocks, and the trace as device_traces[device]
-// (times in microseconds; segment_alloc/segment_free for classic segments, segment_map/
-// segment_unmap for expandable ones; device_free for an OOM); every block and trace entry
-// carries its tag as a frame and as "category".
-nlohmann::json to_pytorch(const Snapshot& snapshot);
+// The devices that have segments or trace entries, lowest first (empty when none has).
+// ParseError for a dict without "segments" and "device_traces" lists, or a device out of range.
+std::vector<int> pytorch_devices(const nlohmann::json& j, const std::string& what);
+
+// One device's memory (`device`; -1: the lowest that has segments or trace entries); a bare list
+// of segments (an older form) reads as segments without a trace. Statistics are what the
+// segments say now; peaks come from replaying the trace, shifted to end at now (PyTorch's
+// snapshot keeps no counters). Trace sizes become block sizes (PyTorch traces the requested
+// size): a live block's size, else the request rounded up to 512 bytes. An OOM entry's address
+// is the device_free PyTorch wrote there. A block's frames and requested size are its own, else
+// (PyTorch 2.0 and 1.13) those of history[0] (`real_size`); a free block's requested size is 0
+// (PyTorch's is left over from an earlier allocation). A block's tag is its stowage tag frame
+// when it has one, else the first frame that memory_viz shows (its _frame_filter) from a .py
+// file, else the first it shows, else the innermost ("name (file:line)"), else empty.
+// ParseError naming the field and the entry otherwise, floats in integer fields included.
+Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what, int device = -1);
 
 }  // namespace stowage::inspect

@@ -95,6 +95,7 @@ std::int64_t step_of_tag(std::string_view tag) {
 
 SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
   SnapshotAnalysis a;
+  a.device = s.device;
   a.device_name = s.device_name;
   a.capacity = as_bytes(s.capacity);
   a.allocated = s.stats.allocated_bytes.all.current;
@@ -121,65 +122,70 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
   if (a.largest_blocks.size() > top) a.largest_blocks.resize(top);
   a.tags_now = top_tags(now, top);
 
-  // The trace is a ring: it may begin mid-run. Deltas are replayed forward, then shifted so the
-  // last point equals the snapshot's current allocated/reserved bytes. One pass finds the peak,
-  // a second replays up to it for the tags there: linear in the trace.
+  // The trace is a ring: it may begin mid-run. Deltas are replayed forward from 0, then shifted
+  // so the last point equals the snapshot's current allocated/reserved bytes: the first point is
+  // the state before the first event (now, with the trace's events undone). One pass finds the
+  // peak, a second replays up to it for the tags there: linear in the trace.
+  if (s.trace.empty()) return a;
+  a.trace_events = static_cast<std::int64_t>(s.trace.size());
   std::int64_t reserved = 0;
-  std::int64_t best = INT64_MIN;
   std::size_t peak_index = 0;
   std::int64_t step = -1;
-  a.timeline.reserve(s.trace.size());
+  a.timeline.reserve(s.trace.size() + 1);
+  a.timeline.push_back({s.trace.front().time_ns, 0, 0, 0});
   AllocatedReplay replay;
   for (const auto& t : s.trace) {
+    const auto events = static_cast<std::int64_t>(a.timeline.size());
     if (const std::int64_t n = step_of_tag(t.tag); n >= 0 && n != step) {
-      a.steps.push_back({t.time_ns, n});
+      a.steps.push_back({t.time_ns, events, n});
       step = n;
     }
+    a.trace_timed |= t.time_ns != 0;
     const std::int64_t size = as_bytes(t.size);
     if (t.action == TraceAction::segment_map) reserved += size;
     if (t.action == TraceAction::segment_unmap) reserved -= size;
     replay.step(t, nullptr);
-    const std::int64_t alloc = replay.bytes();
-    a.timeline.push_back({t.time_ns, alloc, reserved});
-    if (alloc > best) {
-      best = alloc;
-      peak_index = a.timeline.size() - 1;
-    }
+    a.timeline.push_back({t.time_ns, events, replay.bytes(), reserved});
+    if (replay.bytes() > a.timeline[peak_index].allocated) peak_index = a.timeline.size() - 1;
   }
   std::map<std::string, std::int64_t> at_peak;
-  if (!s.trace.empty()) {
-    AllocatedReplay to_peak;
-    for (std::size_t i = 0; i <= peak_index; ++i) to_peak.step(s.trace[i], &at_peak);
+  AllocatedReplay to_peak;
+  for (std::size_t i = 0; i < peak_index; ++i) to_peak.step(s.trace[i], &at_peak);
+  const std::int64_t da = a.allocated - a.timeline.back().allocated, dr = a.reserved - a.timeline.back().reserved;
+  for (auto& p : a.timeline) {
+    p.allocated += da;
+    p.reserved += dr;
+    a.largest_gap = std::max(a.largest_gap, p.reserved - p.allocated);
   }
-  if (!a.timeline.empty()) {
-    const std::int64_t da = a.allocated - a.timeline.back().allocated, dr = a.reserved - a.timeline.back().reserved;
-    for (auto& p : a.timeline) {
-      p.allocated += da;
-      p.reserved += dr;
-    }
-    a.trace_peak_allocated = a.timeline[peak_index].allocated;
-    a.fragmentation_at_peak = a.timeline[peak_index].fragmentation();
-    for (const auto& p : a.timeline) a.largest_gap = std::max(a.largest_gap, p.reserved - p.allocated);
-    std::int64_t traced = 0;
-    for (const auto& [tag, b] : at_peak) traced += b;
-    if (a.trace_peak_allocated > traced) at_peak["(before trace)"] += a.trace_peak_allocated - traced;
-    a.tags_at_peak = top_tags(at_peak, top);
-  }
+  a.trace_peak_allocated = a.timeline[peak_index].allocated;
+  a.fragmentation_at_peak = a.timeline[peak_index].fragmentation();
+  std::int64_t traced = 0;
+  for (const auto& [tag, b] : at_peak) traced += b;
+  if (a.trace_peak_allocated > traced) at_peak["(before trace)"] += a.trace_peak_allocated - traced;
+  a.tags_at_peak = top_tags(at_peak, top);
   return a;
 }
 
-Snapshot load_snapshot(const std::string& path) {
+std::vector<Snapshot> load_snapshots(const std::string& path) {
   const std::string text = tools::read_file(path);  // bounded size; each reader bounds the depth
   auto stowage_snapshot = [&] {
     try {
-      return snapshot_from_json(text);
+      return std::vector<Snapshot>{snapshot_from_json(text)};
     } catch (const ParseError& e) {
       throw ParseError(fmt::format("{}: {}", path, e.what()));
     }
   };
-  Snapshot snapshot;
+  auto pytorch = [&](const nlohmann::json& j) {
+    std::vector<int> devices = pytorch_devices(j, path);
+    if (devices.empty()) devices.push_back(0);
+    std::vector<Snapshot> out;
+    out.reserve(devices.size());
+    for (int d : devices) out.push_back(snapshot_from_pytorch(j, path, d));
+    return out;
+  };
+  std::vector<Snapshot> snapshots;
   if (!text.empty() && static_cast<unsigned char>(text[0]) == 0x80) {  // a pickle's PROTO opcode
-    snapshot = snapshot_from_pytorch(read_pytorch_pickle(text, path), path);
+    snapshots = pytorch(read_pytorch_pickle(text, path));
   } else if (!text.empty() && std::string_view("(}])").find(text[0]) != std::string_view::npos && text.back() == '.') {
     // Protocols 0 and 1 have no PROTO opcode; no JSON starts this way.
     throw ParseError(
@@ -189,20 +195,25 @@ Snapshot load_snapshot(const std::string& path) {
   } else if (const auto first = text.find_first_not_of(" \t\r\n"); first != std::string::npos && text[first] == '[') {
     // A bare list of segments (torch.cuda.memory_snapshot()) as JSON: PyTorch's older form, as in
     // a pickle; stowage's own snapshot is an object.
-    snapshot = snapshot_from_pytorch(tools::parse_json(text, path), path);
+    snapshots = pytorch(tools::parse_json(text, path));
   } else if (text.find("\"device_traces\"") != std::string::npos) {  // PyTorch's dict as JSON?
     const nlohmann::json j = tools::parse_json(text, path);
-    snapshot = is_pytorch_snapshot(j) ? snapshot_from_pytorch(j, path) : stowage_snapshot();
+    snapshots = is_pytorch_snapshot(j) ? pytorch(j) : stowage_snapshot();
   } else {
-    snapshot = stowage_snapshot();
+    snapshots = stowage_snapshot();
   }
-  if (const auto broken = inconsistencies(snapshot); !broken.empty()) {
+  for (const Snapshot& snapshot : snapshots) {
+    const auto broken = inconsistencies(snapshot);
+    if (broken.empty()) continue;
     std::string list;
     for (std::size_t i = 0; i < broken.size() && i < 5; ++i) list += "\n  " + broken[i];
-    throw ParseError(fmt::format("{}: not a consistent snapshot ({} problem{}):{}{}", path, broken.size(),
+    const std::string device = snapshots.size() > 1 ? fmt::format(" cuda:{}:", snapshot.device) : "";
+    throw ParseError(fmt::format("{}:{} not a consistent snapshot ({} problem{}):{}{}", path, device, broken.size(),
                                  broken.size() == 1 ? "" : "s", list, broken.size() > 5 ? "\n  ..." : ""));
   }
-  return snapshot;
+  return snapshots;
 }
+
+Snapshot load_snapshot(const std::string& path) { return std::move(load_snapshots(path).front()); }
 
 }  // namespace stowage::inspect

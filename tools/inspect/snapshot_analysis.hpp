@@ -12,7 +12,8 @@
 namespace stowage::inspect {
 
 struct TimelinePoint {
-  std::int64_t time_ns = 0;
+  std::int64_t time_ns = 0;    // the trace event's (the first point: the first event's)
+  std::int64_t events = 0;     // trace events applied: 0 is the state before the first
   std::int64_t allocated = 0;  // bytes in allocated blocks
   std::int64_t reserved = 0;   // bytes mapped from the device
   double fragmentation() const { return reserved > 0 ? 1.0 - double(allocated) / double(reserved) : 0.0; }
@@ -35,10 +36,12 @@ struct TagBytes {
 // other than the one before (docs/snapshot.md, "Step marks").
 struct StepMark {
   std::int64_t time_ns = 0;
+  std::int64_t events = 0;  // as TimelinePoint::events: the point after that event
   std::int64_t step = 0;
 };
 
 struct SnapshotAnalysis {
+  int device = 0;
   std::string device_name;
   // The device's memory; 0 when the snapshot does not say (PyTorch's).
   std::int64_t capacity = 0;
@@ -50,11 +53,14 @@ struct SnapshotAnalysis {
   std::vector<BlockSummary> largest_blocks;  // allocated blocks, largest first
   std::vector<TagBytes> tags_now;            // allocated bytes per tag now, most first (add up to allocated)
   std::vector<TagBytes> tags_at_peak;        // per tag at the trace's allocated peak
-  std::vector<TimelinePoint> timeline;       // from the trace (empty without one)
-  std::int64_t trace_peak_allocated = 0;     // the highest point of the timeline
-  double fragmentation_at_peak = 0;          // 1 − allocated / reserved there
-  std::int64_t largest_gap = 0;              // most reserved − allocated bytes along the trace
-  std::vector<StepMark> steps;               // step marks along the trace, oldest first
+  std::vector<int> devices;                  // devices in the snapshot's file (set by the command)
+  std::vector<TimelinePoint> timeline;       // from the trace: its start, then after each event
+  std::int64_t trace_events = 0;
+  bool trace_timed = false;               // a trace event has a time (PyTorch's before ~2.1: none)
+  std::int64_t trace_peak_allocated = 0;  // the highest point of the timeline
+  double fragmentation_at_peak = 0;       // 1 − allocated / reserved there
+  std::int64_t largest_gap = 0;           // most reserved − allocated bytes along the trace
+  std::vector<StepMark> steps;            // step marks along the trace, oldest first
 };
 
 // The step a tag names, or -1: "step" in any case, then optionally one of ' ', '_', '-', ':', '=',
@@ -71,8 +77,12 @@ std::vector<std::int64_t> allocated_along(const std::vector<TraceEntry>& trace);
 // `top` bounds largest_blocks and the tag lists.
 SnapshotAnalysis analyze(const Snapshot& snapshot, std::size_t top = 10);
 
-// Reads a snapshot file: bounded in size and nesting, then checked for consistency
-// (snapshot_consistency.hpp). ParseError naming the file and the position, field or problem.
+// Reads a snapshot file, one Snapshot per device it holds, lowest first (stowage's holds one; a
+// PyTorch snapshot those with segments or trace entries, at least one): bounded in size and
+// nesting, then checked for consistency (snapshot_consistency.hpp). ParseError naming the file
+// (and the device, when several) and the position, field or problem.
+std::vector<Snapshot> load_snapshots(const std::string& path);
+// The lowest device's.
 Snapshot load_snapshot(const std::string& path);
 
 }  // namespace stowage::inspect

@@ -13,7 +13,7 @@ namespace stowage::inspect {
 // segment's blocks tile [address, address + total_size) in order; an expandable segment's (its
 // mapped blocks, holes unlisted) lie in address order from its address, none overlapping the
 // one before, sizes adding up to total_size (the bytes mapped). No block ends past the address
-// space; a block's requested size is at most its size.
+// space; a block in use (allocated or pending free) requested at most its size.
 std::vector<std::string> inconsistencies(const Snapshot& snapshot);
 
 }  // namespace stowage::inspect
