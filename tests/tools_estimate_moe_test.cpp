@@ -541,3 +541,118 @@ TEST(MoeMeasured, MegatronCiMoePeaksOnH100) {
     if (k.name == "gpt3_mcore_te_tp2_pp1_frozen_resume_torch_dist_te_8experts2parallel_dist_optimizer")
       EXPECT_LE(std::abs(k.error()), 0.01);
 }
+
+// Multi-latent attention (Megatron-LM multi_latent_attention.py, d98e8a6): the CI model's shapes
+// (gpt3_mcore_te_tp2_pp2_mla: h 512, 8 heads, q_lora_rank 192, kv_lora_rank 64, qk_head_dim 16,
+// qk_pos_emb_head_dim 8, v_head_dim 16) with RMSNorm, SwiGLU, no biases and no dropout.
+const std::string kMla =
+    "--num-layers 2 --hidden-size 512 --num-attention-heads 8 --multi-latent-attention --q-lora-rank 192 "
+    "--kv-lora-rank 64 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --seq-length 1024 "
+    "--max-position-embeddings 1024 --position-embedding-type rope --micro-batch-size 4 --vocab-size 50176 --bf16 "
+    "--swiglu --ffn-hidden-size 1024 --normalization RMSNorm --disable-bias-linear --hidden-dropout 0 "
+    "--attention-dropout 0 ";
+
+// theoretical_memory_usage.py L62-80 with norm_size 1: q_lora_rank·(h + heads·(16 + 8) + 1) +
+// kv_lora_rank·(h + heads·(16 + 16) + 1) + h·8 + heads·16·h = 135360 + 49216 + 4096 + 65536.
+TEST(MlaParameters, AgreeWithMegatronsTheoreticalMemoryUsage) {
+  const RunConfig c = megatron(kMla + "--qk-layernorm", 1);
+  EXPECT_FALSE(warned(c, "--multi-latent-attention"));
+  const ParameterCounts pc = count_parameters(c.model, 50176);
+  EXPECT_EQ(pc.attention + pc.norms - 2 * 512, 254208);
+  // Without --qk-layernorm Megatron builds no latent norms (mla_qk_norm_config.py: IdentityOp), which
+  // the formula counts anyway: 192 + 64 fewer.
+  const RunConfig bare = megatron(kMla, 1);
+  const ParameterCounts pb = count_parameters(bare.model, 50176);
+  EXPECT_EQ(pb.attention + pb.norms - 2 * 512, 254208 - 256);
+  // Without --q-lora-rank, linear_q_proj (h → heads·24) replaces the pair, and --qk-layernorm fuses a
+  // norm of h into it: 512·192 + 512 + 64·(512 + 256 + 1) + 512·8 + 128·512.
+  const RunConfig direct = megatron(
+      "--num-layers 2 --hidden-size 512 --num-attention-heads 8 --multi-latent-attention --kv-lora-rank 64 "
+      "--qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --normalization RMSNorm --disable-bias-linear "
+      "--qk-layernorm --bf16",
+      1);
+  const ParameterCounts pd = count_parameters(direct.model, 50176);
+  EXPECT_EQ(pd.attention + pd.norms - 2 * 512, 98304 + 512 + 49216 + 4096 + 65536);
+  // arguments.py's defaults: kv_lora_rank 32, head dims 128 / 64 / 128, no q_lora_rank.
+  const RunConfig defaults = megatron(
+      "--num-layers 2 --hidden-size 512 --num-attention-heads 8 "
+      "--multi-latent-attention --bf16",
+      1);
+  EXPECT_EQ(defaults.model.kv_lora_rank, 32);
+  EXPECT_EQ(defaults.model.q_lora_rank, 0);
+  EXPECT_EQ(defaults.model.qk_head_dim + defaults.model.qk_rope_head_dim + defaults.model.v_head_dim, 320);
+}
+
+// The down projections are TELinear 'duplicated' (gpt_layer_specs.py): whole on each TP rank, as the
+// norms are; the up projections and linear_proj split by TP. 2·P(tp 2) − P(tp 1) is what is
+// replicated: 2 layers × (512·192 + 512·72 + 2·512 + 192 + 64) + the final norm 512.
+TEST(MlaParameters, DownProjectionsAreReplicatedAcrossTensorParallelRanks) {
+  const RunConfig one = megatron(kMla + "--qk-layernorm", 1);
+  const RunConfig two = megatron(kMla + "--qk-layernorm --tensor-model-parallel-size 2 --sequence-parallel", 1);
+  const std::int64_t replicated = 2 * (512 * 192 + 512 * 72 + 2 * 512 + 192 + 64) + 512;
+  EXPECT_EQ(2 * estimate_memory(two).parameters - estimate_memory(one).parameters, replicated);
+}
+
+// Per token and layer on a TP 2 rank with sequence parallelism (÷ 2 on the sequence shard): the
+// input norm's input, its output (the down projections' input) and the pre-MLP norm's input 3h;
+// q_compressed and its norm's output 2·192; kv_combined 64 + 8 (kept through kv_compressed's view)
+// and the normalised latent 64. On the TP shard (÷ 2): query and key 8·24 each, value and the
+// attention output 8·16 each. bf16: (2056 + 640) B per token, 4096 tokens, 2 layers.
+TEST(MlaActivations, LatentsOnTheSequenceShardHeadsOnTheTensorShard) {
+  const RunConfig c = megatron(kMla + "--qk-layernorm --tensor-model-parallel-size 2 --sequence-parallel", 1);
+  const StageMemory s = estimate_memory(c);
+  const auto kind = [&](const char* name) {
+    for (const auto& a : s.activations)
+      if (a.name == name) return a.bytes;
+    return std::int64_t{-1};
+  };
+  EXPECT_EQ(kind("attention"), (2056 + 640) * 4096 * 2);
+  // Flash attention keeps the fp32 log-sum-exp of its 8 / 2 heads, as for standard attention.
+  EXPECT_EQ(kind("core_attention"), 4 * 4 * 4096 * 2);
+  // Without the latent norms: 2·192 + 136 − 192 − 64 on the sequence shard.
+  const RunConfig bare = megatron(kMla + "--tensor-model-parallel-size 2 --sequence-parallel", 1);
+  for (const auto& a : estimate_memory(bare).activations)
+    if (a.name == "attention") EXPECT_EQ(a.bytes, (2056 - 256 + 640) * 4096 * 2);
+}
+
+// DeepSeek-V3's config.json (huggingface.co/deepseek-ai/DeepSeek-V3): 61 layers, the first 3 dense,
+// q_lora_rank 1536, kv_lora_rank 512, 256 routed experts and a shared one of 2048, the noaux_tc
+// router's e_score_correction_bias. 671026419200 parameters without the MTP module (layer 61): the
+// main model's tensor elements in the released checkpoint's safetensors headers (163 shards,
+// FP8 scale tensors left out), as public checkpoint-header audits record it; DeepSeek's own
+// figure is rounded (README_WEIGHTS.md: 685B = 671B main model + 14B MTP). The MTP layer is named
+// in a warning.
+TEST(MlaHuggingFace, DeepSeekV3CountsItsMainModelExactly) {
+  const std::string v3 = R"({"architectures":["DeepseekV3ForCausalLM"],"attention_bias":false,
+    "first_k_dense_replace":3,"hidden_act":"silu","hidden_size":7168,"intermediate_size":18432,"kv_lora_rank":512,
+    "max_position_embeddings":163840,"model_type":"deepseek_v3","moe_intermediate_size":2048,"moe_layer_freq":1,
+    "n_group":8,"n_routed_experts":256,"n_shared_experts":1,"norm_topk_prob":true,"num_attention_heads":128,
+    "num_experts_per_tok":8,"num_hidden_layers":61,"num_key_value_heads":128,"num_nextn_predict_layers":1,
+    "q_lora_rank":1536,"qk_nope_head_dim":128,"qk_rope_head_dim":64,"rms_norm_eps":1e-06,
+    "routed_scaling_factor":2.5,"scoring_func":"sigmoid","tie_word_embeddings":false,"topk_group":4,
+    "topk_method":"noaux_tc","v_head_dim":128,"vocab_size":129280})";
+  std::vector<std::string> warnings;
+  const ModelConfig m = model_from_hf_json(v3, "deepseek-v3", &warnings);
+  EXPECT_TRUE(m.mla);
+  EXPECT_EQ(count_parameters(m, m.vocab_size).total(m.num_layers), 671026419200);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("num_nextn_predict_layers 1"), std::string::npos);
+  // MLA keys without kv_lora_rank are a broken config, not standard attention.
+  EXPECT_THROW(model_from_hf_json(R"({"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
+    "intermediate_size":128,"vocab_size":100,"model_type":"deepseek_v2","q_lora_rank":32})"),
+               stowage::ParseError);
+}
+
+// Plan: the launch line carries MLA's sizes back; the time model counts 2 FLOPs per weight of every
+// projection and causal QKᵀ / PV over heads of 24 and 16: per token and layer 2·253952 (attention)
+// + 2·3·512·1024 (SwiGLU MLP) + 8·(24 + 16)·1024; 3× for forward and backward, plus the logits.
+TEST(MlaPlan, LaunchLineAndFlops) {
+  RunConfig c = megatron(kMla + "--qk-layernorm", 1);
+  c.training.grad_accumulation = 1;
+  RunConfig back;
+  apply_megatron_args(stowage::plan::megatron_arguments(c), back);
+  EXPECT_TRUE(back.model.mla);
+  EXPECT_EQ(count_parameters(back.model, 50176).total(2), count_parameters(c.model, 50176).total(2));
+  const double per_layer = 2.0 * 253952 + 2.0 * 3 * 512 * 1024 + 8.0 * 40 * 1024;
+  EXPECT_DOUBLE_EQ(stowage::plan::model_flops_per_step(c), 3.0 * 4096 * (2 * per_layer + 2.0 * 512 * 50176));
+}

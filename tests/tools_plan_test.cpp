@@ -205,6 +205,9 @@ TEST(PlanReport, WhatTheLaunchLineCannotSayIsNamedAndNothingElseDiffers) {
       {"olmo-7b", {"norms without parameters (Megatron's LayerNorm has a weight and a bias)"}},
       {"phi-2", {"1 norm a layer (Megatron's layer has 2)", "a bias on the output layer (Megatron's has none)"}},
       {"gemma2-2b", {"4 norms a layer (Megatron's layer has 2)"}},
+      {"deepseek-v2-lite",
+       {"a key/value latent norm without a norm on the query projection's input (Megatron's --qk-layernorm "
+        "without --q-lora-rank normalises both)"}},
   };
   EXPECT_EQ(named, want);
 }

@@ -214,7 +214,7 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--fp4-format", "fp4 copies of linear inputs and weights"},
     {"--tp-comm-overlap", "TransformerEngine userbuffers for overlapped TP communication"},
     {"--use-torch-fsdp2", "FSDP shards weights and gradients and gathers them per layer"},
-    {"--multi-latent-attention", "MLA's compressed key/value projections"},
+    {"--mla-down-proj-fusion", "MLA's fused q/kv down projection keeps other tensors"},
     {"--pipeline-model-parallel-layout", "an uneven pipeline split"},
     {"--recompute-modules", "selective recompute of chosen modules"},
     {"--cpu-offloading", "activation offload to host memory"},
@@ -484,6 +484,10 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   std::optional<std::int64_t> max_positions;
   std::int64_t query_groups = 0, global_batch = 0;
   std::optional<std::string> moe_layer_freq;
+  // Multi-latent attention (arguments.py L3548-3557): --kv-lora-rank defaults to 32, the head dims
+  // to 128 / 64 / 128, --q-lora-rank to None (queries projected directly).
+  bool mla = false;
+  std::optional<std::int64_t> q_lora, kv_lora, qk_head, qk_pos, v_head;
   LineRecompute recompute;
   LineVirtualStages virtual_stages;
   MegatronArgsReport report;
@@ -529,6 +533,11 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
        }},
       {"--num-experts", [&](auto& a, auto& v) { m.num_experts = to_positive(a, v); }},
       {"--moe-layer-freq", [&](auto&, auto& v) { moe_layer_freq = v; }},
+      {"--q-lora-rank", [&](auto& a, auto& v) { q_lora = to_positive(a, v); }},
+      {"--kv-lora-rank", [&](auto& a, auto& v) { kv_lora = to_positive(a, v); }},
+      {"--qk-head-dim", [&](auto& a, auto& v) { qk_head = to_positive(a, v); }},
+      {"--qk-pos-emb-head-dim", [&](auto& a, auto& v) { qk_pos = to_int(a, v); }},
+      {"--v-head-dim", [&](auto& a, auto& v) { v_head = to_positive(a, v); }},
       {"--moe-router-topk",
        [&](auto& a, auto& v) {
          m.experts_per_token = to_positive(a, v);
@@ -655,8 +664,10 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--cross-entropy-loss-fusion", [&] { ce_fusion = true; }},
       {"--defer-embedding-wgrad-compute", [&] { defer_wgrad = true; }},
       {"--qk-layernorm", [&] { m.qk_layernorm = true; }},
+      {"--multi-latent-attention", [&] { mla = true; }},
       {"--moe-grouped-gemm", [&] { grouped_gemm = true; }},
       {"--moe-shared-expert-gate", [&] { m.shared_expert_gate = true; }},
+      {"--moe-router-enable-expert-bias", [&] { m.router_expert_bias = true; }},
       {"--moe-shared-expert-overlap", [&] { c.moe.shared_expert_overlap = true; }},
       {"--account-for-embedding-in-pipeline-split", [&] { p.embedding_as_layer = true; }},
       {"--account-for-loss-in-pipeline-split", [&] { p.loss_as_layer = true; }},
@@ -754,6 +765,21 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   if (m.ffn_hidden_size == 0 && m.hidden_size > 0)
     m.ffn_hidden_size = m.gated_mlp ? static_cast<std::int64_t>(4.0 * double(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64
                                     : 4 * m.hidden_size;
+  if (mla) {  // a model given keeps its own latent sizes unless the line sets them
+    const bool had = m.mla;
+    m.mla = true;
+    m.q_lora_rank = q_lora.value_or(had ? m.q_lora_rank : 0);
+    m.kv_lora_rank = kv_lora.value_or(had ? m.kv_lora_rank : 32);
+    m.qk_head_dim = qk_head.value_or(had ? m.qk_head_dim : 128);
+    m.qk_rope_head_dim = qk_pos.value_or(had ? m.qk_rope_head_dim : 64);
+    m.v_head_dim = v_head.value_or(had ? m.v_head_dim : 128);
+    // mla_qk_norm_config.py: --qk-layernorm fuses a norm into linear_q_proj without --q-lora-rank.
+    m.mla_q_input_norm = m.qk_layernorm && m.q_lora_rank == 0;
+  } else if (q_lora || kv_lora || qk_head || qk_pos || v_head) {
+    c.notes.push_back(
+        "megatron-args: MLA sizes without --multi-latent-attention are ignored, as Megatron-LM builds standard "
+        "attention");
+  }
   apply_virtual_stages(virtual_stages, c);
   apply_recompute(recompute, c);
   apply_experts(m, topk_given, c.notes);

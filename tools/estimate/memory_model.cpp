@@ -77,6 +77,27 @@ std::int64_t to_bytes(double v, const char* what) {
 // 34·h + 5·a·s (their eq. 1).
 // Activations of activation_bytes() each; dropout masks stay 1 byte.
 
+// Multi-latent attention (Megatron-LM multi_latent_attention.py, default path): the input norm
+// (TENorm) keeps its input and the duplicated down projections share its output as their saved
+// input (the 3h with LN2's input, as for standard attention), on the sequence-parallel shard. Per
+// token of that shard: linear_q_up_proj keeps q_compressed (q_lora_rank) and, with its fused
+// --qk-layernorm norm, the normalised copy; linear_kv_up_proj keeps kv_compressed, a view that
+// holds all of kv_combined (kv_lora_rank + qk_pos_emb_head_dim), and its normalised copy; without
+// q_lora_rank the fused norm of --qk-layernorm on linear_q_proj keeps its output (h). The rotary
+// embedding (apply_rotary_pos_emb, or the fused MLA rope) keeps only cos/sin; the up projections'
+// outputs are consumed by the concatenation (or rotated in place).
+double mla_latent_elements(const ModelConfig& m) {
+  const double qr = double(m.q_lora_rank), kr = double(m.kv_lora_rank), norm = m.qk_layernorm ? 1.0 : 0.0;
+  const double q = m.q_lora_rank > 0 ? qr * (1 + norm) : (m.mla_q_input_norm ? double(m.hidden_size) : 0.0);
+  return q + kr + double(m.qk_rope_head_dim) + norm * kr;
+}
+// Per token on a TP rank (÷ t): the core attention keeps the up-projected query and key (heads ·
+// (qk_head_dim + qk_pos_emb_head_dim) each) and the value (heads · v_head_dim); linear_proj keeps
+// the attention output (heads · v_head_dim).
+double mla_head_elements(const ModelConfig& m) {
+  return double(m.query_width() + m.key_width() + m.value_width() + m.attention_output_width());
+}
+
 struct LayerBytes {
   double attention = 0, core_attention = 0, mlp = 0, act_output = 0, router = 0;
   double total() const { return attention + core_attention + mlp + act_output + router; }
@@ -98,7 +119,8 @@ LayerBytes layer_bytes_per_token(const RunConfig& c, bool moe_layer) {
   // K and V kv·d each, output-projection input ad, LN2 input h; the dropout mask h bytes.
   l.attention = (A * 3 * h + mask * h) / rep + A * (2 * a * d + 2 * kv * d) / t;
   // QK layernorm keeps the normalised queries and keys as well as their inputs: ad + kv·d.
-  if (m.qk_layernorm) l.attention += A * (a * d + kv * d) / t;
+  if (m.qk_layernorm && !m.mla) l.attention += A * (a * d + kv * d) / t;
+  if (m.mla) l.attention = (A * (3 * h + mla_latent_elements(m)) + mask * h) / rep + A * mla_head_elements(m) / t;
   // Core attention: softmax a·s elements, its dropout mask a·s bytes and the dropout output a·s
   // elements per token (5as with 16-bit activations; the softmax alone without attention dropout);
   // selective recompute drops them, flash attention never stores them (only the fp32 log-sum-exp).
@@ -141,10 +163,12 @@ StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64
   // router (theoretical_memory_usage.py: tp_sharded / replicated params of an MoE layer). A dense
   // layer of an MoE model has a dense model's MLP.
   const double dense_mlp = double(m.moe() ? pc.dense_mlp : pc.mlp_dense);
-  const double moe_replicated = double(pc.norms) + proj_bias + double(pc.mlp_dense) + double(pc.shared_gate);
-  const double moe_sharded = double(pc.attention) - proj_bias + double(pc.mlp_shared);
-  const double dense_replicated = double(pc.norms) + proj_bias + fc2_bias;
-  const double dense_sharded = double(pc.attention) - proj_bias + dense_mlp - fc2_bias;
+  // MLA's down projections are replicated too.
+  const double attn_replicated = proj_bias + double(pc.attention_replicated);
+  const double moe_replicated = double(pc.norms) + attn_replicated + double(pc.mlp_dense) + double(pc.shared_gate);
+  const double moe_sharded = double(pc.attention) - attn_replicated + double(pc.mlp_shared);
+  const double dense_replicated = double(pc.norms) + attn_replicated + fc2_bias;
+  const double dense_sharded = double(pc.attention) - attn_replicated + dense_mlp - fc2_bias;
   double sharded = moe_sharded * double(moe_layers) + dense_sharded * double(dense_layers);
   double replicated = moe_replicated * double(moe_layers) + dense_replicated * double(dense_layers);
   if (first) {
@@ -161,7 +185,7 @@ StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64
   const double emb = (first || last) ? double(vocab) * h / t : 0.0;
   // DeepSpeed's "largest layer" is the largest single module (nn.Linear / nn.Embedding).
   const double per_linear = h *
-                            std::max({double(m.num_heads * m.head_size()), double(m.ffn_hidden_size),
+                            std::max({double(m.query_width()), double(m.ffn_hidden_size),
                                       double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0)}) /
                             t;
   s.largest_layer = std::max(emb, per_linear);

@@ -25,13 +25,33 @@ ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
   ParameterCounts p;
   const std::int64_t h = m.hidden_size, q = m.num_heads * m.head_size(), kv = m.kv_heads() * m.head_size();
   p.attention = h * q + 2 * h * kv + q * h + (m.qkv_bias ? q + 2 * kv : 0) + (m.proj_bias ? h : 0);
+  const std::int64_t norm_vectors = m.rms_norm ? 1 : 2;
+  std::int64_t attention_norms = m.qk_layernorm ? 2 * norm_vectors * m.head_size() : 0;
+  if (m.mla) {
+    // Megatron-LM multi_latent_attention.py MLASelfAttention: linear_q_down_proj (h → q_lora_rank)
+    // and linear_q_up_proj (→ heads · (qk_head_dim + qk_pos_emb_head_dim)), or linear_q_proj from h
+    // without q_lora_rank; linear_kv_down_proj (h → kv_lora_rank + qk_pos_emb_head_dim),
+    // linear_kv_up_proj (→ heads · (qk_head_dim + v_head_dim)); linear_proj (heads · v_head_dim → h,
+    // the only one with a bias). The same as theoretical_memory_usage.py's self_attn_term (L62-80).
+    // The down projections are TELinear 'duplicated' (gpt_layer_specs.py): whole on every TP rank.
+    const std::int64_t qr = m.q_lora_rank, kr = m.kv_lora_rank;
+    const std::int64_t q_down = qr > 0 ? h * qr : 0, kv_down = h * (kr + m.qk_rope_head_dim);
+    const std::int64_t q_up = (qr > 0 ? qr : h) * m.query_width();
+    const std::int64_t kv_up = kr * m.num_heads * (m.qk_head_dim + m.v_head_dim);
+    p.attention = q_down + q_up + kv_down + kv_up + m.attention_output_width() * h + (m.proj_bias ? h : 0);
+    p.attention_replicated = q_down + kv_down;
+    // The latents' norms (mla_qk_norm_config.py: fused into the up projections with --qk-layernorm,
+    // none without; theoretical_memory_usage.py counts them always, as the released models have them).
+    attention_norms = m.qk_layernorm ? norm_vectors * ((qr > 0 ? qr : 0) + kr) : 0;
+    if (m.mla_q_input_norm) attention_norms += norm_vectors * h;
+  }
   // An MLP of width f: fc1 (2·f outputs when gated), fc2, and their biases.
   auto mlp = [&](std::int64_t f) {
     const std::int64_t fc1_out = f * (m.gated_mlp ? 2 : 1);
     return h * fc1_out + f * h + (m.mlp_bias ? fc1_out + h : 0);
   };
   if (m.moe()) {
-    p.mlp_dense = h * m.num_experts;  // router
+    p.mlp_dense = h * m.num_experts + (m.router_expert_bias ? m.num_experts : 0);  // router
     p.mlp_experts = mlp(m.expert_ffn()) * m.num_experts;
     // Shared experts: one MLP of their total width (Megatron shared_experts.py builds an MLP with
     // ffn_hidden_size = moe_shared_expert_intermediate_size, without biases), and the gate's
@@ -47,7 +67,7 @@ ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
     p.mlp_dense = mlp(m.ffn_hidden_size);
   }
   const std::int64_t norm = !m.norm_weights ? 0 : m.rms_norm ? h : 2 * h;
-  p.norms = m.norms_per_layer * norm + (m.qk_layernorm ? 2 * (m.rms_norm ? 1 : 2) * m.head_size() : 0);
+  p.norms = m.norms_per_layer * norm + attention_norms;
   p.final_norm = norm;
   p.embedding = vocab * h + m.learned_positions * h;
   p.output = (m.tie_embeddings ? 0 : vocab * h) + (m.output_bias ? vocab : 0);
@@ -74,6 +94,17 @@ void validate(const ModelConfig& m) {
   if (m.num_heads % m.kv_heads() != 0)
     throw InvalidArgument(fmt::format("model '{}': num_key_value_heads ({}) does not divide num_attention_heads ({})",
                                       m.name, m.kv_heads(), m.num_heads));
+  if (m.mla) {
+    if (m.kv_lora_rank <= 0 || m.qk_head_dim <= 0 || m.v_head_dim <= 0)
+      throw InvalidArgument(fmt::format(
+          "model '{}': multi-latent attention needs positive kv_lora_rank, qk_head_dim and v_head_dim", m.name));
+    if (m.q_lora_rank < 0 || m.qk_rope_head_dim < 0)
+      throw InvalidArgument(fmt::format("model '{}': q_lora_rank and qk_rope_head_dim must not be negative", m.name));
+    if (m.kv_heads() != m.num_heads)  // arguments.py: MLA excludes grouped-query attention
+      throw InvalidArgument(fmt::format("model '{}': multi-latent attention has no grouped-query attention", m.name));
+    if (std::max({m.q_lora_rank, m.kv_lora_rank, m.qk_head_dim, m.qk_rope_head_dim, m.v_head_dim}) > (1 << 16))
+      throw InvalidArgument(fmt::format("model '{}': a size is implausibly large", m.name));
+  }
   if (m.num_experts < 0 || m.experts_per_token < 0 || m.moe_ffn_hidden_size < 0 || m.shared_expert_ffn_hidden_size < 0)
     throw InvalidArgument(fmt::format("model '{}': expert counts must not be negative", m.name));
   if (m.shared_expert_ffn_hidden_size > 0 && !m.moe())
@@ -188,6 +219,11 @@ constexpr Family kFamilies[] = {
     {"qwen2_moe", false, true, false, false, 2, true, false, false, false, true},
     // DeepSeek-MoE (modeling_deepseek.py): Llama's layer, MoE layers of routed and shared experts.
     {"deepseek", false, true, false, false, 2, false, false, false, false, false},
+    // DeepSeek-V2/V3 and Kimi K2 (modeling_deepseek_v2.py, modeling_deepseek_v3.py): DeepSeek-MoE's
+    // layer with multi-latent attention (read_mla).
+    {"deepseek_v2", false, true, false, false, 2, false, false, false, false, false},
+    {"deepseek_v3", false, true, false, false, 2, false, false, false, false, false},
+    {"kimi_k2", false, true, false, false, 2, false, false, false, false, false},
     {"qwen3", false, true, false, false, 2, false, false, false, true, false},
     {"gemma", true, true, false, false, 2, false, false, false, false, false},
     {"gemma2", true, true, false, false, 4, false, false, false, false, false},
@@ -238,9 +274,6 @@ void read_moe_layers(const nlohmann::json& j, const std::string& what, ModelConf
 // DeepSeek-MoE: n_shared_experts experts of moe_intermediate_size, n_routed_experts routed).
 void read_moe_widths(const nlohmann::json& j, const std::string& what, ModelConfig& m) {
   using tools::get_int_or;
-  if (j.contains("kv_lora_rank") || j.contains("q_lora_rank"))
-    throw ParseError(
-        fmt::format("{}: 'kv_lora_rank': multi-head latent attention (DeepSeek-V2/V3) is not modelled", what));
   if (j.contains("n_routed_experts")) m.num_experts = tools::get_int(j, "n_routed_experts", what);
   m.moe_ffn_hidden_size = get_int_or(j, "moe_intermediate_size", 0, what);
   m.shared_expert_ffn_hidden_size = get_int_or(j, "shared_expert_intermediate_size", 0, what);
@@ -252,6 +285,40 @@ void read_moe_widths(const nlohmann::json& j, const std::string& what, ModelConf
   if (n_shared > 0) m.shared_expert_ffn_hidden_size += n_shared * m.moe_ffn_hidden_size;
   if (m.moe_ffn_hidden_size < 0 || m.shared_expert_ffn_hidden_size < 0 || n_shared < 0)
     throw ParseError(fmt::format("{}: expert widths must not be negative", what));
+}
+
+// Multi-latent attention (transformers modeling_deepseek_v2.py / modeling_deepseek_v3.py
+// DeepseekV2Attention): q_proj (h → heads · (qk_nope_head_dim + qk_rope_head_dim)) when q_lora_rank
+// is null, else q_a_proj (h → q_lora_rank), q_a_layernorm and q_b_proj; kv_a_proj_with_mqa
+// (h → kv_lora_rank + qk_rope_head_dim), kv_a_layernorm, kv_b_proj (→ heads · (qk_nope_head_dim +
+// v_head_dim)); o_proj (heads · v_head_dim → h). Both latent norms are RMSNorms with weights.
+void read_mla(const nlohmann::json& j, const std::string& what, ModelConfig& m, std::vector<std::string>* warnings) {
+  using tools::get_int_or;
+  if (!j.contains("kv_lora_rank") || j.at("kv_lora_rank").is_null()) {
+    for (const char* key : {"q_lora_rank", "qk_nope_head_dim", "v_head_dim"})
+      if (j.contains(key) && !j.at(key).is_null())
+        throw ParseError(fmt::format("{}: '{}' without 'kv_lora_rank': multi-latent attention needs both", what, key));
+    return;
+  }
+  m.mla = true;
+  m.kv_lora_rank = tools::get_int(j, "kv_lora_rank", what);
+  m.q_lora_rank = get_int_or(j, "q_lora_rank", 0, what);
+  m.qk_head_dim = tools::get_int(j, "qk_nope_head_dim", what);
+  m.qk_rope_head_dim = tools::get_int(j, "qk_rope_head_dim", what);
+  m.v_head_dim = tools::get_int(j, "v_head_dim", what);
+  m.qk_layernorm = true;
+  // DeepseekV3TopkRouter's e_score_correction_bias, used by the noaux_tc routing.
+  m.router_expert_bias = m.moe() && tools::get_string_or(j, "topk_method", "", what) == "noaux_tc";
+  if (tools::get_bool_or(j, "attention_bias", false, what))
+    throw ParseError(fmt::format("{}: 'attention_bias' with multi-latent attention is not modelled", what));
+  // DeepSeek-V3's multi-token-prediction module (layer num_hidden_layers on) is in its checkpoint
+  // but not in transformers' model, nor in this count.
+  const std::int64_t mtp = get_int_or(j, "num_nextn_predict_layers", 0, what);
+  if (mtp > 0 && warnings != nullptr)
+    warnings->push_back(fmt::format(
+        "{}: num_nextn_predict_layers {}: the multi-token-prediction layers are not counted (transformers does not "
+        "build them; Megatron-LM trains them with --mtp-num-layers)",
+        what, mtp));
 }
 
 }  // namespace
@@ -287,6 +354,7 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name,
   m.tie_embeddings = get_bool_or(j, "tie_word_embeddings", family != nullptr && family->tied_by_default, what);
   m.num_experts = get_int_or(j, "num_local_experts", get_int_or(j, "num_experts", 0, what), what);
   read_moe_widths(j, what, m);
+  read_mla(j, what, m, warnings);
   read_moe_layers(j, what, m);
   m.experts_per_token = get_int_or(j, "num_experts_per_tok", m.num_experts > 0 ? 2 : 0, what);
   const std::string act = get_string_or(j, "hidden_act", "silu", what);
@@ -304,7 +372,7 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name,
     if (family->linear_bias) m.set_linear_bias(true);
     m.qkv_bias = m.qkv_bias || family->qkv_bias;
     m.output_bias = family->output_bias;
-    m.qk_layernorm = family->qk_norm;
+    m.qk_layernorm = family->qk_norm || m.mla;
     m.shared_expert_gate = family->shared_gate && m.shared_expert_ffn_hidden_size > 0;
     // Later Qwen2MoeConfig names the q, k and v biases (qkv_bias, true by default).
     if (type == "qwen2_moe") m.qkv_bias = get_bool_or(j, "qkv_bias", true, what);

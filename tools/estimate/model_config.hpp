@@ -42,6 +42,20 @@ struct ModelConfig {
   // Face first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers): one entry per
   // layer, 1 an MoE layer, 0 a dense MLP of ffn_hidden_size. Empty: every layer alike.
   std::vector<std::uint8_t> moe_layer_pattern;
+  // A per-expert bias on the routing scores (DeepSeek-V3's e_score_correction_bias, topk_method
+  // noaux_tc; Megatron --moe-router-enable-expert-bias): a buffer of num_experts per MoE layer, in the
+  // checkpoint and counted with the router.
+  bool router_expert_bias = false;
+  // Multi-latent attention (DeepSeek-V2/V3, Kimi K2; Megatron --multi-latent-attention): queries
+  // from a q_lora_rank-wide latent (0: projected from the hidden state directly), keys and values
+  // from a shared kv_lora_rank-wide latent plus one rotary key of qk_rope_head_dim for all heads.
+  // A query/key head is qk_head_dim + qk_rope_head_dim wide, a value head v_head_dim. With
+  // qk_layernorm the latents are normalised (Megatron: fused into the up projections); no
+  // per-head q/k norms. mla_q_input_norm: a norm of hidden_size on the direct query projection's
+  // input (Megatron --qk-layernorm without --q-lora-rank fuses one; DeepSeek-V2-Lite has none).
+  bool mla = false;
+  std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool mla_q_input_norm = false;
 
   void set_linear_bias(bool on) { qkv_bias = proj_bias = mlp_bias = on; }  // every linear layer (Megatron)
   bool linear_bias() const { return qkv_bias && proj_bias && mlp_bias; }
@@ -58,19 +72,27 @@ struct ModelConfig {
   std::int64_t moe_layers(std::int64_t begin, std::int64_t count) const;
   // An MoE model with dense layers among its layers.
   bool mixed_layers() const { return moe() && moe_layers(0, num_layers) < num_layers; }
+  // Widths of all heads' queries (= keys) and values, and of the attention output (o_proj's input).
+  std::int64_t query_width() const {
+    return mla ? num_heads * (qk_head_dim + qk_rope_head_dim) : num_heads * head_size();
+  }
+  std::int64_t key_width() const { return mla ? query_width() : kv_heads() * head_size(); }
+  std::int64_t value_width() const { return mla ? num_heads * v_head_dim : kv_heads() * head_size(); }
+  std::int64_t attention_output_width() const { return mla ? num_heads * v_head_dim : num_heads * head_size(); }
 };
 
 // Parameter counts, split the way parallelism splits them. Per layer means per MoE layer of an
 // MoE model (per layer of a dense one); an MoE model's dense layers have dense_mlp instead.
 struct ParameterCounts {
-  std::int64_t attention = 0;    // per layer: q, k, v, o (+ biases)
-  std::int64_t mlp_dense = 0;    // per layer: the MLP of a dense model, or the router of an MoE
-  std::int64_t mlp_experts = 0;  // per layer: all experts together (0 for dense)
-  std::int64_t mlp_shared = 0;   // per layer: the shared experts' fc1 and fc2 (split by TP)
-  std::int64_t shared_gate = 0;  // per layer: the shared experts' gate (replicated)
-  std::int64_t norms = 0;        // per layer: the norms (and the q/k norms)
-  std::int64_t embedding = 0;    // vocab × hidden (+ learned positions)
-  std::int64_t output = 0;       // untied output projection (0 when tied)
+  std::int64_t attention = 0;             // per layer: q, k, v, o (+ biases); MLA: every projection
+  std::int64_t attention_replicated = 0;  // of attention: MLA's down projections, whole on every TP rank
+  std::int64_t mlp_dense = 0;             // per layer: the MLP of a dense model, or the router of an MoE
+  std::int64_t mlp_experts = 0;           // per layer: all experts together (0 for dense)
+  std::int64_t mlp_shared = 0;            // per layer: the shared experts' fc1 and fc2 (split by TP)
+  std::int64_t shared_gate = 0;           // per layer: the shared experts' gate (replicated)
+  std::int64_t norms = 0;                 // per layer: the norms (and the q/k norms)
+  std::int64_t embedding = 0;             // vocab × hidden (+ learned positions)
+  std::int64_t output = 0;                // untied output projection (0 when tied)
   std::int64_t final_norm = 0;
   std::int64_t dense_mlp = 0;     // per dense layer of an MoE model: its MLP of ffn_hidden_size (+ biases)
   std::int64_t dense_layers = 0;  // of the model's layers, the dense ones of an MoE model
@@ -95,9 +117,10 @@ ModelConfig preset(std::string_view name);
 // num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings,
 // num_local_experts, num_experts_per_tok, hidden_act, head_dim, attention_bias, mlp_bias, and the
 // MoE widths moe_intermediate_size, shared_expert_intermediate_size, n_shared_experts, and which
-// layers are MoE: first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers) with
-// the architecture its model_type names (docs/estimate.md). ParseError naming the field; MLA is
-// refused; a model_type the estimate does not know
+// layers are MoE: first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers, and
+// MLA's q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) with the
+// architecture its model_type names (docs/estimate.md). ParseError naming the field; a model_type
+// the estimate does not know
 // is read as a Llama-style decoder with a line in `warnings` saying so.
 ModelConfig model_from_hf_json(const std::string& text, const std::string& name = "config.json",
                                std::vector<std::string>* warnings = nullptr);

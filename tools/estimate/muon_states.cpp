@@ -10,7 +10,12 @@ double muon_matrix_params(const RunConfig& c, std::int64_t moe_layers, std::int6
   if (experts) return expert_weights_per_rank(c, moe_layers);  // their biases go to the scalar optimizer
   const double h = double(m.hidden_size), t = double(c.parallel.tp);
   const double q = double(m.num_heads * m.head_size()), kv = double(m.kv_heads() * m.head_size());
-  const double attention = (h * q + 2 * h * kv + q * h) / t;
+  double attention = (h * q + 2 * h * kv + q * h) / t;
+  if (m.mla) {  // every MLA projection is 2-D; the down projections are whole on each TP rank
+    const ParameterCounts pc = count_parameters(m, m.vocab_size);
+    const double bias = m.proj_bias ? h : 0.0, replicated = double(pc.attention_replicated);
+    attention = (double(pc.attention) - bias - replicated) / t + replicated;
+  }
   const double F = double(m.ffn_hidden_size);
   // An MoE layer's dense part is its router (replicated); a dense layer's is its MLP.
   // Shared experts' fc1 and fc2 are split by TP; their gate weight (1, h) is 2-D too.

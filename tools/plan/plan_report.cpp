@@ -137,6 +137,13 @@ std::string megatron_arguments(const RunConfig& c) {
   if (m.gated_mlp) a.push_back("--swiglu");
   if (m.rms_norm) a.push_back("--normalization RMSNorm");
   if (m.qk_layernorm) a.push_back("--qk-layernorm");
+  if (m.mla) {
+    a.push_back(
+        fmt::format("--multi-latent-attention --kv-lora-rank {} --qk-head-dim {} --qk-pos-emb-head-dim {} "
+                    "--v-head-dim {}",
+                    m.kv_lora_rank, m.qk_head_dim, m.qk_rope_head_dim, m.v_head_dim));
+    if (m.q_lora_rank > 0) a.push_back(fmt::format("--q-lora-rank {}", m.q_lora_rank));
+  }
   if (!m.linear_bias()) a.push_back("--disable-bias-linear");
   if (!m.linear_bias() && m.qkv_bias) a.push_back("--add-qkv-bias");
   if (!m.tie_embeddings) a.push_back("--untie-embeddings-and-output-weights");
@@ -152,6 +159,7 @@ std::string megatron_arguments(const RunConfig& c) {
   if (m.shared_experts())
     a.push_back(fmt::format("--moe-shared-expert-intermediate-size {}", m.shared_expert_ffn_hidden_size));
   if (m.shared_experts() && m.shared_expert_gate) a.push_back("--moe-shared-expert-gate");
+  if (m.moe() && m.router_expert_bias) a.push_back("--moe-router-enable-expert-bias");
   if (m.moe() && c.moe.dispatcher != estimate::MoeDispatcher::allgather)
     a.push_back(fmt::format("--moe-token-dispatcher-type {}", to_string(c.moe.dispatcher)));
   if (m.shared_experts() && c.moe.shared_expert_overlap) a.push_back("--moe-shared-expert-overlap");
@@ -201,6 +209,11 @@ std::vector<std::string> megatron_cannot_say(const estimate::ModelConfig& m) {
         "biases on some linear layers only (Megatron: on all of them, on none, or on q, k and v alone with "
         "--add-qkv-bias)");
   if (m.output_bias) out.push_back("a bias on the output layer (Megatron's has none)");
+  // mla_qk_norm_config.py: --qk-layernorm without --q-lora-rank also fuses a norm into linear_q_proj.
+  if (m.mla && m.qk_layernorm && m.q_lora_rank == 0 && !m.mla_q_input_norm)
+    out.push_back(
+        "a key/value latent norm without a norm on the query projection's input (Megatron's --qk-layernorm "
+        "without --q-lora-rank normalises both)");
   return out;
 }
 

@@ -15,6 +15,7 @@ namespace {
 // causal attention's QKᵀ and PV, 2·a·d·s (half of the full 4·a·d·s).
 struct LayerFlops {
   double linear = 0, attention = 0;
+  double replicated = 0;  // MLA's down projections: whole on every TP rank (÷ TP only with SP's token split)
 };
 
 // `moe_layer`: an MoE layer's, else a dense layer's (an MoE model's dense layers have a dense MLP).
@@ -31,6 +32,15 @@ LayerFlops layer_forward_flops(const RunConfig& c, bool moe_layer) {
   f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * (h * F * (m.gated_mlp ? 2 : 1) + F * h) +
                     (h * S * (m.gated_mlp ? 2 : 1) + S * h));
   f.attention = 2.0 * q * double(c.training.seq_length);
+  if (m.mla) {
+    // MLA: 2 per weight of every projection (model_config.cpp count_parameters); causal QKᵀ over
+    // query/key heads of qk_head_dim + qk_pos_emb_head_dim and PV over value heads of v_head_dim.
+    const estimate::ParameterCounts pc = estimate::count_parameters(m, m.vocab_size);
+    const double attn_weights = double(pc.attention - pc.attention_replicated) - (m.proj_bias ? h : 0.0);
+    f.linear += 2.0 * (attn_weights - (h * (q + 2 * kv) + q * h));
+    f.replicated = 2.0 * double(pc.attention_replicated);
+    f.attention = double(m.query_width() + m.value_width()) * double(c.training.seq_length);
+  }
   return f;
 }
 
@@ -50,7 +60,8 @@ SlowStage slow_stage(const RunConfig& c) {
   double slowest = -1;
   for (std::int64_t r = 0; r < p.pp; ++r) {
     const double moe = double(estimate::stage_moe_layers(c, r)), layers = double(estimate::stage_layers(c, r));
-    const double flops = moe * (fm.linear + fm.attention) + (layers - moe) * (fd.linear + fd.attention);
+    const double flops =
+        moe * (fm.linear + fm.attention + fm.replicated) + (layers - moe) * (fd.linear + fd.attention + fd.replicated);
     if (flops >= slowest) {  // ties: the later stage, as the last one also runs the loss
       slowest = flops;
       s = {layers, moe};
@@ -74,7 +85,9 @@ double model_flops_per_step(const RunConfig& c) {
   const double tokens = double(c.training.seq_length) * double(c.training.micro_batch) *
                         double(c.training.grad_accumulation) * double(c.parallel.dp);
   const double logits = 2.0 * double(m.hidden_size) * double(estimate::padded_vocab(c));
-  return 3.0 * tokens * (moe * (fm.linear + fm.attention) + dense * (fd.linear + fd.attention) + logits);
+  return 3.0 * tokens *
+         (moe * (fm.linear + fm.attention + fm.replicated) + dense * (fd.linear + fd.attention + fd.replicated) +
+          logits);
 }
 
 StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageMemory& memory) {
@@ -92,12 +105,13 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   // Its average layer: MoE and dense layers in their share.
   const LayerFlops fm = layer_forward_flops(c, true), fd = layer_forward_flops(c, false);
   const LayerFlops f{moe_share * fm.linear + (1 - moe_share) * fd.linear,
-                     moe_share * fm.attention + (1 - moe_share) * fd.attention};
+                     moe_share * fm.attention + (1 - moe_share) * fd.attention,
+                     moe_share * fm.replicated + (1 - moe_share) * fd.replicated};
   const double vocab = double(estimate::padded_vocab(c));
 
   // One micro-batch through one stage: forward, backward (2× forward: dgrad + wgrad), on the
   // slower of the first (embedding) and last (output layer) stages.
-  const double layer_fwd = T * (f.linear + f.attention) / t / rate;
+  const double layer_fwd = T * ((f.linear + f.attention) / t + f.replicated / (p.sequence_parallel ? t : 1.0)) / rate;
   const double logits_fwd = T * 2.0 * h * vocab / t / rate;
   const double stage_fwd = layers * layer_fwd + logits_fwd;  // the last stage is the slowest
   const double stage_bwd = 2.0 * stage_fwd;
@@ -141,7 +155,7 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   double stage_cp = 0;
   if (p.cp > 1) {
     const double cp_bw = p.tp * p.cp <= cl.gpus_per_node ? cl.intra_node_gbps : cl.inter_node_gbps;
-    const double kv_bytes = 2.0 * T * double(m.kv_heads() * m.head_size()) / t * 2.0;
+    const double kv_bytes = T * double(m.key_width() + m.value_width()) / t * 2.0;
     const double fwd = double(p.cp - 1) * kv_bytes / (cp_bw * 1e9), bwd = 2.0 * fwd;
     const double attn = T * f.attention / t / rate;
     stage_cp = layers * (std::max(0.0, fwd - attn) + std::max(0.0, bwd - 2.0 * attn));
