@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <string_view>
 #include <vector>
 
@@ -106,11 +107,11 @@ AllocatorOptions parse_allocator_options(const std::string& text, AllocatorOptio
     } else if (key == "memory_cap_fraction") {
       o.memory_cap_fraction = parse_fraction(key, value);
     } else if (key == "per_process_memory_fraction") {
-      // PyTorch's meaning: 1 (its default) is no cap, 0 a cap no reservation fits (one byte here:
-      // a cap of 0 bytes means none).
+      // PyTorch's meaning: 1 (its default) is no cap, 0 a cap no reservation fits: the smallest
+      // normal fraction, which caps at one byte (memory_cap_fraction 0 means none). One field, so
+      // the last of these keys wins, as in PyTorch.
       const double f = parse_fraction(key, value);
-      o.memory_cap_fraction = f == 1.0 ? 0.0 : f;
-      if (f == 0.0) o.memory_cap_bytes = 1;
+      o.memory_cap_fraction = f == 1.0 ? 0.0 : f == 0.0 ? std::numeric_limits<double>::min() : f;
     } else if (key == "trace_entries") {
       o.trace_entries = static_cast<std::size_t>(parse_count(key, value));
     } else if (key == "expandable_reserve_mb") {

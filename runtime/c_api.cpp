@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "common/fork_generation.hpp"
 #include "common/log.hpp"
 #include "common/thread_exit_key.hpp"
 #include "stowage/allocator.hpp"
@@ -45,15 +46,24 @@ struct ThreadState {
 
 // A thread's state is ended by a pthread key's destructor (common/thread_exit_key.hpp), which
 // runs after every C++ thread_local destructor: a client's thread-local destructor still finds it
-// whole, and state first made by a client's own key destructor is ended too (a thread_local made
-// that late was never destroyed). Calls that come after it, from a later key destructor, find
-// `exited`; their error message is kept, cut short, in a buffer. The memo has no destructor.
+// whole, and state first made by a client's own key destructor is ended too, in the next round (a
+// thread_local made that late was never destroyed). Calls after it ended, from a key destructor
+// later in the same or a later round, find `exited`; their error message is kept, cut short, in
+// a buffer. (Setting the key again to outlive every round would leak state made in round 2 or
+// later: no destructor can tell which round glibc is in.) The memo has no destructor.
 struct ThreadMemo {
   ThreadState* state;
   bool exited;
   char exit_message[256];
 };
 thread_local ThreadMemo thread_memo{};
+
+void end_thread_state(void* state);
+
+pthread_key_t thread_state_key() {
+  static const pthread_key_t key = make_thread_exit_key(end_thread_state);
+  return key;
+}
 
 void end_thread_state(void* state) {
   auto* s = static_cast<ThreadState*>(state);
@@ -68,9 +78,8 @@ void end_thread_state(void* state) {
 ThreadState* thread_state() {
   ThreadMemo& memo = thread_memo;
   if (memo.state != nullptr || memo.exited) return memo.state;
-  static const pthread_key_t key = make_thread_exit_key(end_thread_state);
   auto made = std::make_unique<ThreadState>();
-  if (pthread_setspecific(key, made.get()) != 0) throw std::bad_alloc();
+  if (pthread_setspecific(thread_state_key(), made.get()) != 0) throw std::bad_alloc();
   memo.state = made.release();
   return memo.state;
 }
@@ -92,6 +101,7 @@ struct DeviceAllocator {
 };
 
 struct Allocators {
+  unsigned generation = fork_generation();  // the process that made the registry
   int count = 0;
   std::unique_ptr<std::atomic<DeviceAllocator*>[]> slots;
   std::shared_ptr<EventLog> event_log;
@@ -118,6 +128,10 @@ struct Allocators {
     if (ordinal < 0 || ordinal >= count)
       throw InvalidArgument(
           fmt::format("device {}: there are {} device(s) (ordinals 0 to {})", ordinal, count, count - 1));
+    // In a forked child the mutex may be held for ever by a parent's thread, and the devices are
+    // the parent's: no allocator is made there (one the parent made refuses by itself).
+    if (forked_since(generation))
+      refuse_in_forked_child(fmt::format("stowage: the C ABI's allocator of device {}", ordinal));
     std::lock_guard lock(mutex);
     auto& slot = slots[static_cast<std::size_t>(ordinal)];
     if (DeviceAllocator* a = slot.load(std::memory_order_relaxed)) return *a;

@@ -373,7 +373,13 @@ TEST(AllocatorOptionsText, PyTorchsMemoryFractionMeansWhatItMeansThere) {
   o = parse_allocator_options("per_process_memory_fraction:1");
   EXPECT_DOUBLE_EQ(o.memory_cap_fraction, 0.0);
   EXPECT_EQ(o.memory_cap_bytes, 0u);
+  o = parse_allocator_options("per_process_memory_fraction:0,per_process_memory_fraction:0.5");
+  EXPECT_DOUBLE_EQ(o.memory_cap_fraction, 0.5);  // the last one wins, as in PyTorch
+  EXPECT_EQ(o.memory_cap_bytes, 0u);
+  o = parse_allocator_options("per_process_memory_fraction:0,memory_cap_mb:1000");
+  EXPECT_EQ(o.memory_cap_bytes, 1000 * MiB);
   o = parse_allocator_options("per_process_memory_fraction:0");
+  EXPECT_EQ(o.memory_cap_bytes, 0u);
   auto dev = small_device();
   CachingAllocator a(*dev, o);
   EXPECT_EQ(a.memory_cap(), 1u);

@@ -15,7 +15,9 @@
 namespace {
 
 // A small device, set before the library reads its configuration.
-const bool env_set = [] { return setenv("STOWAGE_EMULATED_CAPACITY", "256MiB", 0) == 0; }();
+const bool env_set = [] {
+  return setenv("STOWAGE_EMULATED_CAPACITY", "256MiB", 0) == 0 && setenv("STOWAGE_EMULATED_DEVICES", "2", 0) == 0;
+}();
 
 constexpr ssize_t kMiB = 1 << 20;
 
@@ -75,6 +77,29 @@ TEST(CApiFork, EveryAllocatorEntryPointIsRefusedInAForkedChild) {
   stowage_free(keep, 4096, 0, nullptr);
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_OK) << stowage_last_error();
   EXPECT_EQ(stowage_host_free(host, 0), 0) << stowage_last_error();
+}
+
+// A device the parent never used through the C ABI: the child makes no allocator or host pool
+// for it (the registries' locks may be held by a parent's thread, the device is the parent's).
+TEST(CApiFork, ADeviceTheParentNeverUsedIsRefusedToo) {
+  ASSERT_TRUE(env_set);
+  void* warm = stowage_malloc(4096, 0, nullptr);  // the registries exist, device 1 has nothing
+  ASSERT_NE(warm, nullptr) << stowage_last_error();
+  const int status = stowage::test::in_child([] {
+    char buf[1 << 12];
+    return refusals({
+        [] { return stowage_malloc(4096, 1, nullptr) == nullptr; },
+        [] { return stowage_host_malloc(4096, 1) == nullptr; },
+        [&] { return stowage_host_stats(1, buf, sizeof buf) == -1; },
+        [] { return stowage_host_release_unused(1) == -1; },
+    });
+  });
+  EXPECT_EQ(status, 0);
+  stowage_free(warm, 4096, 0, nullptr);
+  // The parent uses device 1 as usual.
+  void* p = stowage_malloc(4096, 1, nullptr);
+  EXPECT_NE(p, nullptr) << stowage_last_error();
+  stowage_free(p, 4096, 1, nullptr);
 }
 
 }  // namespace

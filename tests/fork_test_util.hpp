@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -17,9 +18,13 @@
 namespace stowage::test {
 
 // f's result as the child's exit status (98 when it threw), 128 + the signal that ended it, or
-// -1 (and a test failure) when it did not end within `limit`.
+// -1 (and a test failure) when fork() failed or the child did not end within `limit`.
 inline int in_child(const std::function<int()>& f, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
   const pid_t pid = ::fork();
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    return -1;
+  }
   if (pid == 0) {
     int code = 99;
     try {
@@ -32,8 +37,13 @@ inline int in_child(const std::function<int()>& f, std::chrono::milliseconds lim
   int status = 0;
   pid_t done = 0;
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+  while (((done = ::waitpid(pid, &status, WNOHANG)) == 0 || (done < 0 && errno == EINTR)) &&
+         std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (done < 0) {
+    ADD_FAILURE() << "waitpid: " << std::strerror(errno);
+    return -1;
+  }
   if (done == 0) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
@@ -45,8 +55,12 @@ inline int in_child(const std::function<int()>& f, std::chrono::milliseconds lim
 
 // For a child's exit status: 0 when every operation threw a DeviceError naming fork(), else
 // 10 + the index of the first that did not throw, or 100 + the index of the first that threw
-// something else.
+// something else (at most 80 operations: the codes stay apart from 98, 99 and below 256).
 inline int refusals(const std::vector<std::function<void()>>& operations) {
+  if (operations.size() > 80) {
+    ADD_FAILURE() << "refusals: at most 80 operations";
+    return -1;
+  }
   for (std::size_t i = 0; i < operations.size(); ++i) {
     try {
       operations[i]();

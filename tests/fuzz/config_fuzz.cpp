@@ -50,15 +50,22 @@ bool same(const AllocatorOptions& a, const AllocatorOptions& b) {
 std::string as_text(const AllocatorOptions& o) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "expandable_segments:%s,max_split_size_mb:%zu,garbage_collection_threshold:%.17g,"
-                "memory_cap_mb:%zu,memory_cap_fraction:%.17g,trace_entries:%zu,expandable_reserve_mb:%zu",
-                o.segments == SegmentMode::expandable ? "True" : "False", o.max_split_size / MiB, o.gc_threshold,
+                "expandable_segments:%s,max_split_size_mb:%zu,memory_cap_mb:%zu,memory_cap_fraction:%.17g,"
+                "trace_entries:%zu,expandable_reserve_mb:%zu",
+                o.segments == SegmentMode::expandable ? "True" : "False", o.max_split_size / MiB,
                 o.memory_cap_bytes / MiB, o.memory_cap_fraction, o.trace_entries, o.expandable_reserve / MiB);
-  return buf;
+  std::string text = buf;
+  // Off (0) has no text: the key takes a threshold strictly between 0 and 1, as PyTorch's.
+  if (o.gc_threshold != 0) {
+    std::snprintf(buf, sizeof buf, ",garbage_collection_threshold:%.17g", o.gc_threshold);
+    text += buf;
+  }
+  return text;
 }
 
 void check_allocator_options(const AllocatorOptions& o) {
-  if (!(o.gc_threshold >= 0 && o.gc_threshold <= 1)) fail("garbage_collection_threshold outside [0, 1]");
+  if (!(o.gc_threshold == 0 || (o.gc_threshold > 0 && o.gc_threshold < 1)))
+    fail("garbage_collection_threshold neither off nor strictly between 0 and 1");
   if (!(o.memory_cap_fraction >= 0 && o.memory_cap_fraction <= 1)) fail("memory_cap_fraction outside [0, 1]");
   if (o.max_split_size != 0 && o.max_split_size <= 20 * MiB) fail("max_split_size_mb of 20 or less accepted");
   if (o.max_split_size % MiB || o.memory_cap_bytes % MiB || o.expandable_reserve % MiB) fail("MiB sizes not whole");
