@@ -140,8 +140,9 @@ TEST(EstimateDeepSpeed, OptimizerOffloadAtStageZeroDoesNothing) {
   const RunConfig c = with_deepspeed(R"({"bf16": {"enabled": true},
     "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})");
   EXPECT_FALSE(c.parallel.offload_optimizer_deepspeed);
-  ASSERT_EQ(c.notes.size(), 1u);
+  ASSERT_EQ(c.notes.size(), 2u);
   EXPECT_EQ(c.notes[0], "deepspeed offload_optimizer does nothing at ZeRO stage 0 (no ZeRO optimizer); ignored");
+  EXPECT_NE(c.notes[1].find("ds.json: no optimizer section, so the client's optimizer is counted"), std::string::npos);
   const StageMemory m = estimate_memory(c);
   EXPECT_EQ(m.host_bytes, 0);
   EXPECT_EQ(m.model_states(), 16 * std::int64_t{6738415616});  // 2 + 2 + 12
@@ -316,6 +317,15 @@ TEST(EstimateDeepSpeed, StageZeroStepFollowsTheOptimizerSection) {
         .optimizer_step;
   };
   EXPECT_EQ(step(""), 4 * P);
+  // Without a section the class of the client's optimizer decides, which no config shows: said.
+  const RunConfig client = with_deepspeed(R"({"fp16": {"enabled": true}})");
+  ASSERT_EQ(client.notes.size(), 1u);
+  EXPECT_EQ(client.notes[0],
+            "ds.json: no optimizer section, so the client's optimizer is counted as DeepSpeed runs a torch one "
+            "(unfused: 4 B/param of fp32 gradients in step()); a FusedAdam given as the client's (DeepSpeed's or "
+            "apex's, as Megatron-DeepSpeed passes) runs FP16_Optimizer, 8 B/param: add \"optimizer\": {\"type\": "
+            "\"AdamW\"} to count that");
+  EXPECT_TRUE(with_deepspeed(R"({"fp16": {"enabled": true}, "optimizer": {"type": "AdamW"}})").notes.empty());
   EXPECT_EQ(step(R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}})"), 8 * P);
   EXPECT_EQ(step(R"(, "optimizer": {"type": "Adam"})"), 8 * P);
   EXPECT_EQ(step(R"(, "optimizer": {"type": "OneBitAdam"})"), 8 * P);

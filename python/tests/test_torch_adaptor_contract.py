@@ -155,7 +155,7 @@ def test_a_technique_applied_twice_to_the_same_modules_is_refused_until_the_firs
     first = make()
     before = forwards(model)
     if technique == "swap_activations":
-        message = (r"^swap_activations: 0\.attn, 1\.attn are already swapped by an earlier handle "
+        message = (r"^swap_activations: 0\.attn is already swapped by an earlier handle "
                    r"\(swap_activations\(\) or apply\(swap=True\)\) that was not removed; remove\(\) that "
                    r"handle first$")
     else:
@@ -176,6 +176,47 @@ def test_a_technique_applied_twice_to_the_same_modules_is_refused_until_the_firs
     step_without_warnings(model)
     second.remove()
     assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.parametrize("first_names, second_names, where", [
+    (["0"], ["0.attn"], r"0\.attn is inside 0, which is"),
+    (["0.attn"], ["0"], r"0 is around 0\.attn, which is"),
+])
+def test_swapping_a_module_inside_or_around_one_already_swapped_is_refused(first_names, second_names, where):
+    # The two handles' saved-tensor hooks would nest: only the inner pair packs, the other handle
+    # would swap and count nothing.
+    model = blocks()
+    first = swap_activations(model, names=first_names)
+    before = forwards(model)
+    with pytest.raises(InvalidArgumentError, match=rf"^swap_activations: {where} already swapped by an earlier "
+                                                   r"handle"):
+        swap_activations(model, names=second_names)
+    assert forwards(model) == before
+    first.remove()
+    second = swap_activations(model, names=second_names)
+    second.remove()
+
+
+def test_hyper_parameters_a_scheduler_set_are_checked_for_every_group_before_any_is_stepped():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    opt = SharedStorageAdamW([{"params": m[0].parameters()}, {"params": m[1].parameters()}], lr=1e-2)
+    m(torch.randn(2, 4).bfloat16()).float().sum().backward()
+    masters = [opt.master(p).clone() for p in m.parameters()]
+    for bad in (math.inf, math.nan, -1.0):
+        opt.param_groups[1]["lr"] = bad
+        with pytest.raises(InvalidArgumentError, match=r"^step\(\): param group 1: invalid AdamW hyper-parameters"):
+            opt.step()
+        assert all(torch.equal(opt.master(p), w) for p, w in zip(m.parameters(), masters))  # group 0 untouched
+        assert not opt.state  # no step counted anywhere
+    opt.param_groups[1]["lr"] = 1e-2
+    opt.param_groups[0]["betas"] = (0.9, 1.0)
+    with pytest.raises(InvalidArgumentError, match=r"^step\(\): param group 0: invalid AdamW hyper-parameters"):
+        opt.step()
+    with pytest.raises(InvalidArgumentError, match=r"^SharedStorageAdamW\(\): invalid AdamW hyper-parameters"):
+        SharedStorageAdamW(nn.Linear(2, 2).parameters(), lr=math.inf)
+    with pytest.raises(InvalidArgumentError, match=r"^add_param_group\(\): invalid AdamW hyper-parameters"):
+        opt.add_param_group({"params": nn.Linear(2, 2).parameters(), "eps": -1.0})
 
 
 def test_other_techniques_and_other_modules_still_stack():

@@ -272,10 +272,11 @@ std::optional<Precision> grad_accum_dtype(const nlohmann::json& j, const std::st
       name, v->dump()));
 }
 
-// Which step a 16-bit optimizer without ZeRO runs: DeepSpeed builds FusedAdam for an optimizer
-// section of type Adam/AdamW (unless params.torch_adam) and its 1-bit Adams, and wraps those in
-// FP16_Optimizer; any other optimizer, or the client's (no section), in FP16_UnfusedOptimizer
-// (engine.py _configure_basic_optimizer, _configure_fp16_optimizer).
+// Which step a 16-bit optimizer without ZeRO runs. DeepSpeed wraps a FusedAdam (its own or apex's)
+// and its 1-bit Adams in FP16_Optimizer, anything else in FP16_UnfusedOptimizer (engine.py
+// _configure_fp16_optimizer, by the optimizer's class). From the config alone: an optimizer
+// section of type Adam/AdamW builds FusedAdam unless params.torch_adam (_configure_basic_optimizer);
+// without a section the client's optimizer is taken to be unfused (a note says so).
 Parallelism::Fp16Step fp16_step(const nlohmann::json& j, const std::string& name) {
   const auto* o = object_at(j, "optimizer", name);
   const auto* type = o ? value_at(*o, "type") : nullptr;
@@ -325,6 +326,7 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   apply_precision(j, c, name);
   p.grad_accum_deepspeed = grad_accum_dtype(j, name);
   p.fp16_step_deepspeed = fp16_step(j, name);
+  const bool client_optimizer = object_at(j, "optimizer", name) == nullptr;
 
   const std::string zname = name + ".zero_optimization";
   nlohmann::json zero = nlohmann::json::object();
@@ -382,6 +384,13 @@ void apply_deepspeed_config(const std::string& json_text, RunConfig& c, const st
   p.offload_param_deepspeed = param_dev != Device::none && stage == 3;
   if (param_dev != Device::none && stage != 3)
     c.notes.push_back("deepspeed offload_param applies to ZeRO stage 3 only; ignored");
+  if (client_optimizer && stage == 0 && t.precision != Precision::fp32 && !deepspeed_bf16_optimizer(c))
+    c.notes.push_back(fmt::format(
+        "{}: no optimizer section, so the client's optimizer is counted as DeepSpeed runs a torch one (unfused: 4 "
+        "B/param of fp32 gradients in step()); a FusedAdam given as the client's (DeepSpeed's or apex's, as "
+        "Megatron-DeepSpeed passes) runs FP16_Optimizer, 8 B/param: add \"optimizer\": {{\"type\": \"AdamW\"}} "
+        "to count that",
+        name));
   // ZeRO accumulates in another dtype beside the 16-bit gradients (stage_1_and_2.py
   // use_separate_grad_accum); only the BF16_Optimizer's buffer is modelled.
   if (const auto acc = p.grad_accum_deepspeed; acc && stage >= 1 && *acc != t.precision && !deepspeed_bf16_optimizer(c))

@@ -102,6 +102,10 @@ def is_real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _finite_non_negative(value):
+    return is_real(value) and math.isfinite(value) and value >= 0
+
+
 def _param_list(params):
     if isinstance(params, (set, frozenset)):
         raise InvalidArgumentError("a parameter group's params must be ordered (a list), not a set")
@@ -244,6 +248,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         """torch.optim's, and the group's parameters move into planes of their own."""
         group = {**param_group, "params": _param_list(param_group["params"])}
+        self._check_hyper_parameters({**self.defaults, **group}, "add_param_group()")
         if any(id(p) in self._where for p in group["params"]):
             raise InvalidArgumentError("some parameters appear in more than one parameter group")
         for p in group["params"]:
@@ -417,6 +422,10 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Every group's hyper-parameters before any kernel: a value a scheduler or the loop set
+        # that the kernels refuse would otherwise fail after earlier groups were stepped.
+        for i, group in enumerate(self.param_groups):
+            self._check_hyper_parameters(group, f"step(): param group {i}")
         grads = self._grads()
         batches, streamed = self._batched(grads)
         # One decision for the whole model, as a loss scaler makes it: any Inf/NaN skips every group.
@@ -614,14 +623,23 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, decoupled=True,
                  rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0,
                  state_offload="none", state_device_budget=None):
-        if not (lr >= 0 and eps >= 0 and 0 <= betas[0] < 1 and 0 <= betas[1] < 1 and weight_decay >= 0):
-            raise InvalidArgumentError(f"invalid AdamW hyper-parameters lr={lr} betas={betas} eps={eps} "
-                                       f"weight_decay={weight_decay}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=decoupled)
+        self._check_hyper_parameters(defaults, "SharedStorageAdamW()")
         super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
                          state_device_budget)
 
     _state_keys = ("exp_avg", "exp_avg_sq")
+
+    @staticmethod
+    def _check_hyper_parameters(group, what):
+        """torch.optim.AdamW's rules, and finite (as the kernels take them)."""
+        lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        betas_ok = (isinstance(betas, (tuple, list)) and len(betas) == 2
+                    and all(is_real(b) and 0 <= b < 1 for b in betas))
+        if not (_finite_non_negative(lr) and betas_ok and _finite_non_negative(eps) and _finite_non_negative(wd)):
+            raise InvalidArgumentError(f"{what}: invalid AdamW hyper-parameters lr={lr!r} betas={betas!r} "
+                                       f"eps={eps!r} weight_decay={wd!r} (lr, eps and weight_decay finite and "
+                                       ">= 0, each beta in [0, 1))")
 
     def _completed(self, state):
         missing = [k for k in self._state_keys if k not in state]
@@ -656,14 +674,26 @@ class SharedStorageSGD(_SharedStorageOptimizer):
     def __init__(self, params, lr=1e-2, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
                  rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0,
                  state_offload="none", state_device_budget=None):
-        if not (lr >= 0 and momentum >= 0 and weight_decay >= 0) or (nesterov and (momentum <= 0 or dampening != 0)):
-            raise InvalidArgumentError(f"invalid SGD hyper-parameters lr={lr} momentum={momentum} "
-                                       f"dampening={dampening} weight_decay={weight_decay} nesterov={nesterov}")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
+        self._check_hyper_parameters(defaults, "SharedStorageSGD()")
         super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
                          state_device_budget)
 
     _state_keys = ("momentum_buffer",)
+
+    @staticmethod
+    def _check_hyper_parameters(group, what):
+        """torch.optim.SGD's rules, and finite (as the kernels take them)."""
+        lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
+        wd, nesterov = group["weight_decay"], group["nesterov"]
+        ok = (_finite_non_negative(lr) and _finite_non_negative(momentum) and _finite_non_negative(wd)
+              and is_real(dampening) and math.isfinite(dampening)
+              and not (nesterov and (momentum <= 0 or dampening != 0)))
+        if not ok:
+            raise InvalidArgumentError(f"{what}: invalid SGD hyper-parameters lr={lr!r} momentum={momentum!r} "
+                                       f"dampening={dampening!r} weight_decay={wd!r} nesterov={nesterov!r} (lr, "
+                                       "momentum and weight_decay finite and >= 0; Nesterov needs a momentum and no "
+                                       "dampening)")
     # torch.optim.SGD without momentum saves {"momentum_buffer": None} (1.13), and any SGD reads None
     # as "no buffer yet".
     _optional_keys = ("momentum_buffer",)

@@ -440,13 +440,16 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         raise InvalidArgumentError(f"swap_activations: '{inner[0]}' is inside '{outer}', which is named too; "
                                    "name one of them (the outer one swaps what both save)")
     chosen = [n for n in chosen if n not in inner]
-    again = [n for n in chosen if wrapped_as(found[n], _ROLE)]
+    # A module an earlier handle swaps, or one inside or around it: the two handles' saved-tensor
+    # hooks would nest and only the innermost pair packs, so one handle would swap and count nothing.
+    swapped = [n for n, m in found.items() if wrapped_as(m, _ROLE)]
+    again = [(n, s) for n in chosen for s in swapped if s == n or within(n, s) or within(s, n)]
     if again:
-        # The two handles' saved-tensor hooks would nest and only the innermost pair packs: the later
-        # handle would swap and count nothing.
-        raise InvalidArgumentError(f"swap_activations: {', '.join(again)} {'is' if len(again) == 1 else 'are'} "
-                                   "already swapped by an earlier handle (swap_activations() or apply(swap=True)) "
-                                   "that was not removed; remove() that handle first")
+        n, s = again[0]
+        where = f"{n} is" if s == n else f"{n} is {'inside' if within(n, s) else 'around'} {s}, which is"
+        raise InvalidArgumentError(f"swap_activations: {where} already swapped by an earlier handle "
+                                   "(swap_activations() or apply(swap=True)) that was not removed; remove() that "
+                                   "handle first")
     # A parameter's storage, not the tensor: linear layers save views of their weights (weight.t()).
     # An optimizer made after this call may give the parameters new storage (a bf16 copy, apply()'s
     # shared-storage planes), and the old addresses may then hold activations: the model's are
