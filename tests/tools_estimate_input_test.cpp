@@ -23,7 +23,7 @@ using namespace stowage::testing;
 
 namespace {
 
-std::int64_t total_params(const ModelConfig& m) { return count_parameters(m, m.vocab_size).total(m.num_layers); }
+std::int64_t total_params(const ModelConfig& m) { return count_parameters(m, m.vocab_size).total(); }
 
 }  // namespace
 
@@ -304,8 +304,8 @@ TEST(EstimateInput, MegatronArgumentsRefineAGivenModelWithoutItsDefaults) {
     c.model = preset(name);
     const ModelConfig before = c.model;
     apply_megatron_args("--tensor-model-parallel-size 4 --bf16 --lr 1e-4", c);
-    EXPECT_EQ(count_parameters(c.model, c.model.vocab_size).total(c.model.num_layers),
-              count_parameters(before, before.vocab_size).total(before.num_layers))
+    EXPECT_EQ(count_parameters(c.model, c.model.vocab_size).total(),
+              count_parameters(before, before.vocab_size).total())
         << name;
     EXPECT_EQ(c.model.kv_heads(), before.kv_heads()) << name;
     EXPECT_EQ(c.parallel.tp, 4);
@@ -390,7 +390,7 @@ TEST(EstimateInput, HuggingFaceConfigsCountTheirCheckpointsParametersExactly) {
     const std::string name = c.at("name").get<std::string>();
     std::vector<std::string> warnings;
     const ModelConfig m = model_from_hf_json(c.at("config").dump(), name, &warnings);
-    EXPECT_EQ(count_parameters(m, m.vocab_size).total(m.num_layers), c.at("parameters").get<std::int64_t>()) << name;
+    EXPECT_EQ(count_parameters(m, m.vocab_size).total(), c.at("parameters").get<std::int64_t>()) << name;
     EXPECT_TRUE(warnings.empty()) << name << ": " << (warnings.empty() ? "" : warnings[0]);
   }
 }
@@ -417,9 +417,8 @@ TEST(EstimateInput, DeepSeekMoeDenseFirstLayerIsCounted) {
     EXPECT_EQ(p.mlp_shared, 3 * h * 2 * 1408);
     // One dense layer, 27 MoE layers, untied embedding and output, the final norm.
     const std::int64_t attention = 4 * h * h, norms = 2 * h;
-    EXPECT_EQ(p.total(28), (attention + 3 * h * 10944 + norms) +
-                               27 * (attention + 64 * h + 64 * 3 * h * 1408 + 3 * h * 2816 + norms) + 2 * 102400 * h +
-                               h);
+    EXPECT_EQ(p.total(), (attention + 3 * h * 10944 + norms) +
+                             27 * (attention + 64 * h + 64 * 3 * h * 1408 + 3 * h * 2816 + norms) + 2 * 102400 * h + h);
   }
   EXPECT_TRUE(found);
 }
@@ -461,8 +460,8 @@ TEST(EstimateInput, Qwen2MoeSharedExpertAndGateAreCounted) {
   const std::int64_t h = 64, attention = 4 * h * h + 3 * h, norms = 2 * h;
   const std::int64_t dense = attention + 3 * h * 128 + norms;
   const std::int64_t moe = attention + 4 * h + 4 * 3 * h * 32 + 3 * h * 64 + h + norms;
-  EXPECT_EQ(count_parameters(every_second, 100).total(4), 2 * dense + 2 * moe + 2 * 100 * h + h);
-  EXPECT_EQ(count_parameters(all_moe, 100).total(4), 4 * moe + 2 * 100 * h + h);
+  EXPECT_EQ(count_parameters(every_second, 100).total(), 2 * dense + 2 * moe + 2 * 100 * h + h);
+  EXPECT_EQ(count_parameters(all_moe, 100).total(), 4 * moe + 2 * 100 * h + h);
   EXPECT_THROW((void)model_from_hf_json(base + R"(, "decoder_sparse_step": 0})"), ParseError);
   EXPECT_THROW((void)model_from_hf_json(base + R"(, "mlp_only_layers": [0.5]})"), ParseError);
 }
@@ -482,7 +481,7 @@ TEST(EstimateInput, DeepSeekSharedExpertsAreOneMlpOfTheirTotalWidth) {
   const std::int64_t h = 64;
   // Per layer: attention 4h², router 8h, 8 experts of 3·h·16, shared 3·h·32, two RMSNorms.
   const std::int64_t layer = 4 * h * h + 8 * h + 8 * 3 * h * 16 + 3 * h * 32 + 2 * h;
-  EXPECT_EQ(count_parameters(m, 100).total(2), 2 * layer + 2 * 100 * h + h);
+  EXPECT_EQ(count_parameters(m, 100).total(), 2 * layer + 2 * 100 * h + h);
   EXPECT_THROW((void)model_from_hf_json(base + R"(, "kv_lora_rank": 512})"), ParseError);
   EXPECT_TRUE(warnings.empty());
   // first_k_dense_replace 1 and moe_layer_freq 2: layer 0 is below it, layers 1 and 3 are odd.

@@ -200,7 +200,7 @@ TEST(MoeSharedExperts, ParametersAreDenseSplitByTpAndShardedOverDenseDataParalle
   const ParameterCounts pc = count_parameters(with.model, 50304);
   EXPECT_EQ(pc.mlp_shared, 2 * h * S * 3 / 2);
   EXPECT_EQ(pc.shared_gate, h);
-  EXPECT_EQ(pc.total(L) - count_parameters(without.model, 50304).total(L), L * (3 * h * S + h));
+  EXPECT_EQ(pc.total() - count_parameters(without.model, 50304).total(), L * (3 * h * S + h));
   // Per device: fc1 and fc2 ÷ TP, the gate whole on every TP rank.
   const StageMemory a = estimate_memory(without), b = estimate_memory(with);
   const std::int64_t dense = L * (3 * h * S / t + h);
@@ -299,7 +299,7 @@ TEST(MoeSharedExperts, PlanSearchesAndWritesThemTheSameWay) {
     EXPECT_TRUE(back.model.shared_expert_gate);
     EXPECT_TRUE(back.moe.shared_expert_overlap);
     EXPECT_EQ(back.moe.dispatcher, MoeDispatcher::alltoall);
-    EXPECT_EQ(count_parameters(back.model, 50304).total(4), count_parameters(c.model, 50304).total(4));
+    EXPECT_EQ(count_parameters(back.model, 50304).total(), count_parameters(c.model, 50304).total());
   });
   EXPECT_GT(candidates, 0);
   EXPECT_EQ(largest_tp, 4);
@@ -351,7 +351,7 @@ TEST(MoeLayerFreq, ParameterCountsAgreeWithMegatronsTheoreticalMemoryUsage) {
   EXPECT_EQ(pc.dense_layers, 1);
   EXPECT_EQ(pc.per_dense_layer(), 256 + 256 + 16);
   EXPECT_EQ(pc.per_layer(), 256 + 128 + 1024 + 16 + 32);
-  EXPECT_EQ(pc.total(2), 2248);
+  EXPECT_EQ(pc.total(), 2248);
   // Megatron builds layer 0 (dense) and the embedding on stage 0; layer 1 (MoE), the final norm and
   // the tied output layer's copy on stage 1. Per device: TP-split weights ÷ 2, experts ÷ ETP·EP = 8.
   const StageMemory first = estimate_stage(c, 0), last = estimate_stage(c, 1);
@@ -634,7 +634,7 @@ TEST(MlaHuggingFace, DeepSeekV3CountsItsMainModelExactly) {
   std::vector<std::string> warnings;
   const ModelConfig m = model_from_hf_json(v3, "deepseek-v3", &warnings);
   EXPECT_TRUE(m.mla);
-  EXPECT_EQ(count_parameters(m, m.vocab_size).total(m.num_layers), 671026419200);
+  EXPECT_EQ(count_parameters(m, m.vocab_size).total(), 671026419200);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("num_nextn_predict_layers 1"), std::string::npos);
   // MLA keys without kv_lora_rank are a broken config, not standard attention.
@@ -652,7 +652,7 @@ TEST(MlaPlan, LaunchLineAndFlops) {
   RunConfig back;
   apply_megatron_args(stowage::plan::megatron_arguments(c), back);
   EXPECT_TRUE(back.model.mla);
-  EXPECT_EQ(count_parameters(back.model, 50176).total(2), count_parameters(c.model, 50176).total(2));
+  EXPECT_EQ(count_parameters(back.model, 50176).total(), count_parameters(c.model, 50176).total());
   const double per_layer = 2.0 * 253952 + 2.0 * 3 * 512 * 1024 + 8.0 * 40 * 1024;
   EXPECT_DOUBLE_EQ(stowage::plan::model_flops_per_step(c), 3.0 * 4096 * (2 * per_layer + 2.0 * 512 * 50176));
 }

@@ -30,7 +30,7 @@ RunConfig config_for(const std::string& name) {
   return c;
 }
 
-std::int64_t total_params(const ModelConfig& m) { return count_parameters(m, m.vocab_size).total(m.num_layers); }
+std::int64_t total_params(const ModelConfig& m) { return count_parameters(m, m.vocab_size).total(); }
 
 std::int64_t kind(const StageMemory& m, const std::string& name) {
   for (const auto& a : m.activations)
@@ -537,6 +537,11 @@ TEST(EstimatePhysics, UnevenPipelineSplits) {
   EXPECT_EQ(estimate_stage(c, 3).layers, 2);
   c.parallel.first_stage_layers = 3;  // 7 layers left over 2 stages
   EXPECT_THROW(estimate_memory(c), stowage::InvalidArgument);
+  // Both ends on one stage: refused (it used to pass and count the last stage's layers alone).
+  c.parallel.pp = 1;
+  c.parallel.first_stage_layers = 6;
+  c.parallel.last_stage_layers = 6;
+  EXPECT_THROW(validate(c), stowage::InvalidArgument);
   RunConfig a = small_gpt();
   a.model.num_layers = 6;
   a.parallel.pp = 4;

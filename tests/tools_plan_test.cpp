@@ -192,7 +192,7 @@ TEST(PlanReport, WhatTheLaunchLineCannotSayIsNamedAndNothingElseDiffers) {
     RunConfig back;
     estimate::apply_megatron_args(megatron_arguments(c), back);
     const auto params = [](const estimate::ModelConfig& m) {
-      return estimate::count_parameters(m, m.vocab_size).total(m.num_layers);
+      return estimate::count_parameters(m, m.vocab_size).total();
     };
     EXPECT_EQ(params(back.model) == params(c.model), differences.empty()) << name;
     if (!differences.empty()) named[name] = differences;

@@ -23,6 +23,7 @@ std::int64_t ModelConfig::moe_layers(std::int64_t begin, std::int64_t count) con
 
 ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
   ParameterCounts p;
+  p.layers = m.num_layers;
   const std::int64_t h = m.hidden_size, q = m.num_heads * m.head_size(), kv = m.kv_heads() * m.head_size();
   p.attention = h * q + 2 * h * kv + q * h + (m.qkv_bias ? q + 2 * kv : 0) + (m.proj_bias ? h : 0);
   const std::int64_t norm_vectors = m.rms_norm ? 1 : 2;
@@ -46,10 +47,7 @@ ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
     if (m.mla_q_input_norm) attention_norms += norm_vectors * h;
   }
   // An MLP of width f: fc1 (2·f outputs when gated), fc2, and their biases.
-  auto mlp = [&](std::int64_t f) {
-    const std::int64_t fc1_out = f * (m.gated_mlp ? 2 : 1);
-    return h * fc1_out + f * h + (m.mlp_bias ? fc1_out + h : 0);
-  };
+  auto mlp = [&](std::int64_t f) { return m.mlp_weights(f) + (m.mlp_bias ? f * (m.gated_mlp ? 2 : 1) + h : 0); };
   if (m.moe()) {
     p.mlp_dense = h * m.num_experts + (m.router_expert_bias ? m.num_experts : 0);  // router
     p.mlp_experts = mlp(m.expert_ffn()) * m.num_experts;

@@ -64,6 +64,8 @@ struct ModelConfig {
   bool moe() const { return num_experts > 0; }
   std::int64_t expert_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
   bool shared_experts() const { return moe() && shared_expert_ffn_hidden_size > 0; }
+  // The weights of one MLP of width f, biases aside: fc1 (2·f outputs when gated) and fc2.
+  std::int64_t mlp_weights(std::int64_t f) const { return hidden_size * f * (gated_mlp ? 3 : 2); }
   // Whether layer i (0-based) has the experts; a dense model has none.
   bool moe_layer(std::int64_t i) const {
     return moe() && (moe_layer_pattern.empty() || moe_layer_pattern[static_cast<std::size_t>(i)] != 0);
@@ -95,11 +97,13 @@ struct ParameterCounts {
   std::int64_t output = 0;                // untied output projection (0 when tied)
   std::int64_t final_norm = 0;
   std::int64_t dense_mlp = 0;     // per dense layer of an MoE model: its MLP of ffn_hidden_size (+ biases)
-  std::int64_t dense_layers = 0;  // of the model's layers, the dense ones of an MoE model
+  std::int64_t layers = 0;        // the model's layers
+  std::int64_t dense_layers = 0;  // of them, the dense ones of an MoE model
   std::int64_t per_layer() const { return attention + mlp_dense + mlp_experts + mlp_shared + shared_gate + norms; }
   std::int64_t per_dense_layer() const { return attention + dense_mlp + norms; }
-  // `layers` layers, dense_layers of them dense (theoretical_memory_usage.py: dense and MoE layers).
-  std::int64_t total(std::int64_t layers) const {
+  // The whole model: dense_layers dense, the rest as per_layer() (theoretical_memory_usage.py:
+  // dense and MoE layers).
+  std::int64_t total() const {
     return per_layer() * (layers - dense_layers) + per_dense_layer() * dense_layers + embedding + output + final_norm;
   }
 };

@@ -21,8 +21,8 @@ double muon_matrix_params(const RunConfig& c, std::int64_t moe_layers, std::int6
   // Shared experts' fc1 and fc2 are split by TP; their gate weight (1, h) is 2-D too.
   const double S = double(m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0);
   const double shared =
-      (h * S * (m.gated_mlp ? 2 : 1) + S * h) / t + (m.shared_experts() && m.shared_expert_gate ? h : 0.0);
-  const double moe_mlp = double(m.num_experts) * h + shared, dense_mlp = (h * F * (m.gated_mlp ? 2 : 1) + F * h) / t;
+      double(m.mlp_weights(std::int64_t(S))) / t + (m.shared_experts() && m.shared_expert_gate ? h : 0.0);
+  const double moe_mlp = double(m.num_experts) * h + shared, dense_mlp = double(m.mlp_weights(std::int64_t(F))) / t;
   return attention * double(moe_layers + dense_layers) + moe_mlp * double(moe_layers) +
          dense_mlp * double(dense_layers) + (first ? double(m.learned_positions) * h : 0.0);
 }

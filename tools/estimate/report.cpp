@@ -44,7 +44,7 @@ nlohmann::json to_json(const EstimateResult& r) {
                 {"experts_per_token", m.experts_per_token},
                 {"shared_expert_ffn_hidden_size", m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0},
                 {"moe_layers", m.moe_layers(0, m.num_layers)},
-                {"parameters", count_parameters(m, m.vocab_size).total(m.num_layers)}};
+                {"parameters", count_parameters(m, m.vocab_size).total()}};
   j["training"] = {{"seq_length", c.training.seq_length},
                    {"micro_batch", c.training.micro_batch},
                    {"grad_accumulation", c.training.grad_accumulation},

@@ -71,6 +71,10 @@ void validate(const RunConfig& c) {
     std::int64_t left = m.num_layers, stages = p.pp;
     if (p.first_stage_layers > 0) left -= p.first_stage_layers, --stages;
     if (p.last_stage_layers > 0) left -= p.last_stage_layers, --stages;
+    if (stages < 0)
+      throw InvalidArgument(fmt::format(
+          "uneven pipeline: a first ({}) and a last ({}) stage of their own need at least 2 pipeline stages, got {}",
+          p.first_stage_layers, p.last_stage_layers, p.pp));
     if (left < 0 || (stages > 0 && left % stages != 0) || (stages == 0 && left != 0))
       throw InvalidArgument(
           fmt::format("uneven pipeline: the {} layers left after the first ({}) and last ({}) stages do not "

@@ -29,8 +29,8 @@ LayerFlops layer_forward_flops(const RunConfig& c, bool moe_layer) {
   // Every token also runs the shared experts, an MLP of their total width.
   const double S = double(moe_layer && m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0);
   LayerFlops f;
-  f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * (h * F * (m.gated_mlp ? 2 : 1) + F * h) +
-                    (h * S * (m.gated_mlp ? 2 : 1) + S * h));
+  f.linear = 2.0 * (h * (q + 2 * kv) + q * h + k * double(m.mlp_weights(std::int64_t(F))) +
+                    double(m.mlp_weights(std::int64_t(S))));
   f.attention = 2.0 * q * double(c.training.seq_length);
   if (m.mla) {
     // MLA: 2 per weight of every projection (model_config.cpp count_parameters); causal QKᵀ over
