@@ -88,7 +88,7 @@ TEST(EstimateMeasured, MegatronCiPeaksOnH100) {
       EXPECT_LE(std::abs(k.error()), 0.05) << k.name << " is claimed within ±5 %";
     }
   }
-  // docs/estimate.md: 58 of the 61 cases within ±5 % (95 %), median |error| under 1 %.
+  // docs/estimate.md: 59 of the 61 cases within ±5 % (97 %), median |error| under 1 %.
   EXPECT_EQ(claimed, 59);
   EXPECT_GE(within, claimed);
   std::sort(abs_errors.begin(), abs_errors.end());

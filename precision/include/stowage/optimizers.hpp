@@ -66,8 +66,8 @@ struct SgdScalars {
   bool nesterov;
   bool first_step;  // the momentum buffer is initialised to g
 };
-// InvalidArgument as PyTorch's SGD: lr, momentum, weight_decay < 0; Nesterov without momentum or
-// with dampening.
+// InvalidArgument as PyTorch's SGD: lr, momentum, weight_decay negative or not finite; dampening
+// not finite; Nesterov without momentum or with dampening.
 SgdScalars sgd_scalars(const SgdOptions& options, std::int64_t step, const GradScaling& scaling = {});
 
 // A gradient array in host-addressable memory, indexed like the weights (f32 or bf16).
@@ -91,7 +91,8 @@ void sgd_step_range(const SplitPlanes& weights, HostGrad grad, float* momentum_b
                     std::size_t end, const SgdScalars& scalars);
 
 // --- whole steps on host memory: finite check (optional), update, ++state.step ---
-// InvalidArgument (nothing written) for null/misaligned pointers or an unsupported grad dtype.
+// InvalidArgument (nothing written) for null/misaligned pointers, an unsupported grad dtype, or
+// hyper-parameters adam_scalars/sgd_scalars refuse.
 StepResult adam_step(const SplitPlanes& weights, HostGrad grad, float* m, float* v, const AdamOptions& options,
                      const GradScaling& scaling, OptimizerState& state);
 StepResult sgd_step(const SplitPlanes& weights, HostGrad grad, float* momentum_buffer, const SgdOptions& options,

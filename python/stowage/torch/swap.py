@@ -415,7 +415,8 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     copied every byte of its span. One module call copies the bytes of a storage once however many
     of its saves cover them (x saved by separate q, k and v projections; softmax's output and the
     matmul's view of it), and they come back as one device copy that each is a view of (_Store).
-    A module an earlier handle that was not removed swaps already is refused. A deep copy or a
+    A module that an earlier handle (not removed) swaps already, or one inside or around such a
+    module, is refused. A deep copy or a
     pickle of the model is a plain model (stowage.torch._wrapping)."""
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise InvalidArgumentError(f"swap_activations: prefetch must be an int >= 0 (got {prefetch!r})")

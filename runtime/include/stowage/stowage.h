@@ -9,7 +9,9 @@
  *
  * Errors never escape as C++ exceptions. A failing call returns NULL (stowage_malloc), -1
  * (functions returning int or ssize_t) or does nothing (stowage_free), leaves the allocator as
- * it was, and stowage_last_error() says why (stowage_last_error_code() says what kind of error).
+ * it was (but an allocation that finds no room first gives the cached blocks back and tries once
+ * more, as PyTorch's does), and stowage_last_error() says why (stowage_last_error_code() says
+ * what kind of error).
  * Every call clears the calling thread's error first, so after a successful call
  * stowage_last_error() is "". The first failure of a process is also written to stderr, once,
  * even with logging off: a framework that ignores NULL still leaves a trace of why.
@@ -108,7 +110,8 @@ void stowage_dlpack_capsule_destructor(void* capsule);
  * to and from it run asynchronously. At least `size` bytes; NULL for 0 and on error
  * (STOWAGE_ERROR_OUT_OF_MEMORY when the system refuses pages, or for a size no host has). The
  * pool does not order reuse by streams: give a buffer back only once the copies and kernels that
- * use it are done. */
+ * use it are done. In a process forked from one that used the C ABI, this and every other host
+ * pool entry point fail with STOWAGE_ERROR_DEVICE, as the allocator's do. */
 void* stowage_host_malloc(ssize_t size, int device);
 /* Gives back memory from stowage_host_malloc of the same device; NULL is a no-op. 0, or -1
  * (changing nothing) for a pointer the pool did not give or gave back already. */
@@ -163,7 +166,9 @@ int stowage_any_nonfinite(const void* grad, int grad_bits, size_t n);
  * grad_bits 32 or 16 (bf16); g = grad * (1 / loss_scale) * clip_coef. *step is the number of steps
  * applied so far; it is incremented when the step is applied. With skip_nonfinite, a non-finite
  * gradient skips the step and writes nothing. Returns 1 (applied), 0 (skipped) or -1 (error,
- * nothing written). */
+ * nothing written); hyper-parameters PyTorch's optimizers refuse (lr, eps, weight_decay, momentum
+ * negative or not finite, a beta outside [0, 1), Nesterov without momentum or with dampening)
+ * are STOWAGE_ERROR_INVALID_ARGUMENT. */
 struct stowage_grad_scaling {
   float loss_scale;
   float clip_coef;
@@ -246,7 +251,7 @@ enum stowage_error_code {
   STOWAGE_ERROR_OUT_OF_MEMORY = 2,    /* the device, the host or the memory cap refused a size */
   STOWAGE_ERROR_CONFIG = 3,           /* a malformed STOWAGE_* variable or file */
   STOWAGE_ERROR_UNSUPPORTED = 4,
-  STOWAGE_ERROR_DEVICE = 5, /* the device or driver failed */
+  STOWAGE_ERROR_DEVICE = 5, /* the device or driver failed, or a call in a forked child */
   STOWAGE_ERROR_OTHER = 6
 };
 int stowage_last_error_code(void);
