@@ -40,14 +40,13 @@ inline int in_child(const std::function<int()>& f, std::chrono::milliseconds lim
   while (((done = ::waitpid(pid, &status, WNOHANG)) == 0 || (done < 0 && errno == EINTR)) &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (done < 0) {
-    ADD_FAILURE() << "waitpid: " << std::strerror(errno);
-    return -1;
-  }
-  if (done == 0) {
+  if (done <= 0) {  // still running at the deadline (or waitpid failed): never leave it behind
+    const int error = done < 0 ? errno : 0;
     ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    ADD_FAILURE() << "the forked child hung";
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (error != 0 && error != EINTR) ADD_FAILURE() << "waitpid: " << std::strerror(error);
+    else ADD_FAILURE() << "the forked child hung";
     return -1;
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -637,6 +637,16 @@ TEST(MlaHuggingFace, DeepSeekV3CountsItsMainModelExactly) {
   EXPECT_EQ(count_parameters(m, m.vocab_size).total(), 671026419200);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("num_nextn_predict_layers 1"), std::string::npos);
+  // Plan's launch line: Megatron refuses the expert bias with its default softmax scores.
+  RunConfig c;
+  c.model = m;
+  const std::string line = stowage::plan::megatron_arguments(c);
+  EXPECT_NE(line.find("--moe-router-score-function sigmoid --moe-router-enable-expert-bias"), std::string::npos)
+      << line;
+  // DeepSeek sparse attention's indexer is refused, not read as plain MLA.
+  std::string dsa = v3;
+  dsa.insert(dsa.size() - 1, R"(,"index_n_heads":64)");
+  EXPECT_THROW(model_from_hf_json(dsa, "dsa"), stowage::ParseError);
   // MLA keys without kv_lora_rank are a broken config, not standard attention.
   EXPECT_THROW(model_from_hf_json(R"({"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
     "intermediate_size":128,"vocab_size":100,"model_type":"deepseek_v2","q_lora_rank":32})"),
@@ -646,6 +656,19 @@ TEST(MlaHuggingFace, DeepSeekV3CountsItsMainModelExactly) {
 // Plan: the launch line carries MLA's sizes back; the time model counts 2 FLOPs per weight of every
 // projection and causal QKᵀ / PV over heads of 24 and 16: per token and layer 2·253952 (attention)
 // + 2·3·512·1024 (SwiGLU MLP) + 8·(24 + 16)·1024; 3× for forward and backward, plus the logits.
+// Lines the MLA model does not describe say so: another attention variant, and the local spec,
+// which splits the down projections by TP.
+TEST(MlaMegatron, AttentionVariantsAndTheLocalSpecAreWarned) {
+  EXPECT_TRUE(megatron(kMla, 1).warnings.empty());
+  const RunConfig dsa = megatron(kMla + "--experimental-attention-variant dsa", 1);
+  ASSERT_EQ(dsa.warnings.size(), 1u);
+  EXPECT_NE(dsa.warnings[0].find("--experimental-attention-variant"), std::string::npos) << dsa.warnings[0];
+  const RunConfig local = megatron(kMla + "--transformer-impl local", 1);
+  ASSERT_EQ(local.warnings.size(), 1u);
+  EXPECT_NE(local.warnings[0].find("--transformer-impl local splits the down projections"), std::string::npos)
+      << local.warnings[0];
+}
+
 TEST(MlaPlan, LaunchLineAndFlops) {
   RunConfig c = megatron(kMla + "--qk-layernorm", 1);
   c.training.grad_accumulation = 1;

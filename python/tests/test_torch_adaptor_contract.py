@@ -217,6 +217,15 @@ def test_hyper_parameters_a_scheduler_set_are_checked_for_every_group_before_any
         SharedStorageAdamW(nn.Linear(2, 2).parameters(), lr=math.inf)
     with pytest.raises(InvalidArgumentError, match=r"^add_param_group\(\): invalid AdamW hyper-parameters"):
         opt.add_param_group({"params": nn.Linear(2, 2).parameters(), "eps": -1.0})
+    # Checked as the float32 kernels take them: 1 - 1e-8 is 1.0 in float32, so a group with it
+    # would be refused by the kernel after the others were stepped.
+    with pytest.raises(InvalidArgumentError, match=r"^add_param_group\(\): invalid AdamW hyper-parameters"):
+        opt.add_param_group({"params": nn.Linear(2, 2).parameters(), "betas": (0.9, 0.99999999)})
+    # A one-element tensor lr, as torch.optim takes it, is its value.
+    opt.param_groups[0]["betas"] = (0.9, 0.999)
+    opt.param_groups[1]["lr"] = torch.tensor(1e-2)
+    opt.step()
+    assert int(opt.state[next(m.parameters())]["step"]) == 1
 
 
 def test_other_techniques_and_other_modules_still_stack():

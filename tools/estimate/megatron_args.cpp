@@ -215,6 +215,7 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--tp-comm-overlap", "TransformerEngine userbuffers for overlapped TP communication"},
     {"--use-torch-fsdp2", "FSDP shards weights and gradients and gathers them per layer"},
     {"--mla-down-proj-fusion", "MLA's fused q/kv down projection keeps other tensors"},
+    {"--experimental-attention-variant", "another attention (DSA's indexer and its scores, gated delta net)"},
     {"--pipeline-model-parallel-layout", "an uneven pipeline split"},
     {"--recompute-modules", "selective recompute of chosen modules"},
     {"--cpu-offloading", "activation offload to host memory"},
@@ -775,6 +776,12 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     m.v_head_dim = v_head.value_or(had ? m.v_head_dim : 128);
     // mla_qk_norm_config.py: --qk-layernorm fuses a norm into linear_q_proj without --q-lora-rank.
     m.mla_q_input_norm = m.qk_layernorm && m.q_lora_rank == 0;
+    // The local spec builds the down projections column-parallel (gpt_layer_specs.py
+    // get_gpt_layer_local_spec), TransformerEngine's duplicates them on every TP rank.
+    if (local_impl)
+      c.warnings.push_back(
+          "megatron-args: --multi-latent-attention with --transformer-impl local splits the down projections by "
+          "TP; estimated as TransformerEngine's, whole on every rank");
   } else if (q_lora || kv_lora || qk_head || qk_pos || v_head) {
     c.notes.push_back(
         "megatron-args: MLA sizes without --multi-latent-attention are ignored, as Megatron-LM builds standard "

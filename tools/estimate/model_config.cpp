@@ -309,6 +309,10 @@ void read_mla(const nlohmann::json& j, const std::string& what, ModelConfig& m, 
   m.router_expert_bias = m.moe() && tools::get_string_or(j, "topk_method", "", what) == "noaux_tc";
   if (tools::get_bool_or(j, "attention_bias", false, what))
     throw ParseError(fmt::format("{}: 'attention_bias' with multi-latent attention is not modelled", what));
+  // DeepSeek sparse attention adds an indexer (its own projections and per-head scores).
+  if (j.contains("index_n_heads"))
+    throw ParseError(fmt::format(
+        "{}: 'index_n_heads': sparse attention's indexer beside multi-latent attention is not modelled", what));
   // DeepSeek-V3's multi-token-prediction module (layer num_hidden_layers on) is in its checkpoint
   // but not in transformers' model, nor in this count.
   const std::int64_t mtp = get_int_or(j, "num_nextn_predict_layers", 0, what);

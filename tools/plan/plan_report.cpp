@@ -159,7 +159,10 @@ std::string megatron_arguments(const RunConfig& c) {
   if (m.shared_experts())
     a.push_back(fmt::format("--moe-shared-expert-intermediate-size {}", m.shared_expert_ffn_hidden_size));
   if (m.shared_experts() && m.shared_expert_gate) a.push_back("--moe-shared-expert-gate");
-  if (m.moe() && m.router_expert_bias) a.push_back("--moe-router-enable-expert-bias");
+  // Megatron refuses the expert bias with its default softmax scores (transformer_config.py);
+  // the models that have the bias (DeepSeek-V3, Kimi K2) score with a sigmoid.
+  if (m.moe() && m.router_expert_bias)
+    a.push_back("--moe-router-score-function sigmoid --moe-router-enable-expert-bias");
   if (m.moe() && c.moe.dispatcher != estimate::MoeDispatcher::allgather)
     a.push_back(fmt::format("--moe-token-dispatcher-type {}", to_string(c.moe.dispatcher)));
   if (m.shared_experts() && c.moe.shared_expert_overlap) a.push_back("--moe-shared-expert-overlap");

@@ -11,6 +11,7 @@ CPU tensors step on the host; CUDA tensors step on the tensor's device, queued o
 stream (stowage_adam_step_async), when libstowage uses CUDA. state_offload puts m and v (SGD's
 momentum buffer) in host memory, mapped or streamed, under a device budget (stowage.torch.offload).
 """
+import ctypes
 import math
 import numbers
 import weakref
@@ -102,8 +103,25 @@ def is_real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _as_kernel_float(value):
+    """A hyper-parameter as the kernels take it: a float32 (a one-element real tensor, as torch.optim
+    allows for lr, read as its value); None for anything else."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex() and not value.dtype == torch.bool:
+        value = value.item()
+    if not is_real(value):
+        return None
+    return ctypes.c_float(value).value if math.isfinite(value) else float(value)
+
+
 def _finite_non_negative(value):
-    return is_real(value) and math.isfinite(value) and value >= 0
+    v = _as_kernel_float(value)
+    return v is not None and math.isfinite(v) and v >= 0
+
+
+def _below_one(value):
+    """A beta as the kernels take it: in [0, 1) after rounding to float32 (1 - 1e-8 rounds to 1)."""
+    v = _as_kernel_float(value)
+    return v is not None and 0 <= v < 1
 
 
 def _param_list(params):
@@ -634,8 +652,7 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
     def _check_hyper_parameters(group, what):
         """torch.optim.AdamW's rules, and finite (as the kernels take them)."""
         lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        betas_ok = (isinstance(betas, (tuple, list)) and len(betas) == 2
-                    and all(is_real(b) and 0 <= b < 1 for b in betas))
+        betas_ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_below_one(b) for b in betas)
         if not (_finite_non_negative(lr) and betas_ok and _finite_non_negative(eps) and _finite_non_negative(wd)):
             raise InvalidArgumentError(f"{what}: invalid AdamW hyper-parameters lr={lr!r} betas={betas!r} "
                                        f"eps={eps!r} weight_decay={wd!r} (lr, eps and weight_decay finite and "
@@ -687,7 +704,7 @@ class SharedStorageSGD(_SharedStorageOptimizer):
         lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
         wd, nesterov = group["weight_decay"], group["nesterov"]
         ok = (_finite_non_negative(lr) and _finite_non_negative(momentum) and _finite_non_negative(wd)
-              and is_real(dampening) and math.isfinite(dampening)
+              and _as_kernel_float(dampening) is not None and math.isfinite(_as_kernel_float(dampening))
               and not (nesterov and (momentum <= 0 or dampening != 0)))
         if not ok:
             raise InvalidArgumentError(f"{what}: invalid SGD hyper-parameters lr={lr!r} momentum={momentum!r} "
