@@ -6,6 +6,7 @@
 #include "runtime/c_api_buffers.hpp"
 #include "runtime/c_api_devices.hpp"
 #include "runtime/c_api_guard.hpp"
+#include "runtime/devices_forked.hpp"
 
 #include <atomic>
 #include <cstdio>
@@ -21,7 +22,6 @@
 
 #include <fmt/format.h>
 
-#include "common/fork_generation.hpp"
 #include "common/log.hpp"
 #include "common/thread_exit_key.hpp"
 #include "stowage/allocator.hpp"
@@ -101,7 +101,6 @@ struct DeviceAllocator {
 };
 
 struct Allocators {
-  unsigned generation = fork_generation();  // the process that made the registry
   int count = 0;
   std::unique_ptr<std::atomic<DeviceAllocator*>[]> slots;
   std::shared_ptr<EventLog> event_log;
@@ -130,8 +129,7 @@ struct Allocators {
           fmt::format("device {}: there are {} device(s) (ordinals 0 to {})", ordinal, count, count - 1));
     // In a forked child the mutex may be held for ever by a parent's thread, and the devices are
     // the parent's: no allocator is made there (one the parent made refuses by itself).
-    if (forked_since(generation))
-      refuse_in_forked_child(fmt::format("stowage: the C ABI's allocator of device {}", ordinal));
+    refuse_if_devices_forked(fmt::format("stowage: the C ABI's allocator of device {}", ordinal));
     std::lock_guard lock(mutex);
     auto& slot = slots[static_cast<std::size_t>(ordinal)];
     if (DeviceAllocator* a = slot.load(std::memory_order_relaxed)) return *a;

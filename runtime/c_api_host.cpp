@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "common/fork_generation.hpp"
 #include "common/log.hpp"
 #include "runtime/c_api_buffers.hpp"
 #include "runtime/c_api_guard.hpp"
+#include "runtime/devices_forked.hpp"
 #include "stowage/dlpack.hpp"
 #include "stowage/error.hpp"
 #include "stowage/host_pool.hpp"
@@ -24,14 +24,13 @@ namespace {
 using capi::guarded;
 
 struct HostPools {
-  unsigned generation = fork_generation();  // the process that made the registry
   std::mutex mutex;
   std::vector<std::unique_ptr<HostPool>> by_device;
 
   HostPool& get(int ordinal) {
     // In a forked child the mutex may be held for ever by a parent's thread, and the devices
     // (whose pinning the pages need) are the parent's: refused before the lock, for every device.
-    if (forked_since(generation)) refuse_in_forked_child(fmt::format("host pool: device {}", ordinal));
+    refuse_if_devices_forked(fmt::format("host pool: device {}", ordinal));
     Device& d = stowage::device(ordinal);  // InvalidArgument for an ordinal that names no device
     const auto i = static_cast<std::size_t>(ordinal);
     std::lock_guard lock(mutex);

@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "common/fork_generation.hpp"
 #include "common/log.hpp"
+#include "runtime/devices_forked.hpp"
 #include "stowage/backends.hpp"
 #include "stowage/config.hpp"
 #include "stowage/fault_injection.hpp"
@@ -32,6 +34,7 @@ const Backend& chosen_backend(const Config& c) {
 }
 
 struct Registry {
+  unsigned generation = fork_generation();  // the process that opened the devices
   const Backend* backend = nullptr;
   int count = 0;
   BackendOptions options;
@@ -63,6 +66,10 @@ Registry& registry() {
 
 }  // namespace
 
+void refuse_if_devices_forked(std::string_view what) {
+  if (forked_since(registry().generation)) refuse_in_forked_child(what);
+}
+
 int device_count() { return registry().count; }
 DeviceKind device_kind() { return registry().backend->kind; }
 bool using_cuda() { return device_kind() == DeviceKind::cuda; }
@@ -73,7 +80,8 @@ Device& device(int ordinal) {
     throw InvalidArgument(fmt::format("device {}: there are {} {} device(s) (ordinals 0 to {})", ordinal, r.count,
                                       r.backend->name, r.count - 1));
   auto& slot = r.devices[static_cast<std::size_t>(ordinal)];
-  if (Device* d = slot.load(std::memory_order_acquire)) return *d;
+  if (Device* d = slot.load(std::memory_order_acquire)) return *d;  // a parent's refuses by itself
+  refuse_if_devices_forked(fmt::format("stowage: opening device {}", ordinal));
   std::lock_guard lock(r.mutex);
   if (Device* d = slot.load(std::memory_order_relaxed)) return *d;
   std::unique_ptr<Device> made = r.backend->open(ordinal, r.options);
