@@ -16,6 +16,7 @@
 #include "tools/estimate/expert_parallel.hpp"
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/memory_model.hpp"
+#include "tools/estimate/moe_layer_freq.hpp"
 #include "tools/estimate/report.hpp"
 #include "tools/plan/plan_report.hpp"
 #include "tools/plan/search.hpp"

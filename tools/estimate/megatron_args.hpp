@@ -17,13 +17,6 @@ namespace stowage::estimate {
 // continues. ParseError for an unterminated quote.
 std::vector<std::string> split_arguments(const std::string& text);
 
-// Megatron-LM's --moe-layer-freq for `num_layers` layers, one entry per layer (1 MoE, 0 dense): an
-// integer N makes layers 0, N, 2N, … MoE; a list expression ("([0]*3+[1]*29)", "[1,0]*4") is the
-// pattern itself (arguments.py moe_freq_type / _eval_pattern, gpt_layer_specs.py). Only integer
-// literals, lists, +, * and parentheses are evaluated; InvalidArgument for anything else, for
-// entries other than 0 and 1, and for a length other than num_layers.
-std::vector<std::uint8_t> moe_layer_freq_pattern(const std::string& value, std::int64_t num_layers);
-
 enum class UnknownArguments { error, ignore };
 
 struct MegatronArgsReport {

@@ -7,6 +7,7 @@
 
 #include "stowage/byte_size.hpp"
 #include "tools/common/svg.hpp"
+#include "tools/estimate/moe_layer_freq.hpp"
 
 namespace stowage::plan {
 
@@ -99,27 +100,6 @@ nlohmann::json plan_json(const Plan& p) {
           {"megatron_args", megatron_arguments(c)}};
 }
 
-// --moe-layer-freq for a model's MoE layer pattern: N when layers 0, N, 2N, … are the MoE ones,
-// else the pattern as runs, "([0]*3+[1]*29)" (quoted: the shell would expand the brackets).
-std::string moe_layer_freq_argument(const estimate::ModelConfig& m) {
-  const auto& pattern = m.moe_layer_pattern;
-  const auto n = static_cast<std::int64_t>(pattern.size());
-  for (std::int64_t freq = 2; freq <= n; ++freq) {
-    bool every = true;
-    for (std::int64_t i = 0; i < n && every; ++i) every = pattern[std::size_t(i)] == (i % freq == 0 ? 1 : 0);
-    if (every) return fmt::format("{}", freq);
-  }
-  std::string runs;
-  for (std::int64_t i = 0; i < n;) {
-    std::int64_t j = i;
-    while (j < n && pattern[std::size_t(j)] == pattern[std::size_t(i)]) ++j;
-    runs += fmt::format("{}[{}]{}", runs.empty() ? "" : "+", int(pattern[std::size_t(i)]),
-                        j - i > 1 ? fmt::format("*{}", j - i) : "");
-    i = j;
-  }
-  return fmt::format("'({})'", runs);
-}
-
 }  // namespace
 
 std::string megatron_arguments(const RunConfig& c) {
@@ -155,7 +135,8 @@ std::string megatron_arguments(const RunConfig& c) {
   if (!m.attention_dropout) a.push_back("--attention-dropout 0.0");
   if (m.moe()) a.push_back(fmt::format("--num-experts {} --moe-router-topk {}", m.num_experts, m.experts_per_token));
   if (m.moe() && m.moe_ffn_hidden_size > 0) a.push_back(fmt::format("--moe-ffn-hidden-size {}", m.moe_ffn_hidden_size));
-  if (m.moe() && !m.moe_layer_pattern.empty()) a.push_back("--moe-layer-freq " + moe_layer_freq_argument(m));
+  if (m.moe() && !m.moe_layer_pattern.empty())
+    a.push_back("--moe-layer-freq " + estimate::moe_layer_freq_argument(m.moe_layer_pattern));
   if (m.shared_experts())
     a.push_back(fmt::format("--moe-shared-expert-intermediate-size {}", m.shared_expert_ffn_hidden_size));
   if (m.shared_experts() && m.shared_expert_gate) a.push_back("--moe-shared-expert-gate");
