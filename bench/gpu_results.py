@@ -192,10 +192,14 @@ def run_meta(logs: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text(logs, "run.meta").splitlines() if "=" in line)
 
 
-def section(runs: list[Path]) -> str:
-    """One block per run (newest last); each ratio within a block is between results of that run."""
-    parts = ["## GPU\n\nWritten by `bench/gpu_results.py` from the logs of `scripts/gpu-check.sh run` (its tests, "
-             "torch, sanitize and bench phases); every ratio is between two results of the same run."]
+INTRO = ("## GPU\n\nWritten by `bench/gpu_results.py` from the logs of `scripts/gpu-check.sh run` (its tests, "
+         "torch, sanitize and bench phases); every ratio is between two results of the same run.")
+
+
+def section(runs: list[Path], earlier: str = "") -> str:
+    """One block per run (newest last), after the earlier runs' blocks; each ratio within a block is between
+    results of that run."""
+    parts = [INTRO] + ([earlier.strip()] if earlier.strip() else [])
     for logs in runs:
         meta = run_meta(logs)
         blocks = [f"### Run of {meta.get('date', 'unknown date')}, commit `{meta.get('commit', 'unknown')}`\n\n"
@@ -212,13 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", type=Path, nargs="+", required=True,
                     help="unpacked gpu-check.tgz folders, one per run, oldest first")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "RESULTS.md")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the runs already in the GPU section and add these after them")
     args = ap.parse_args(argv)
     for logs in args.logs:
         if not (logs / "gpu.txt").exists():
             ap.error(f"{logs} holds no gpu.txt: not a gpu-check logs folder")
-    body = section(args.logs)
     old = args.out.read_text() if args.out.exists() else ""
     i, j = old.find(GPU_BEGIN), old.find(GPU_END)
+    earlier = ""
+    if args.append and 0 <= i < j:
+        current = old[i + len(GPU_BEGIN):j]
+        k = current.find("### Run of ")
+        earlier = current[k:] if k >= 0 else ""
+    body = section(args.logs, earlier)
     new_section = f"{GPU_BEGIN}\n{body}{GPU_END}"
     new = old[:i] + new_section + old[j + len(GPU_END):] if 0 <= i < j else old.rstrip() + "\n\n" + new_section + "\n"
     args.out.write_text(new)

@@ -7,7 +7,8 @@
 #                                  into carry/gpu-check.tar.xz (carry/ is ignored by git)
 #   scripts/gpu-check.sh run       on the GPU machine, from the repository root, with carry/ carried
 #                                  there: `stowage info`, ctest, tests/integration/torch_pluggable.py
-#                                  and the GPU benchmarks (GPU_CHECK_PHASES picks some); logs are
+#                                  and the GPU benchmarks (GPU_CHECK_PHASES picks phases,
+#                                  GPU_CHECK_BENCH benchmarks); logs are
 #                                  packed into $OUT/gpu-check.tgz (or ./gpu-check-out), a summary is
 #                                  printed last; then, here, `python3 bench/gpu_results.py --logs DIR`
 #                                  (DIR: the unpacked archive) writes RESULTS.md's GPU section
@@ -108,6 +109,11 @@ run() {
     echo $? > "$logs/ctest.rc"
   }
   phase_torch() {
+    # The threaded-pair benchmark's extension builds meanwhile (a minute of compiling, cached).
+    if [[ $phases == *" bench "* ]]; then
+      (cd "$ROOT/bench" && timeout 240 python3 -c 'import torch_allocator_bench as b; b.threads_module()') \
+        > "$logs/threads_pair_build.log" 2>&1 &
+    fi
     PYTHONUNBUFFERED=1 timeout 200 python3 "$ROOT/tests/integration/torch_pluggable.py" "$build/libstowage.so" \
       > "$logs/torch.log" 2>&1
     local r=$?
@@ -120,6 +126,7 @@ run() {
     else
       echo "pytest is not installed for $(command -v python3)" > "$logs/pytest.log"
     fi
+    wait
     echo $r > "$logs/torch.rc"
   }
   # compute-sanitizer over the CUDA instances of the suites whose kernels stowage writes: memcheck
@@ -169,26 +176,19 @@ run() {
 
   if [[ $phases == *" bench "* ]]; then
     bench_rc=0
-    local reps="--benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true"
-    local b
-    for b in allocator_bench precision_bench offload_bench; do
-      # shellcheck disable=SC2086
-      timeout 150 "$build/bench/$b" --benchmark_filter=BM_Cuda --benchmark_min_time=0.1 $reps \
-        --benchmark_out="$logs/$b.gpu.json" --benchmark_out_format=json > "$logs/$b.gpu.txt" 2>&1 || bench_rc=$?
+    # GPU_CHECK_BENCH picks benchmarks (default: all), run in this order, the PyTorch ones first:
+    # torch_allocator, techniques (pytorch then stowage allocator), offload, offload_large, cpp (the
+    # BM_Cuda* benchmarks), offload_tool.
+    local benches=" ${GPU_CHECK_BENCH:-torch_allocator techniques offload offload_large cpp offload_tool} "
+    if [[ $benches == *" torch_allocator "* ]]; then
+      PYTHONUNBUFFERED=1 timeout 360 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
+        > "$logs/torch_allocator_bench.txt" 2>&1 || bench_rc=$?
       pack
-    done
-    # Swap over the real link, compute memory-bound (memsets), at two tensor sizes.
-    local sizes
-    for sizes in "--attn-mib 32 --mlp-mib 16" "--attn-mib 256 --mlp-mib 128"; do
-      # shellcheck disable=SC2086
-      timeout 120 "$build/bench/offload_tool" --cuda 1 --steps 5 $sizes || bench_rc=$?
-    done > "$logs/offload_tool.gpu.md" 2>&1
-    PYTHONUNBUFFERED=1 timeout 360 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
-      > "$logs/torch_allocator_bench.txt" 2>&1 || bench_rc=$?
-    pack
+    fi
     # The PyTorch techniques on the small GPT, with PyTorch's allocator and with stowage's.
     local allocator
     for allocator in pytorch stowage; do
+      [[ $benches == *" techniques "* || $benches == *" techniques_$allocator "* ]] || continue
       STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
         --allocator $allocator $([[ $allocator == pytorch ]] && echo "--profile torch,shared,swap,recompute") \
         --json "$logs/torch_techniques.$allocator.json" > "$logs/torch_techniques.$allocator.txt" 2>&1 ||
@@ -196,18 +196,41 @@ run() {
       pack
     done
     # Optimizer-state offload against shared storage on device, with gradient accumulation 4.
-    STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
-      --accumulate 4 --steps 12 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
-      --json "$logs/torch_techniques.offload.json" > "$logs/torch_techniques.offload.txt" 2>&1 || bench_rc=$?
-    pack
+    if [[ $benches == *" offload "* ]]; then
+      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
+        --accumulate 4 --steps 12 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
+        --json "$logs/torch_techniques.offload.json" > "$logs/torch_techniques.offload.txt" 2>&1 || bench_rc=$?
+      pack
+    fi
     # The same at 4x the tokens a micro-batch: mapped offload moves m and v over the link once a
     # step (16 B a parameter), so its share of the step falls as the step's compute grows; at
     # batch 8 the link alone is ~8.6 % of the step, at batch 32 ~2 %.
-    STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/bench/torch_techniques_bench.py" \
-      --accumulate 4 --batch 32 --steps 8 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
-      --json "$logs/torch_techniques.offload_large.json" > "$logs/torch_techniques.offload_large.txt" 2>&1 ||
-      bench_rc=$?
-    pack
+    if [[ $benches == *" offload_large "* ]]; then
+      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/bench/torch_techniques_bench.py" \
+        --accumulate 4 --batch 32 --steps 8 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
+        --json "$logs/torch_techniques.offload_large.json" > "$logs/torch_techniques.offload_large.txt" 2>&1 ||
+        bench_rc=$?
+      pack
+    fi
+    if [[ $benches == *" cpp "* ]]; then
+      local reps="--benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true"
+      local b
+      for b in allocator_bench precision_bench offload_bench; do
+        # shellcheck disable=SC2086
+        timeout 150 "$build/bench/$b" --benchmark_filter=BM_Cuda --benchmark_min_time=0.1 $reps \
+          --benchmark_out="$logs/$b.gpu.json" --benchmark_out_format=json > "$logs/$b.gpu.txt" 2>&1 || bench_rc=$?
+        pack
+      done
+    fi
+    # Swap over the real link, compute memory-bound (memsets), at two tensor sizes.
+    if [[ $benches == *" offload_tool "* ]]; then
+      local sizes
+      for sizes in "--attn-mib 32 --mlp-mib 16" "--attn-mib 256 --mlp-mib 128"; do
+        # shellcheck disable=SC2086
+        timeout 120 "$build/bench/offload_tool" --cuda 1 --steps 5 $sizes || bench_rc=$?
+      done > "$logs/offload_tool.gpu.md" 2>&1
+      pack
+    fi
   fi
 
   {
