@@ -197,6 +197,25 @@ def test_swapping_a_module_inside_or_around_one_already_swapped_is_refused(first
     second.remove()
 
 
+@pytest.mark.parametrize("given, names, where", [
+    (lambda model: model[0], ["attn"], r"attn is inside the module given, which is"),
+    (lambda model: model[0].attn, (), r"the module given is inside a Block above it, which is"),
+    (lambda model: model[0].attn, ["qkv"], r"qkv is inside a Block above the module given, which is"),
+])
+def test_swapping_inside_a_module_swapped_at_or_above_the_module_given_is_refused(given, names, where):
+    # A module has no parent link: the block an earlier handle swaps is the module given, or above it.
+    model = blocks()
+    first = swap_activations(model, names=["0"])
+    before = forwards(model)
+    with pytest.raises(InvalidArgumentError, match=rf"^swap_activations: {where} already swapped by an earlier "
+                                                   r"handle"):
+        swap_activations(given(model), names=names)
+    assert forwards(model) == before
+    first.remove()
+    second = swap_activations(given(model), names=names)  # once the first is removed
+    second.remove()
+
+
 def test_hyper_parameters_a_scheduler_set_are_checked_for_every_group_before_any_is_stepped():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))

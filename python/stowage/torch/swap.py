@@ -395,6 +395,7 @@ class _Pass:
 
 
 _ROLE = "swapped module"  # the role of a swapped module's wrapper (_wrapping.wrapped_as)
+_SWAPPED = weakref.WeakSet()  # every module a handle wrapped; wrapped_as() says which still are
 
 
 class SwapHandle(WrapHandle):
@@ -443,11 +444,25 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     chosen = [n for n in chosen if n not in inner]
     # A module an earlier handle swaps, or one inside or around it: the two handles' saved-tensor
     # hooks would nest and only the innermost pair packs, so one handle would swap and count nothing.
-    swapped = [n for n, m in found.items() if wrapped_as(m, _ROLE)]
-    again = [(n, s) for n in chosen for s in swapped if s == n or within(n, s) or within(s, n)]
+    # Every swapped module is seen, also one above the model given (a module has no parent link).
+    name_of = {id(m): n for n, m in found.items()}
+    again = []
+    for s in [m for m in list(_SWAPPED) if wrapped_as(m, _ROLE)]:
+        below = {id(m) for m in s.modules()}
+        for n in chosen:
+            c = found[n]
+            if id(c) in below or any(m is s for m in c.modules()):
+                again.append((n, c, s))
     if again:
-        n, s = again[0]
-        where = f"{n} is" if s == n else f"{n} is {'inside' if within(n, s) else 'around'} {s}, which is"
+        n, c, s = again[0]
+        label = n or "the module given"
+        if c is s:
+            where = f"{label} is"
+        elif id(s) in name_of:
+            where = (f"{label} is {'around' if any(m is s for m in c.modules()) else 'inside'} "
+                     f"{name_of[id(s)] or 'the module given'}, which is")
+        else:
+            where = f"{label} is inside a {type(s).__name__} above {'it' if not n else 'the module given'}, which is"
         raise InvalidArgumentError(f"swap_activations: {where} already swapped by an earlier handle "
                                    "(swap_activations() or apply(swap=True)) that was not removed; remove() that "
                                    "handle first")
@@ -574,6 +589,7 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
                     d.clear()  # the storages' weak references; autograd owns the copies it saved
 
         set_forward(module, forward, undo, role=_ROLE)
+        _SWAPPED.add(module)
     # Each forward of the model starts its own pass and takes the parameters' storages again. A
     # wrapper, as the modules' (not a forward pre-hook): a deep copy or a pickle of the model drops
     # it with theirs (_wrapping).
