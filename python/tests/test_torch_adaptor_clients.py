@@ -209,10 +209,37 @@ def test_adam_with_decoupled_weight_decay_becomes_the_decoupled_fused_step():
     adam = torch.optim.Adam(ours.parameters(), lr=3e-3, weight_decay=0.1)
     adam.param_groups[0]["decoupled_weight_decay"] = True
     opt = apply(ours, adam).optimizer
-    assert opt.param_groups[0]["decoupled"] is True and "decoupled_weight_decay" not in opt.param_groups[0]
+    # torch's key kept: a state_dict loaded into torch.optim.Adam steps as this one does.
+    assert opt.param_groups[0]["decoupled"] is True and opt.param_groups[0]["decoupled_weight_decay"] is True
     ref = MasterWeightsOptimizer(base.parameters(), lr=3e-3, weight_decay=0.1)  # AdamW
     assert train(ours, opt, data) == train(base, ref, data)
     assert masters_equal(opt, ours, ref)
+
+
+def test_torchs_decoupled_weight_decay_sets_decoupled_when_loaded_or_added_and_a_disagreement_is_refused():
+    # Newer torch.optim.Adam/AdamW groups carry decoupled_weight_decay (set by hand under 1.13).
+    model = make_model()
+    opt = SharedStorageAdamW(list(model.parameters())[:2], lr=1e-3, weight_decay=0.1)
+    saved = opt.state_dict()
+    saved["param_groups"][0] = {k: v for k, v in saved["param_groups"][0].items() if k != "decoupled"}
+    saved["param_groups"][0]["decoupled_weight_decay"] = False  # an Adam checkpoint: L2, not decoupled
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["decoupled"] is False
+    opt.add_param_group({"params": list(model.parameters())[2:], "decoupled_weight_decay": True})
+    assert opt.param_groups[1]["decoupled"] is True
+    before = [bits(opt.master(p)).clone() for p in model.parameters()]
+    x, y = batches(1)[0]
+    F.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+    opt.param_groups[1]["decoupled"] = False  # now the two keys disagree
+    with pytest.raises(InvalidArgumentError, match=r"^step\(\): param group 1: decoupled_weight_decay=True and "
+                                                   r"decoupled=False disagree \(the step reads decoupled\): give "
+                                                   r"them the same value$"):
+        opt.step()
+    assert all(torch.equal(bits(opt.master(p)), b) for p, b in zip(model.parameters(), before))  # nothing stepped
+    with pytest.raises(InvalidArgumentError, match=r"^add_param_group\(\): decoupled_weight_decay=False and "
+                                                   r"decoupled=True disagree"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))], "decoupled_weight_decay": False,
+                             "decoupled": True})
 
 
 _Scheduler = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler

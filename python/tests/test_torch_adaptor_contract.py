@@ -69,6 +69,33 @@ def test_the_optimizer_given_to_apply_refuses_to_step_and_the_masters_stay():
     assert all(p.grad is None for p in m.parameters())
 
 
+def test_a_model_and_its_optimizers_dropped_after_apply_are_freed_without_the_cyclic_collector():
+    # The replaced optimizer lists the parameters, bf16 views of the planes: a reference cycle
+    # through it kept the planes (4 B a parameter on the device) until Python's collector ran.
+    import gc
+    import weakref
+    m = mlp()
+    old = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    applied = apply(m, old)
+    step = old.step  # the refusal itself, held
+    torch.optim.lr_scheduler.StepLR(old, step_size=1)  # wraps the retired step through __func__
+    m(torch.randn(4, 16).bfloat16()).float().sum().backward()
+    applied.optimizer.step()
+    # The parameters are the last holders of the planes' storage, with the optimizer's buckets.
+    refs = [weakref.ref(o) for o in [m, old, applied.optimizer, *m.parameters()]]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del m, old, applied
+        assert [r() is None for r in refs] == [True] * len(refs)
+    finally:
+        if enabled:
+            gc.enable()
+    with pytest.raises(InvalidArgumentError, match=r"^step\(\): the optimizer it belongs to was replaced by "
+                                                   r"stowage\.torch\.adaptor\.apply\(\) and is gone$"):
+        step()
+
+
 def test_a_refused_apply_leaves_the_optimizer_steppable_and_the_model_fp32():
     m = mlp()
     old = torch.optim.AdamW(m.parameters(), lr=1e-2, amsgrad=True)

@@ -1,6 +1,5 @@
 """One call that applies stowage's techniques to an existing model and optimizer, the way
 MindSpeed's adaptor does; the training loop stays as it is (docs/pytorch.md, "One entry point")."""
-import types
 import weakref
 
 import torch
@@ -45,14 +44,15 @@ _IMPLEMENTATION_SWITCHES = ("foreach", "fused")
 def _kept(settings, adam):
     """A param group or the defaults as the shared-storage optimizer takes them: every key kept (the
     user's own too: a name, an lr scale a scheduler reads), torch.optim's switches left out; for
-    Adam, torch's decoupled_weight_decay (newer torch; AdamW is Adam with it on) as `decoupled`."""
+    Adam, torch's decoupled_weight_decay (newer torch; AdamW is Adam with it on) read as `decoupled`
+    and kept (a state_dict loaded into torch.optim.Adam then steps as it did)."""
     on = [k for k in _REFUSED_SWITCHES if settings.get(k)]
     if on:
         raise UnsupportedError(f"shared storage: {', '.join(on)} {'is' if len(on) == 1 else 'are'} not "
                                "supported (the fused step has no such form)")
     kept = {k: v for k, v in settings.items() if k not in _REFUSED_SWITCHES + _IMPLEMENTATION_SWITCHES}
     if adam is not None:
-        kept["decoupled"] = bool(kept.pop("decoupled_weight_decay", adam is torch.optim.AdamW))
+        kept["decoupled"] = bool(kept.get("decoupled_weight_decay", adam is torch.optim.AdamW))
     return kept
 
 
@@ -106,16 +106,40 @@ def _retired(name):
     return refuse
 
 
+class _WeakMethod:
+    """A retired optimizer's refusal, set on the instance: a bound method's __func__ and __self__
+    (an LR scheduler wraps step through them) without a strong reference back. A bound method
+    there would make a cycle (optimizer, its __dict__, the method): the optimizer, the parameters it
+    lists and their storage (the shared-storage planes) would wait for Python's cyclic collector
+    after the user drops them."""
+
+    def __init__(self, name, optimizer):
+        self.__func__ = _retired(name)
+        self.__name__ = name
+        self._optimizer = weakref.ref(optimizer)
+
+    @property
+    def __self__(self):
+        return self._optimizer()
+
+    def __call__(self, *args, **kwargs):
+        optimizer = self._optimizer()
+        if optimizer is None:
+            raise InvalidArgumentError(f"{self.__name__}(): the optimizer it belongs to was replaced by "
+                                       "stowage.torch.adaptor.apply() and is gone")
+        return self.__func__(optimizer, *args, **kwargs)
+
+
 def _retire(optimizer, made):
     """After a shared-storage apply(): `optimizer` (the one given) refuses _RETIRED, and its
     param_groups are `made`'s, so an LR scheduler made on it before apply() sets the lr that `made`
-    steps with. Its own state, which `made` copied, is dropped. Bound methods on the instance: a
+    steps with. Its own state, which `made` copied, is dropped. Methods on the instance: a
     scheduler made on it later wraps them (it calls step's __func__) and still reaches the refusal."""
     optimizer._stowage_replaced_by = weakref.ref(made)
     optimizer.param_groups = made.param_groups
     optimizer.state.clear()
     for name in _RETIRED:
-        setattr(optimizer, name, types.MethodType(_retired(name), optimizer))
+        setattr(optimizer, name, _WeakMethod(name, optimizer))
 
 
 def _check_options(shared_storage, rounding, max_grad_norm, skip_nonfinite, recompute, recompute_activation_types,

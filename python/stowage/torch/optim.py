@@ -196,6 +196,15 @@ def sparse_gradient_error(what, which, outcome):
         f"nn.EmbeddingBag; the default). {outcome}")
 
 
+def _decoupled_as_torch_says(group, peer):
+    """The group, with `decoupled` (what the Adam step reads) from torch's decoupled_weight_decay
+    (newer torch.optim.Adam) when only that is given, and the peer (the group it updates, or the
+    defaults) has `decoupled`: an AdamW optimizer's."""
+    if "decoupled" in peer and "decoupled" not in group and "decoupled_weight_decay" in group:
+        return {**group, "decoupled": bool(group["decoupled_weight_decay"])}
+    return group
+
+
 def _check_param(p):
     if not isinstance(p, torch.Tensor) or not p.is_leaf:
         raise InvalidArgumentError("shared-storage optimizers take leaf parameters (model.parameters())")
@@ -265,7 +274,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         """torch.optim's, and the group's parameters move into planes of their own."""
-        group = {**param_group, "params": _param_list(param_group["params"])}
+        group = _decoupled_as_torch_says({**param_group, "params": _param_list(param_group["params"])}, self.defaults)
         self._check_hyper_parameters({**self.defaults, **group}, "add_param_group()")
         if any(id(p) in self._where for p in group["params"]):
             raise InvalidArgumentError("some parameters appear in more than one parameter group")
@@ -557,7 +566,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         if masters is not None:
             self._check_views("load_state_dict()")  # the masters are written last: refuse before the state changes
         for saved, group in zip(groups, self.param_groups):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+            group.update(_decoupled_as_torch_says({k: v for k, v in saved.items() if k != "params"}, group))
         self.state.clear()
         self._batch_cache.clear()
         for (_, _, _, p), entry in zip(self._flat, states):
@@ -657,6 +666,12 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
             raise InvalidArgumentError(f"{what}: invalid AdamW hyper-parameters lr={lr!r} betas={betas!r} "
                                        f"eps={eps!r} weight_decay={wd!r} (lr, eps and weight_decay finite and "
                                        ">= 0, each beta in [0, 1))")
+        # torch's key (newer torch.optim.Adam), kept for a state_dict loaded into torch, must say the same.
+        if "decoupled_weight_decay" in group and bool(group["decoupled_weight_decay"]) != bool(
+                group.get("decoupled", True)):
+            raise InvalidArgumentError(f"{what}: decoupled_weight_decay={group['decoupled_weight_decay']!r} and "
+                                       f"decoupled={group.get('decoupled', True)!r} disagree (the step "
+                                       "reads decoupled): give them the same value")
 
     def _completed(self, state):
         missing = [k for k in self._state_keys if k not in state]

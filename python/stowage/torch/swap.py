@@ -446,13 +446,11 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
     # hooks would nest and only the innermost pair packs, so one handle would swap and count nothing.
     # Every swapped module is seen, also one above the model given (a module has no parent link).
     name_of = {id(m): n for n, m in found.items()}
-    again = []
-    for s in [m for m in list(_SWAPPED) if wrapped_as(m, _ROLE)]:
-        below = {id(m) for m in s.modules()}
-        for n in chosen:
-            c = found[n]
-            if id(c) in below or any(m is s for m in c.modules()):
-                again.append((n, c, s))
+    swapped = [m for m in list(_SWAPPED) if wrapped_as(m, _ROLE)]
+    below = {id(s): {id(m) for m in s.modules()} for s in swapped}
+    # In the model's order, so the message names the first of them.
+    again = [(n, found[n], s) for n in chosen for s in swapped
+             if id(found[n]) in below[id(s)] or any(m is s for m in found[n].modules())]
     if again:
         n, c, s = again[0]
         label = n or "the module given"
