@@ -140,7 +140,7 @@ def torch_allocator(logs: Path) -> str:
 
 def techniques(logs: Path) -> str:
     out = []
-    for run in ("pytorch", "stowage", "offload", "offload_large"):
+    for run in ("pytorch", "stowage", "offload", "offload_large", "offload_large_8"):
         p = logs / f"torch_techniques.{run}.json"
         if not p.exists():
             said = text(logs, f"torch_techniques.{run}.txt").strip().splitlines()
@@ -160,7 +160,7 @@ def techniques(logs: Path) -> str:
         allocator, accumulate = args["allocator"], args.get("accumulate", 1)
         command = f"--allocator {allocator}" + (f" --accumulate {accumulate} --configs {args['configs']}"
                                                   if run.startswith("offload") else "")
-        if run == "offload_large":
+        if run.startswith("offload_large"):
             command += f" --batch {args['batch']} --steps {args['steps']}"
         out += [f"### PyTorch techniques on the small GPT, {allocator} allocator, {accumulate} micro-batch(es) a step "
                 f"(`bench/torch_techniques_bench.py {command}`)", "",

@@ -24,7 +24,7 @@ import time
 SIZES = [512, 64 << 10, 1 << 20, 8 << 20]
 PAIRS = 20000
 REPEATS = 7
-ROUNDS = 3
+ROUNDS = 5
 THREADS = [1, 2, 8]
 THREAD_SIZES = [64 << 10, 1 << 20]
 THREAD_PAIRS = 50000

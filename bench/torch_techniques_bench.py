@@ -33,6 +33,7 @@ released storage), for a GeLU and a SwiGLU layer. The recompute moves the activa
 MLP multiplies matrices, so the share falls as the hidden size grows.
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -132,14 +133,18 @@ def timed_ms(fn, device, reps=20, rounds=5):
 
 
 def recompute_share(device, args):
-    """Per layer kind: the MLP's forward + backward ms, one recompute's ms, and their ratio."""
+    """Per layer kind and hidden size: the MLP's forward + backward ms, one recompute's ms, and
+    their ratio. The model's hidden size with its ffn, and each of --recompute-hidden with ffn 4x:
+    the recompute moves T x ffn elements, the MLP multiplies T x hidden x ffn, so the share falls as
+    1 / hidden."""
     from stowage.torch import gpt
     out = {}
-    for kind, swiglu in (("gelu", False), ("swiglu", True)):
+    sizes = [(args.hidden, args.ffn)] + [(h, 4 * h) for h in args.recompute_hidden if h != args.hidden]
+    for (hidden, ffn), (kind, swiglu) in ((size, k) for size in sizes for k in (("gelu", False), ("swiglu", True))):
         torch.manual_seed(0)
-        mlp = gpt.MLP(args.hidden, args.ffn, swiglu).to(device=device, dtype=torch.bfloat16)
-        x = torch.randn(args.batch, args.seq, args.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-        grad = torch.randn(args.batch, args.seq, args.hidden, device=device, dtype=torch.bfloat16)
+        mlp = gpt.MLP(hidden, ffn, swiglu).to(device=device, dtype=torch.bfloat16)
+        x = torch.randn(args.batch, args.seq, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+        grad = torch.randn(args.batch, args.seq, hidden, device=device, dtype=torch.bfloat16)
         with torch.no_grad():
             inner = mlp.fc1(x)
             released = torch.empty_like(mlp.act(inner))
@@ -152,7 +157,9 @@ def recompute_share(device, args):
                 released.copy_(mlp.act(inner))
 
         mlp_ms, recompute_ms = timed_ms(forward_backward, device), timed_ms(recompute, device)
-        out[kind] = {"mlp_ms": mlp_ms, "recompute_ms": recompute_ms, "share": recompute_ms / mlp_ms}
+        key = kind if hidden == args.hidden else f"{kind}, hidden {hidden}, ffn {ffn}"
+        out[key] = {"mlp_ms": mlp_ms, "recompute_ms": recompute_ms, "share": recompute_ms / mlp_ms}
+        del mlp, x, grad, inner, released
     return out
 
 
@@ -266,6 +273,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--ffn", type=int, default=4096)
+    ap.add_argument("--recompute-hidden", type=lambda v: [int(h) for h in v.split(",") if h], default=[],
+                    help="more hidden sizes (comma-separated; ffn 4x) at which to measure the recompute's share")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--profile", default="", help="comma-separated configs whose second-to-last step is profiled "
@@ -289,6 +298,7 @@ def main(argv=None):
     for c in configs:
         results[c] = run("torch" if c == "torch_again" else c, device, meter, args)
         results[c]["config"] = c
+        gc.collect()  # what the configuration left in reference cycles (torch's or the user's) is not the next one's
         if device.type == "cuda":
             torch.cuda.empty_cache() if args.allocator == "pytorch" else __import__("stowage.torch").torch.empty_cache()
     peer = results.get("torch")
