@@ -171,6 +171,13 @@ def techniques(logs: Path) -> str:
                 "torch's boundary less this one. Losses are compared with the configuration's peer (see the script).",
                 "", table(["config", "same losses", "step ms", "vs torch", "boundary MiB", "saved MiB", "peak MiB",
                            "swapped MiB/step"], rows), ""]
+        swaps = [(c, r) for c, r in results.items() if r.get("swap_overlap_fraction") is not None]
+        if swaps:
+            out += ["Swap, over every step run: " + "; ".join(
+                f"{c}: copies {num(r['swap_copy_ms'])} ms, compute waited {num(r['swap_compute_wait_ms'])} ms "
+                f"(overlap {r['swap_overlap_fraction']:.3f})"
+                + (f", hooks {num(r['swap_hook_ms'])} ms of host time" if "swap_hook_ms" in r else "")
+                for c, r in swaps) + ".", ""]
         link = data.get("link")
         if link:
             of_step = f" = {100 * link['floor_share']:.1f} % of torch's step" if link.get("floor_share") else ""

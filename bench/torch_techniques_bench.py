@@ -109,6 +109,16 @@ class Meter:
         self.sync()
         return self.st.max_memory_allocated() if self.stowage else torch.cuda.max_memory_allocated()
 
+    def counts(self):
+        """Device segments the allocator in use has mapped and host-pool blocks pinned so far (each
+        a driver call that can stall the streams): a step that made new ones shows here."""
+        import stowage.memory as sm
+        if not self.cuda:
+            return {}
+        stats = self.st.memory_stats() if self.stowage else torch.cuda.memory_stats()
+        return {"device_segments": stats.get("segment.all.allocated", 0),
+                "host_maps": sm.host_stats(torch.cuda.current_device())["num_maps"] if sm.using_cuda() else 0}
+
 
 def timed_ms(fn, device, reps=20, rounds=5):
     """Median over `rounds` of the mean time of `reps` calls of fn, after three warm-up calls."""
@@ -206,7 +216,7 @@ def run(config, device, meter, args):
         opt = MasterWeightsOptimizer(model.parameters(), lr=args.lr)
     else:
         opt = TorchMixedPrecision(model.parameters(), lr=args.lr)
-    losses, times, boundary, peak = [], [], 0, 0
+    losses, times, boundary, peak, counts = [], [], 0, 0, []
     profiled = None
     for step in range(args.steps):
         profiling = config in args.profile and step == args.steps - 2  # a timed step, after the warm-up
@@ -233,6 +243,7 @@ def run(config, device, meter, args):
             profiled.__exit__(None, None, None)
         elif 2 <= step < args.steps - 1:
             times.append(t1 - t0)
+        counts.append(meter.counts())
         peak = max(peak, meter.peak())
     if profiled is not None:
         sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
@@ -241,6 +252,7 @@ def run(config, device, meter, args):
     stats = applied.swap.stats if applied.swap is not None else None
     copy_ms, wait_ms, overlap = ((stats.d2h_ms + stats.h2d_ms, stats.compute_wait_ms, stats.overlap_fraction) if stats
                                  else (0.0, 0.0, None))
+    hook_ms = stats.hook_ms if stats else 0.0
     applied.remove()
     del model, opt, applied, adamw, data
     return {
@@ -249,6 +261,7 @@ def run(config, device, meter, args):
         "losses": losses,
         "step_ms": 1e3 * statistics.median(times) if times else None,
         "step_ms_all": [1e3 * t for t in times],
+        "counts_after_step": counts,  # allocator segments and host-pool maps, cumulative
         "boundary_allocated": boundary,
         "peak_allocated": peak,
         "swapped_bytes": stats.bytes_to_host if stats else 0,
@@ -257,6 +270,7 @@ def run(config, device, meter, args):
         "swap_copy_ms": copy_ms,  # d2h + h2d, over every step run, warm-up included
         "swap_compute_wait_ms": wait_ms,
         "swap_overlap_fraction": overlap,
+        "swap_hook_ms": hook_ms,  # host time in the saved-tensor hooks, every step run
     }
 
 
@@ -323,7 +337,8 @@ def main(argv=None):
         if r["swap_overlap_fraction"] is not None:
             print(f"{c}: swap copies took {r['swap_copy_ms']:.1f} ms over {args.steps} steps, compute waited "
                   f"{r['swap_compute_wait_ms']:.1f} ms for them: overlap fraction {r['swap_overlap_fraction']:.3f} "
-                  f"({r['prefetched']} prefetched, {r['on_demand']} on demand)")
+                  f"({r['prefetched']} prefetched, {r['on_demand']} on demand); the hooks took {r['swap_hook_ms']:.1f} ms "
+                  "of host time")
     link = None
     if device.type == "cuda" and any(c.startswith("offload_") for c in results):
         link = link_floor(results, link_gbps(device))

@@ -3,6 +3,7 @@ stowage's (the host side) after forward and comes back, prefetched, in backward;
 gradients stay bit-identical. On a GPU the same code copies on side streams into pinned memory."""
 import copy
 import inspect
+import time
 
 import pytest
 
@@ -40,7 +41,9 @@ def test_losses_and_gradients_are_bit_identical_and_prefetch_runs_ahead(prefetch
     base_losses, base_grads = train(model, data, vocab)
     model, data, vocab = model_and_data(3)
     handle = swap_activations(model, prefetch=prefetch)
+    began = time.perf_counter()
     losses, grads = train(model, data, vocab)
+    wall_ms = 1e3 * (time.perf_counter() - began)
     assert losses == base_losses
     assert all(torch.equal(a, b) for a, b in zip(grads, base_grads))
     s = handle.stats  # all three steps
@@ -55,8 +58,11 @@ def test_losses_and_gradients_are_bit_identical_and_prefetch_runs_ahead(prefetch
     # On the CPU every copy runs inline on the compute thread: all of it is waited for.
     assert s.d2h_ms > 0 and s.h2d_ms > 0 and s.compute_wait_ms == s.d2h_ms + s.h2d_ms
     assert s.overlap_fraction == 0.0
+    # The hooks' host time holds those inline copies, within the steps' own time.
+    assert s.d2h_ms + s.h2d_ms <= s.hook_ms < wall_ms
     s.reset()
-    assert (s.bytes_to_host, s.swapped, s.d2h_ms, s.h2d_ms, s.compute_wait_ms) == (0, 0, 0.0, 0.0, 0.0)
+    assert (s.bytes_to_host, s.swapped, s.d2h_ms, s.h2d_ms, s.compute_wait_ms, s.hook_ms) == (0, 0, 0.0, 0.0, 0.0,
+                                                                                             0.0)
     assert s.overlap_fraction == 1.0  # nothing copied: nothing exposed
     handle.remove()
     assert "forward" not in model.blocks[0].attn.__dict__

@@ -55,8 +55,17 @@ class Holds:
     def hold(self, event, tensor):
         with self._lock:
             self._held.append((event, tensor))
-            while self._held and self._held[0][0].query():
-                self._held.popleft()
+            self._let_go()
+
+    def prune(self):
+        """Lets go of what finished copies held: before taking a buffer, so the pool can hand out
+        one of those rather than pin a new block."""
+        with self._lock:
+            self._let_go()
+
+    def _let_go(self):
+        while self._held and self._held[0][0].query():
+            self._held.popleft()
 
     def __len__(self):
         return len(self._held)

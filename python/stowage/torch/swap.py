@@ -59,7 +59,7 @@ class SwapStats:
     def reset(self):
         self.bytes_to_host = self.bytes_to_device = 0
         self.swapped = self.prefetched = self.on_demand = 0
-        self._ms = {"d2h": 0.0, "h2d": 0.0, "wait": 0.0}
+        self._ms = {"d2h": 0.0, "h2d": 0.0, "wait": 0.0, "hook": 0.0}
         # CUDA event pairs not read yet, oldest first: ("d2h" | "h2d" | "wait", start, end). Pack
         # hooks (forward's thread) and unpack hooks (autograd's) both add to it.
         self._timed = collections.deque()
@@ -106,6 +106,16 @@ class SwapStats:
         return self._ms["wait"]
 
     @property
+    def hook_ms(self):
+        """Host time the saved-tensor hooks took (the training loop's threads, forward's packs and
+        backward's unpacks): bookkeeping and issuing the copies, not the copies themselves."""
+        return self._ms["hook"]
+
+    def _hook(self, seconds):
+        with self._lock:
+            self._ms["hook"] += 1e3 * seconds
+
+    @property
     def overlap_fraction(self):
         copy = self.d2h_ms + self.h2d_ms
         return max(0.0, 1.0 - self.compute_wait_ms / copy) if copy > 0 else 1.0
@@ -114,7 +124,7 @@ class SwapStats:
         return (f"SwapStats(bytes_to_host={self.bytes_to_host}, bytes_to_device={self.bytes_to_device}, "
                 f"swapped={self.swapped}, prefetched={self.prefetched}, on_demand={self.on_demand}, "
                 f"d2h_ms={self.d2h_ms:.3f}, h2d_ms={self.h2d_ms:.3f}, compute_wait_ms={self.compute_wait_ms:.3f}, "
-                f"overlap_fraction={self.overlap_fraction:.3f})")
+                f"overlap_fraction={self.overlap_fraction:.3f}, hook_ms={self.hook_ms:.3f})")
 
 
 def _span(t):
@@ -269,6 +279,7 @@ class _Copier:
             self.stats._inline("d2h", time.perf_counter() - start)
             return host, stride, None
         d2h, _ = self._pair(t.device)
+        self.holds.prune()
         host = pinned_empty((size,), t.dtype, t.device)
         d2h.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(d2h):
@@ -294,6 +305,7 @@ class _Copier:
             self.stats._inline("d2h", time.perf_counter() - start)
             return host, None
         d2h, _ = self._pair(raw.device)
+        self.holds.prune()
         host = pinned_empty((raw.numel(),), torch.uint8, raw.device)
         d2h.wait_stream(torch.cuda.current_stream(raw.device))
         with torch.cuda.stream(d2h):
@@ -559,7 +571,16 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
             if c is p:
                 return copier.use(c, c.back)
             return copier.use(c, c.view(p.offset, p.nbytes, p.shape, p.stride, p.dtype))
-        return pack, unpack, (stores, views)
+        def timed(hook):
+            def run_hook(x):
+                start = time.perf_counter()
+                try:
+                    return hook(x)
+                finally:
+                    stats._hook(time.perf_counter() - start)
+            return run_hook
+
+        return timed(pack), timed(unpack), (stores, views)
 
     for name in chosen:
         module = found[name]
