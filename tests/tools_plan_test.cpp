@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -70,6 +72,30 @@ TEST(PlanTimeModel, ComputeAndTensorParallelCollectives) {
   EXPECT_NEAR(t.compute, flops / 2 / (cl.peak_tflops * 1e12 * cl.efficiency), 1e-12);
   const double tp = 4.0 * 0.5 * s * h * 2 / (cl.intra_node_gbps * 1e9) * 2 * L;
   EXPECT_NEAR(t.tp_comm, tp, 1e-12);
+}
+
+// MLA (Megatron's MultiLatentAttention): the attention's input-side collective gathers the latents
+// the column-parallel up projections read, q_lora_rank + kv_lora_rank, and the rotary key
+// (qk_pos_emb_head_dim), not the hidden state; without a query latent queries project from the
+// hidden state, which is gathered as before, plus the key/value latent and the rotary key.
+TEST(PlanTimeModel, MlaGathersItsLatentsNotTheHiddenState) {
+  Cluster cl;
+  cl.gpus = 2;
+  const std::string mla =
+      "--num-layers 2 --hidden-size 512 --num-attention-heads 8 --multi-latent-attention --kv-lora-rank 64 "
+      "--qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --seq-length 1024 --max-position-embeddings 1024 "
+      "--position-embedding-type rope --micro-batch-size 4 --vocab-size 50176 --bf16 --swiglu --ffn-hidden-size "
+      "1024 --normalization RMSNorm --disable-bias-linear --tensor-model-parallel-size 2 --sequence-parallel ";
+  const double T = 1024.0 * 4, h = 512, L = 2;
+  for (const auto& [args, attention_input] :
+       {std::pair<std::string, double>{mla + "--q-lora-rank 192", 192 + 64 + 8}, {mla, h + 64 + 8}}) {
+    RunConfig c;
+    estimate::apply_megatron_args(args, c);
+    ASSERT_TRUE(c.model.mla && c.parallel.tp == 2 && c.parallel.sequence_parallel);
+    const StepTime t = step_time(c, cl, estimate::estimate_memory(c));
+    const double tp = 0.5 * T * 2 * (3 * h + attention_input) / (cl.intra_node_gbps * 1e9) * 2 * L;
+    EXPECT_NEAR(t.tp_comm, tp, tp * 1e-12) << args;
+  }
 }
 
 // The distributed optimizer's reduce-scatter (4 B fp32 gradients) and all-gather (2 B weights)

@@ -145,9 +145,16 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   // TP: with SP each layer all-gathers its two inputs and reduce-scatters its two outputs in
   // forward and again in backward; without SP, two all-reduces each way (Korthikanti §4.2.2:
   // the same bytes). Recomputed layers repeat their forward collectives. NVLink within a node.
+  // Each is h wide, except MLA's attention input: its down projections run replicated on the
+  // sequence shard, and the column-parallel up projections gather their inputs, the query latent
+  // (the hidden state where queries project from it directly) and the key/value latent, and the
+  // rotary key with them (Megatron's MultiLatentAttention).
   const double tp_bw = p.tp <= cl.gpus_per_node ? cl.intra_node_gbps : cl.inter_node_gbps;
   const double act_bytes = T * h * 2.0;
-  const double tp_layer = 4.0 * ring_fraction(t) * act_bytes / (tp_bw * 1e9);
+  const double attention_input =
+      m.mla ? double(m.q_lora_rank > 0 ? m.q_lora_rank : m.hidden_size) + double(m.kv_lora_rank + m.qk_rope_head_dim)
+            : h;
+  const double tp_layer = ring_fraction(t) * T * 2.0 * (3.0 * h + attention_input) / (tp_bw * 1e9);
   const double stage_tp = tp_layer * (2.0 * layers + recomputed_layers);
 
   // CP: ring attention passes K and V (forward) and their gradients (backward) around the
