@@ -140,7 +140,7 @@ def torch_allocator(logs: Path) -> str:
 
 def techniques(logs: Path) -> str:
     out = []
-    for run in ("pytorch", "stowage", "offload", "offload_large", "offload_large_8"):
+    for run in ("pytorch", "stowage", "offload", "offload_large", "offload_large_8", "swap_large"):
         p = logs / f"torch_techniques.{run}.json"
         if not p.exists():
             said = text(logs, f"torch_techniques.{run}.txt").strip().splitlines()
@@ -159,8 +159,8 @@ def techniques(logs: Path) -> str:
                          num(r["peak_allocated"] / 2 ** 20), num(r["swapped_bytes"] / 2 ** 20 / max(1, args["steps"]))])
         allocator, accumulate = args["allocator"], args.get("accumulate", 1)
         command = f"--allocator {allocator}" + (f" --accumulate {accumulate} --configs {args['configs']}"
-                                                  if run.startswith("offload") else "")
-        if run.startswith("offload_large"):
+                                                  if run.startswith("offload") or run == "swap_large" else "")
+        if run.startswith("offload_large") or run == "swap_large":
             command += f" --batch {args['batch']} --steps {args['steps']}"
         out += [f"### PyTorch techniques on the small GPT, {allocator} allocator, {accumulate} micro-batch(es) a step "
                 f"(`bench/torch_techniques_bench.py {command}`)", "",

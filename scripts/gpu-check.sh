@@ -179,8 +179,8 @@ run() {
     bench_rc=0
     # GPU_CHECK_BENCH picks benchmarks (default: all), run in this order, the PyTorch ones first:
     # torch_allocator, techniques (pytorch then stowage allocator), offload, offload_large,
-    # offload_large_8, cpp (the BM_Cuda* benchmarks), offload_tool.
-    local benches=" ${GPU_CHECK_BENCH:-torch_allocator techniques offload offload_large offload_large_8 cpp offload_tool} "
+    # offload_large_8, swap_large, cpp (the BM_Cuda* benchmarks), offload_tool.
+    local benches=" ${GPU_CHECK_BENCH:-torch_allocator techniques offload offload_large offload_large_8 swap_large cpp offload_tool} "
     if [[ $benches == *" torch_allocator "* ]]; then
       PYTHONUNBUFFERED=1 timeout 360 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
         > "$logs/torch_allocator_bench.txt" 2>&1 || bench_rc=$?
@@ -219,6 +219,13 @@ run() {
         --accumulate 8 --batch 32 --steps 6 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
         --json "$logs/torch_techniques.offload_large_8.json" > "$logs/torch_techniques.offload_large_8.txt" 2>&1 ||
         bench_rc=$?
+      pack
+    fi
+    # Swap and recompute at batch 32, where the configurations' costs stand above the run's noise.
+    if [[ $benches == *" swap_large "* ]]; then
+      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/bench/torch_techniques_bench.py" \
+        --batch 32 --steps 8 --configs torch,swap,recompute,all,torch_again \
+        --json "$logs/torch_techniques.swap_large.json" > "$logs/torch_techniques.swap_large.txt" 2>&1 || bench_rc=$?
       pack
     fi
     if [[ $benches == *" cpp "* ]]; then

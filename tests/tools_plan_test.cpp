@@ -74,27 +74,35 @@ TEST(PlanTimeModel, ComputeAndTensorParallelCollectives) {
   EXPECT_NEAR(t.tp_comm, tp, 1e-12);
 }
 
-// MLA (Megatron's MultiLatentAttention): the attention's input-side collective gathers the latents
-// the column-parallel up projections read, q_lora_rank + kv_lora_rank, and the rotary key
-// (qk_pos_emb_head_dim), not the hidden state; without a query latent queries project from the
-// hidden state, which is gathered as before, plus the key/value latent and the rotary key.
-TEST(PlanTimeModel, MlaGathersItsLatentsNotTheHiddenState) {
+// MLA (Megatron's MultiLatentAttention with TE's linears) under SP: the attention's input-side
+// collective gathers the latents the column-parallel up projections read, q_lora_rank +
+// kv_lora_rank, and the rotary key (qk_pos_emb_head_dim), not the hidden state; without a query
+// latent queries project from the hidden state, which is gathered as before. The duplicated down
+// projections' fp32 gradients are all-reduced over TP once a step (finalize_model_grads). Without
+// SP every collective stays h wide and nothing is all-reduced.
+TEST(PlanTimeModel, MlaGathersItsLatentsNotTheHiddenStateUnderSequenceParallelism) {
   Cluster cl;
   cl.gpus = 2;
   const std::string mla =
       "--num-layers 2 --hidden-size 512 --num-attention-heads 8 --multi-latent-attention --kv-lora-rank 64 "
       "--qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --seq-length 1024 --max-position-embeddings 1024 "
       "--position-embedding-type rope --micro-batch-size 4 --vocab-size 50176 --bf16 --swiglu --ffn-hidden-size "
-      "1024 --normalization RMSNorm --disable-bias-linear --tensor-model-parallel-size 2 --sequence-parallel ";
-  const double T = 1024.0 * 4, h = 512, L = 2;
-  for (const auto& [args, attention_input] :
-       {std::pair<std::string, double>{mla + "--q-lora-rank 192", 192 + 64 + 8}, {mla, h + 64 + 8}}) {
+      "1024 --normalization RMSNorm --disable-bias-linear --tensor-model-parallel-size 2 ";
+  const double T = 1024.0 * 4, h = 512, L = 2, bw = cl.intra_node_gbps * 1e9;
+  struct Case {
+    std::string args;
+    double attention_input, down_projections;
+  };
+  for (const Case& k :
+       {Case{mla + "--sequence-parallel --q-lora-rank 192", 192 + 64 + 8, h * (192 + 64 + 8)},
+        Case{mla + "--sequence-parallel", h + 64 + 8, h * (64 + 8)}, Case{mla + "--q-lora-rank 192", h, 0}}) {
     RunConfig c;
-    estimate::apply_megatron_args(args, c);
-    ASSERT_TRUE(c.model.mla && c.parallel.tp == 2 && c.parallel.sequence_parallel);
+    estimate::apply_megatron_args(k.args, c);
+    ASSERT_TRUE(c.model.mla && c.parallel.tp == 2) << k.args;
     const StepTime t = step_time(c, cl, estimate::estimate_memory(c));
-    const double tp = 0.5 * T * 2 * (3 * h + attention_input) / (cl.intra_node_gbps * 1e9) * 2 * L;
-    EXPECT_NEAR(t.tp_comm, tp, tp * 1e-12) << args;
+    const double tp =
+        0.5 * T * 2 * (3 * h + k.attention_input) / bw * 2 * L + 2 * 0.5 * L * k.down_projections * 4 / bw;
+    EXPECT_NEAR(t.tp_comm, tp, tp * 1e-12) << k.args;
   }
 }
 

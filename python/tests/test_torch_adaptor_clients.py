@@ -242,6 +242,42 @@ def test_torchs_decoupled_weight_decay_sets_decoupled_when_loaded_or_added_and_a
                              "decoupled": True})
 
 
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_a_saved_adamw_state_says_decoupled_weight_decay_so_newer_torch_adam_steps_it_alike(decoupled):
+    # Newer torch.optim.Adam's __setstate__ sets decoupled_weight_decay=False in a group without it.
+    model = make_model()
+    opt = SharedStorageAdamW(model.parameters(), lr=1e-3, weight_decay=0.1, decoupled=decoupled)
+    train(model, opt, batches(1))
+    saved = opt.state_dict()
+    assert [(g["decoupled"], g["decoupled_weight_decay"]) for g in saved["param_groups"]] == [(decoupled, decoupled)]
+    assert "decoupled_weight_decay" not in opt.param_groups[0]  # the optimizer's own groups are as made
+    opt.load_state_dict(saved)  # and back: loads and steps
+    train(model, opt, batches(1))
+    unlike = opt.state_dict()
+    unlike["param_groups"][0]["decoupled_weight_decay"] = not decoupled
+    before = opt.state_dict()
+    with pytest.raises(InvalidArgumentError, match=r"^load_state_dict\(\): param group 0: decoupled_weight_decay and "
+                                                   r"decoupled disagree \(the step reads decoupled\)$"):
+        opt.load_state_dict(unlike)
+    after = opt.state_dict()  # nothing changed
+    assert after["param_groups"] == before["param_groups"]
+    assert all(torch.equal(a, b) for i in before["state"] for a, b in zip(before["state"][i].values(),
+                                                                          after["state"][i].values()))
+
+
+def test_a_group_added_with_only_decoupled_takes_torchs_key_from_it():
+    # apply() on a newer torch.optim.Adam: its defaults carry decoupled_weight_decay=False (set by hand
+    # under 1.13); a group that names only `decoupled` is not refused as disagreeing with them.
+    model = make_model()
+    params = list(model.parameters())
+    adam = torch.optim.Adam(params, lr=1e-3, weight_decay=0.1)
+    adam.param_groups[0]["decoupled_weight_decay"] = adam.defaults["decoupled_weight_decay"] = False
+    opt = apply(model, adam).optimizer
+    assert opt.defaults["decoupled"] is False and opt.defaults["decoupled_weight_decay"] is False
+    opt.add_param_group({"params": [nn.Parameter(torch.zeros(3))], "decoupled": True})
+    assert (opt.param_groups[1]["decoupled"], opt.param_groups[1]["decoupled_weight_decay"]) == (True, True)
+
+
 _Scheduler = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
 
 

@@ -96,6 +96,40 @@ def test_a_model_and_its_optimizers_dropped_after_apply_are_freed_without_the_cy
         step()
 
 
+def test_a_copy_or_pickle_of_the_replaced_optimizer_is_refused():
+    # torch.optim.Optimizer's __getstate__ keeps param_groups only: a copy would lose the refusals
+    # and step copies of the bf16 views as fp32 weights.
+    import copy
+    import pickle
+    m = mlp()
+    old = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    applied = apply(m, old)
+    assert isinstance(old, torch.optim.AdamW) and type(old).__name__ == "AdamW"
+    with pytest.raises(InvalidArgumentError, match=r"^copy\.deepcopy\(\) or pickle: " + REPLACED):
+        copy.deepcopy(old)
+    with pytest.raises(InvalidArgumentError, match=r"^copy\.deepcopy\(\) or pickle: " + REPLACED):
+        pickle.dumps(old)
+    torch.optim.lr_scheduler.StepLR(old, step_size=1)  # a scheduler is still made on it
+    with pytest.raises(InvalidArgumentError, match=r"^step\(\): " + REPLACED):
+        old.step()
+    assert applied.optimizer.param_groups is old.param_groups
+
+
+@pytest.mark.parametrize("given, decoupled", [({"decoupled": True}, True), ({"decoupled": False}, False),
+                                              ({"decoupled": True, "decoupled_weight_decay": False}, None)])
+def test_an_adam_groups_own_decoupled_is_read_and_an_unlike_pair_refused(given, decoupled):
+    m = mlp()
+    adam = torch.optim.Adam(m.parameters(), lr=1e-2, weight_decay=0.1)
+    adam.param_groups[0].update(given)
+    if decoupled is None:
+        with pytest.raises(InvalidArgumentError, match=r"^shared storage: a group's decoupled=True and "
+                                                       r"decoupled_weight_decay=False disagree$"):
+            apply(m, adam)
+        assert all(p.dtype == torch.float32 for p in m.parameters()) and "step" not in adam.__dict__
+        return
+    assert apply(m, adam).optimizer.param_groups[0]["decoupled"] is decoupled
+
+
 def test_a_refused_apply_leaves_the_optimizer_steppable_and_the_model_fp32():
     m = mlp()
     old = torch.optim.AdamW(m.parameters(), lr=1e-2, amsgrad=True)

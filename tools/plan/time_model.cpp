@@ -145,17 +145,26 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   // TP: with SP each layer all-gathers its two inputs and reduce-scatters its two outputs in
   // forward and again in backward; without SP, two all-reduces each way (Korthikanti §4.2.2:
   // the same bytes). Recomputed layers repeat their forward collectives. NVLink within a node.
-  // Each is h wide, except MLA's attention input: its down projections run replicated on the
-  // sequence shard, and the column-parallel up projections gather their inputs, the query latent
-  // (the hidden state where queries project from it directly) and the key/value latent, and the
-  // rotary key with them (Megatron's MultiLatentAttention).
+  // Each is h wide, except MLA's attention input under SP (Megatron's MultiLatentAttention with
+  // TE's linears): its down projections run duplicated on the sequence shard, and the
+  // column-parallel up projections gather their inputs, the query latent (the hidden state where
+  // queries project from it directly) and the key/value latent, with the rotary key.
   const double tp_bw = p.tp <= cl.gpus_per_node ? cl.intra_node_gbps : cl.inter_node_gbps;
   const double act_bytes = T * h * 2.0;
-  const double attention_input =
-      m.mla ? double(m.q_lora_rank > 0 ? m.q_lora_rank : m.hidden_size) + double(m.kv_lora_rank + m.qk_rope_head_dim)
-            : h;
+  const bool mla_sp = m.mla && p.sequence_parallel && p.tp > 1;
+  const double q_input = double(m.q_lora_rank > 0 ? m.q_lora_rank : m.hidden_size);
+  const double attention_input = mla_sp ? q_input + double(m.kv_lora_rank + m.qk_rope_head_dim) : h;
   const double tp_layer = ring_fraction(t) * T * 2.0 * (3.0 * h + attention_input) / (tp_bw * 1e9);
   const double stage_tp = tp_layer * (2.0 * layers + recomputed_layers);
+  // Those duplicated down projections are marked sequence-parallel, so once a step their
+  // gradients (fp32 in Megatron, as the DP term's) are all-reduced over TP, after backward
+  // (finalize_model_grads: each rank saw its own sequence shard).
+  double mla_grad_allreduce = 0;
+  if (mla_sp) {
+    const double down = h * (double(m.q_lora_rank) + double(m.kv_lora_rank + m.qk_rope_head_dim));
+    const double grad_width = tr.grad_bytes ? double(tr.grad_bytes) : 4.0;
+    mla_grad_allreduce = 2.0 * ring_fraction(t) * layers * down * grad_width / (tp_bw * 1e9);
+  }
 
   // CP: ring attention passes K and V (forward) and their gradients (backward) around the
   // ring, cp − 1 hops, overlapped with the attention blocks; what is longer is exposed.
@@ -193,7 +202,7 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   const double per_mb = stage_fwd + stage_bwd + stage_recompute + stage_tp + stage_cp + stage_ep + stage_swap;
   st.compute = M * (stage_fwd + stage_bwd);
   st.recompute = M * stage_recompute;
-  st.tp_comm = M * stage_tp;
+  st.tp_comm = M * stage_tp + mla_grad_allreduce;
   st.cp_comm = M * stage_cp;
   st.ep_comm = M * stage_ep;
   st.swap = M * stage_swap;

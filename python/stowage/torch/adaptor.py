@@ -45,14 +45,19 @@ def _kept(settings, adam):
     """A param group or the defaults as the shared-storage optimizer takes them: every key kept (the
     user's own too: a name, an lr scale a scheduler reads), torch.optim's switches left out; for
     Adam, torch's decoupled_weight_decay (newer torch; AdamW is Adam with it on) read as `decoupled`
-    and kept (a state_dict loaded into torch.optim.Adam then steps as it did)."""
+    and kept (a state_dict loaded into torch.optim.Adam then steps as it did), else a `decoupled`
+    the group has, else AdamW's True and Adam's False; the two given unlike are refused."""
     on = [k for k in _REFUSED_SWITCHES if settings.get(k)]
     if on:
         raise UnsupportedError(f"shared storage: {', '.join(on)} {'is' if len(on) == 1 else 'are'} not "
                                "supported (the fused step has no such form)")
     kept = {k: v for k, v in settings.items() if k not in _REFUSED_SWITCHES + _IMPLEMENTATION_SWITCHES}
     if adam is not None:
-        kept["decoupled"] = bool(kept.get("decoupled_weight_decay", adam is torch.optim.AdamW))
+        if "decoupled" in kept and "decoupled_weight_decay" in kept and bool(kept["decoupled"]) != bool(
+                kept["decoupled_weight_decay"]):
+            raise InvalidArgumentError(f"shared storage: a group's decoupled={kept['decoupled']!r} and "
+                                       f"decoupled_weight_decay={kept['decoupled_weight_decay']!r} disagree")
+        kept["decoupled"] = bool(kept.get("decoupled_weight_decay", kept.get("decoupled", adam is torch.optim.AdamW)))
     return kept
 
 
@@ -130,6 +135,22 @@ class _WeakMethod:
         return self.__func__(optimizer, *args, **kwargs)
 
 
+_RETIRED_TYPES = {}  # an optimizer class -> its retired form
+
+
+def _retired_type(cls):
+    """cls, whose copies and pickles are refused: torch.optim.Optimizer's __getstate__ keeps only
+    defaults, state and param_groups, so a copy would lose the refusals and step the bf16 views'
+    copies as fp32 weights. Named as cls (isinstance and the messages see the user's class)."""
+    made = _RETIRED_TYPES.get(cls)
+    if made is None:
+        def __getstate__(self):
+            raise _replaced_error(self, "copy.deepcopy() or pickle")
+        made = _RETIRED_TYPES[cls] = type(cls.__name__, (cls,), {"__getstate__": __getstate__, "__module__":
+                                                                 cls.__module__, "__qualname__": cls.__qualname__})
+    return made
+
+
 def _retire(optimizer, made):
     """After a shared-storage apply(): `optimizer` (the one given) refuses _RETIRED, and its
     param_groups are `made`'s, so an LR scheduler made on it before apply() sets the lr that `made`
@@ -140,6 +161,7 @@ def _retire(optimizer, made):
     optimizer.state.clear()
     for name in _RETIRED:
         setattr(optimizer, name, _WeakMethod(name, optimizer))
+    optimizer.__class__ = _retired_type(type(optimizer))
 
 
 def _check_options(shared_storage, rounding, max_grad_norm, skip_nonfinite, recompute, recompute_activation_types,

@@ -197,12 +197,23 @@ def sparse_gradient_error(what, which, outcome):
 
 
 def _decoupled_as_torch_says(group, peer):
-    """The group, with `decoupled` (what the Adam step reads) from torch's decoupled_weight_decay
-    (newer torch.optim.Adam) when only that is given, and the peer (the group it updates, or the
-    defaults) has `decoupled`: an AdamW optimizer's."""
-    if "decoupled" in peer and "decoupled" not in group and "decoupled_weight_decay" in group:
+    """An AdamW group's two names for one switch, made alike where only one is given: `decoupled`
+    (what the Adam step reads) and torch's decoupled_weight_decay (newer torch.optim.Adam's, kept
+    so a state_dict loaded there steps the same way). Only where the peer (the group it updates,
+    or the defaults) has `decoupled`: an AdamW optimizer's. Both given and unlike: refused where
+    it is checked."""
+    if "decoupled" not in peer:
+        return group
+    if "decoupled_weight_decay" in group and "decoupled" not in group:
         return {**group, "decoupled": bool(group["decoupled_weight_decay"])}
+    if "decoupled" in group and "decoupled_weight_decay" not in group and "decoupled_weight_decay" in peer:
+        return {**group, "decoupled_weight_decay": bool(group["decoupled"])}
     return group
+
+
+def _decoupled_disagree(group):
+    return "decoupled" in group and "decoupled_weight_decay" in group and bool(group["decoupled"]) != bool(
+        group["decoupled_weight_decay"])
 
 
 def _check_param(p):
@@ -565,8 +576,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         masters = state_dict.get("stowage_master")
         if masters is not None:
             self._check_views("load_state_dict()")  # the masters are written last: refuse before the state changes
-        for saved, group in zip(groups, self.param_groups):
-            group.update(_decoupled_as_torch_says({k: v for k, v in saved.items() if k != "params"}, group))
+        updates = [_decoupled_as_torch_says({k: v for k, v in saved.items() if k != "params"}, group)
+                   for saved, group in zip(groups, self.param_groups)]
+        for i, update in enumerate(updates):
+            if _decoupled_disagree({**self.param_groups[i], **update}):
+                raise InvalidArgumentError(f"load_state_dict(): param group {i}: decoupled_weight_decay and decoupled "
+                                           "disagree (the step reads decoupled)")
+        for update, group in zip(updates, self.param_groups):
+            group.update(update)
         self.state.clear()
         self._batch_cache.clear()
         for (_, _, _, p), entry in zip(self._flat, states):
@@ -657,6 +674,14 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
 
     _state_keys = ("exp_avg", "exp_avg_sq")
 
+    def state_dict(self):
+        """As the base's, each group saying decoupled_weight_decay as well: newer torch.optim.Adam
+        takes a group without it as not decoupled, and would step an AdamW state as Adam's."""
+        sd = super().state_dict()
+        sd["param_groups"] = [g if "decoupled_weight_decay" in g else {**g, "decoupled_weight_decay": g.get("decoupled", True)}
+                              for g in sd["param_groups"]]
+        return sd
+
     @staticmethod
     def _check_hyper_parameters(group, what):
         """torch.optim.AdamW's rules, and finite (as the kernels take them)."""
@@ -667,10 +692,9 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
                                        f"eps={eps!r} weight_decay={wd!r} (lr, eps and weight_decay finite and "
                                        ">= 0, each beta in [0, 1))")
         # torch's key (newer torch.optim.Adam), kept for a state_dict loaded into torch, must say the same.
-        if "decoupled_weight_decay" in group and bool(group["decoupled_weight_decay"]) != bool(
-                group.get("decoupled", True)):
+        if _decoupled_disagree(group):
             raise InvalidArgumentError(f"{what}: decoupled_weight_decay={group['decoupled_weight_decay']!r} and "
-                                       f"decoupled={group.get('decoupled', True)!r} disagree (the step "
+                                       f"decoupled={group['decoupled']!r} disagree (the step "
                                        "reads decoupled): give them the same value")
 
     def _completed(self, state):

@@ -107,8 +107,9 @@ class SwapStats:
 
     @property
     def hook_ms(self):
-        """Host time the saved-tensor hooks took (the training loop's threads, forward's packs and
-        backward's unpacks): bookkeeping and issuing the copies, not the copies themselves."""
+        """Host time inside the saved-tensor hooks (forward's packs and backward's unpacks): on CUDA
+        their bookkeeping and issuing the copies; on the CPU, where the copies run inline, those too.
+        The swapped modules' wrappers' own work is not in it."""
         return self._ms["hook"]
 
     def _hook(self, seconds):
