@@ -18,12 +18,6 @@ using namespace stowage;
 using namespace stowage::estimate;
 using namespace stowage::testing;
 
-namespace {
-
-std::int64_t total_params(const ModelConfig& m) { return count_parameters(m, m.vocab_size).total(); }
-
-}  // namespace
-
 // Published parameter counts of the released checkpoints (sum of tensor sizes in the
 // Hugging Face safetensors indexes).
 TEST(EstimateInput, HuggingFaceConfigWithMoeFields) {

@@ -21,12 +21,6 @@ using namespace stowage;
 using namespace stowage::estimate;
 using namespace stowage::testing;
 
-namespace {
-
-std::int64_t total_params(const ModelConfig& m) { return count_parameters(m, m.vocab_size).total(); }
-
-}  // namespace
-
 TEST(EstimateInput, BadModelsNameTheField) {
   auto message = [](auto&& fn) {
     try {

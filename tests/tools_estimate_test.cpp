@@ -15,34 +15,21 @@
 #include "tools/estimate/fit.hpp"
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/report.hpp"
+#include "tools_estimate_test_util.hpp"
 
 using namespace stowage;
 using namespace stowage::estimate;
+using namespace stowage::testing;
 
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-RunConfig config_for(const std::string& name) {
-  RunConfig c;
-  c.model = preset(name);
-  c.allocator_overhead = 0.0;
-  return c;
-}
-
-std::int64_t total_params(const ModelConfig& m) { return count_parameters(m, m.vocab_size).total(); }
 
 std::int64_t kind(const StageMemory& m, const std::string& name) {
   for (const auto& a : m.activations)
     if (a.name == name) return a.bytes;
   ADD_FAILURE() << "no activation kind " << name;
   return -1;
-}
-
-std::string temp_file(const std::string& name, const std::string& text) {
-  const std::string path = std::string(STOWAGE_BINARY_DIR) + "/tools_estimate_test_" + name;
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
 }
 
 }  // namespace

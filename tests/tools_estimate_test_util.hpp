@@ -1,6 +1,7 @@
 #pragma once
-// Helpers for the estimate's input tests: a preset's run configuration and input files written
-// where the build keeps its scratch files; the command itself through tools_cli_test_util.hpp.
+// Helpers for the estimate's tests: a preset's run configuration, a model's parameter count and
+// input files written where the build keeps its scratch files; the command itself through tools_cli_test_util.hpp.
+#include <cstdint>
 #include <fstream>
 #include <string>
 
@@ -16,6 +17,11 @@ inline estimate::RunConfig config_for(const std::string& name) {
   c.model = estimate::preset(name);
   c.allocator_overhead = 0.0;
   return c;
+}
+
+// The model's parameters, its vocabulary's embedding and output layer included.
+inline std::int64_t total_params(const estimate::ModelConfig& m) {
+  return estimate::count_parameters(m, m.vocab_size).total();
 }
 
 // Writes `text` to a file in the build folder and returns its path.
