@@ -186,48 +186,37 @@ run() {
         > "$logs/torch_allocator_bench.txt" 2>&1 || bench_rc=$?
       pack
     fi
-    # The PyTorch techniques on the small GPT, with PyTorch's allocator and with stowage's.
+    # One run of the techniques bench on the small GPT (its arguments after the two given); logs
+    # torch_techniques.NAME.json and .txt.
+    techniques() {
+      local name=$1 limit=$2
+      shift 2
+      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout "$limit" python3 "$ROOT/bench/torch_techniques_bench.py" \
+        "$@" --json "$logs/torch_techniques.$name.json" > "$logs/torch_techniques.$name.txt" 2>&1 || bench_rc=$?
+      pack
+    }
+    local offload="torch,shared,offload_mapped,offload_streamed,torch_again"
+    # With PyTorch's allocator and with stowage's.
     local allocator
     for allocator in pytorch stowage; do
       [[ $benches == *" techniques "* || $benches == *" techniques_$allocator "* ]] || continue
-      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
-        --allocator $allocator $([[ $allocator == pytorch ]] && echo "--profile torch,shared,swap,recompute --recompute-hidden 4096,8192") \
-        --json "$logs/torch_techniques.$allocator.json" > "$logs/torch_techniques.$allocator.txt" 2>&1 ||
-        bench_rc=$?
-      pack
+      # shellcheck disable=SC2046
+      techniques $allocator 150 --allocator $allocator \
+        $([[ $allocator == pytorch ]] && echo "--profile torch,shared,swap,recompute --recompute-hidden 4096,8192")
     done
     # Optimizer-state offload against shared storage on device, with gradient accumulation 4.
-    if [[ $benches == *" offload "* ]]; then
-      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 150 python3 "$ROOT/bench/torch_techniques_bench.py" \
-        --accumulate 4 --steps 12 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
-        --json "$logs/torch_techniques.offload.json" > "$logs/torch_techniques.offload.txt" 2>&1 || bench_rc=$?
-      pack
-    fi
+    [[ $benches == *" offload "* ]] && techniques offload 150 --accumulate 4 --steps 12 --configs $offload
     # The same at 4x the tokens a micro-batch: mapped offload moves m and v over the link once a
     # step (16 B a parameter), so its share of the step falls as the step's compute grows; at
-    # batch 8 the link alone is ~8.6 % of the step, at batch 32 ~2 %.
-    if [[ $benches == *" offload_large "* ]]; then
-      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/bench/torch_techniques_bench.py" \
-        --accumulate 4 --batch 32 --steps 8 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
-        --json "$logs/torch_techniques.offload_large.json" > "$logs/torch_techniques.offload_large.txt" 2>&1 ||
-        bench_rc=$?
-      pack
-    fi
-    # And at 8 micro-batches a step: the link's share halves again.
-    if [[ $benches == *" offload_large_8 "* ]]; then
-      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/bench/torch_techniques_bench.py" \
-        --accumulate 8 --batch 32 --steps 6 --configs torch,shared,offload_mapped,offload_streamed,torch_again \
-        --json "$logs/torch_techniques.offload_large_8.json" > "$logs/torch_techniques.offload_large_8.txt" 2>&1 ||
-        bench_rc=$?
-      pack
-    fi
+    # batch 8 the link alone is ~8.6 % of the step, at batch 32 ~2 %. And at 8 micro-batches a
+    # step, where the link's share halves again.
+    [[ $benches == *" offload_large "* ]] &&
+      techniques offload_large 300 --accumulate 4 --batch 32 --steps 8 --configs $offload
+    [[ $benches == *" offload_large_8 "* ]] &&
+      techniques offload_large_8 300 --accumulate 8 --batch 32 --steps 6 --configs $offload
     # Swap and recompute at batch 32, where the configurations' costs stand above the run's noise.
-    if [[ $benches == *" swap_large "* ]]; then
-      STOWAGE_LIBRARY="$build/libstowage.so" PYTHONUNBUFFERED=1 timeout 300 python3 "$ROOT/bench/torch_techniques_bench.py" \
-        --batch 32 --steps 8 --configs torch,swap,recompute,all,torch_again \
-        --json "$logs/torch_techniques.swap_large.json" > "$logs/torch_techniques.swap_large.txt" 2>&1 || bench_rc=$?
-      pack
-    fi
+    [[ $benches == *" swap_large "* ]] &&
+      techniques swap_large 300 --batch 32 --steps 8 --configs torch,swap,recompute,all,torch_again
     if [[ $benches == *" cpp "* ]]; then
       local reps="--benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true"
       local b
