@@ -8,7 +8,8 @@ from .. import precision
 from ..errors import InvalidArgumentError, UnsupportedError
 from ._wrapping import check_names
 from .offload import check_options
-from .optim import SharedStorageAdamW, SharedStorageSGD, checked_entry, is_real, sparse_gradient_error
+from .optim import (SharedStorageAdamW, SharedStorageSGD, checked_entry, decoupled_disagree, is_real,
+                    sparse_gradient_error)
 from .recompute import DEFAULT_ACTIVATIONS, check_activation_types, recompute_activations
 from .swap import swap_activations
 
@@ -53,8 +54,7 @@ def _kept(settings, adam):
                                "supported (the fused step has no such form)")
     kept = {k: v for k, v in settings.items() if k not in _REFUSED_SWITCHES + _IMPLEMENTATION_SWITCHES}
     if adam is not None:
-        if "decoupled" in kept and "decoupled_weight_decay" in kept and bool(kept["decoupled"]) != bool(
-                kept["decoupled_weight_decay"]):
+        if decoupled_disagree(kept):
             raise InvalidArgumentError(f"shared storage: a group's decoupled={kept['decoupled']!r} and "
                                        f"decoupled_weight_decay={kept['decoupled_weight_decay']!r} disagree")
         kept["decoupled"] = bool(kept.get("decoupled_weight_decay", kept.get("decoupled", adam is torch.optim.AdamW)))

@@ -211,7 +211,8 @@ def _decoupled_as_torch_says(group, peer):
     return group
 
 
-def _decoupled_disagree(group):
+def decoupled_disagree(group):
+    """Both names of the switch given, and unlike."""
     return "decoupled" in group and "decoupled_weight_decay" in group and bool(group["decoupled"]) != bool(
         group["decoupled_weight_decay"])
 
@@ -579,7 +580,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         updates = [_decoupled_as_torch_says({k: v for k, v in saved.items() if k != "params"}, group)
                    for saved, group in zip(groups, self.param_groups)]
         for i, update in enumerate(updates):
-            if _decoupled_disagree({**self.param_groups[i], **update}):
+            if decoupled_disagree({**self.param_groups[i], **update}):
                 raise InvalidArgumentError(f"load_state_dict(): param group {i}: decoupled_weight_decay and decoupled "
                                            "disagree (the step reads decoupled)")
         for update, group in zip(updates, self.param_groups):
@@ -692,7 +693,7 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
                                        f"eps={eps!r} weight_decay={wd!r} (lr, eps and weight_decay finite and "
                                        ">= 0, each beta in [0, 1))")
         # torch's key (newer torch.optim.Adam), kept for a state_dict loaded into torch, must say the same.
-        if _decoupled_disagree(group):
+        if decoupled_disagree(group):
             raise InvalidArgumentError(f"{what}: decoupled_weight_decay={group['decoupled_weight_decay']!r} and "
                                        f"decoupled={group['decoupled']!r} disagree (the step "
                                        "reads decoupled): give them the same value")

@@ -470,7 +470,7 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         if c is s:
             where = f"{label} is"
         elif id(s) in name_of:
-            where = (f"{label} is {'around' if any(m is s for m in c.modules()) else 'inside'} "
+            where = (f"{label} is {'inside' if id(c) in below[id(s)] else 'around'} "
                      f"{name_of[id(s)] or 'the module given'}, which is")
         else:
             where = f"{label} is inside a {type(s).__name__} above {'it' if not n else 'the module given'}, which is"
