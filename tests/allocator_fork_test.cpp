@@ -189,6 +189,7 @@ TEST(AllocatorForkAdaptors, AnAllocatorMadeInTheChildWorksThere) {
   auto parent = test::small_device();
   CachingAllocator parents(*parent);
   parents.deallocate(parents.allocate(MiB));  // this thread's cache holds the parent's block
+  test::wait_for_other_threads_to_sleep();    // the parent device's worker has started
   const int status = in_child([] {
     auto dev = test::small_device();
     CachingAllocator a(*dev);

@@ -127,6 +127,7 @@ TEST(EmulatedFork, ADeviceMadeInTheChildWorksThere) {
   GTEST_SKIP() << "ThreadSanitizer cannot start threads after a multi-threaded fork() (it exits the child with 66)";
 #endif
   auto parent = make_emulated_device(0, EmulatedOptions{.capacity = 64 << 20});
+  test::wait_for_other_threads_to_sleep();  // the parent device's worker has started
   const int status = in_child([] {
     auto dev = make_emulated_device(1, EmulatedOptions{.capacity = 64 << 20});
     const Stream s = dev->create_stream(0);

@@ -9,13 +9,45 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "stowage/error.hpp"
 
 namespace stowage::test {
+
+// Waits (at most `limit`) until every other thread of this process has slept for three looks in a
+// row. A thread running at the fork may hold a lock that then stays held in the child: ASan's
+// runtime (GCC 12's) takes none of its allocator's locks around fork(), so a parent's thread that
+// was starting or freeing at that moment hangs the child's first allocation of that size class.
+// For a test whose child starts threads or allocates freely; tests that fork beside a busy
+// thread on purpose do not call it.
+inline void wait_for_other_threads_to_sleep(std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  const std::string self = std::to_string(::gettid());
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int quiet = 0; quiet < 3 && std::chrono::steady_clock::now() < deadline;) {
+    bool asleep = true;
+    std::error_code error;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", error)) {
+      if (task.path().filename() == self) continue;
+      std::ifstream stat(task.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const auto name_end = line.rfind(')');  // the state follows the name, which may hold spaces
+      if (name_end != std::string::npos && name_end + 2 < line.size() && line[name_end + 2] == 'R') {
+        asleep = false;
+        break;
+      }
+    }
+    if (error) return;  // no /proc: fork as before
+    quiet = asleep ? quiet + 1 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 // f's result as the child's exit status (98 when it threw), 128 + the signal that ended it, or
 // -1 (and a test failure) when fork() failed or the child did not end within `limit`.
