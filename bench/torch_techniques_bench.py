@@ -28,8 +28,9 @@ Deterministic settings: CUBLAS_WORKSPACE_CONFIG=:4096:8 and torch.use_determinis
 
 With recompute among the configurations, also the recompute's own cost against its MLP's, measured
 in isolation with the model's shapes in bf16, per layer: the MLP's forward and backward (fc1,
-activation, fc2) against what one recompute runs (the activation's forward and the copy into the
-released storage), for a GeLU and a SwiGLU layer. The recompute moves the activation's bytes; the
+activation, fc2) against what one recompute runs, for a GeLU and a SwiGLU layer: nn.GELU is one
+stowage computes straight into the released storage (stowage.torch._known_activations); SwiGLU
+takes the general path, its forward and the copy into the released storage. The recompute moves the activation's bytes; the
 MLP multiplies matrices, so the share falls as the hidden size grows.
 """
 import argparse
@@ -148,6 +149,7 @@ def recompute_share(device, args):
     the recompute moves T x ffn elements, the MLP multiplies T x hidden x ffn, so the share falls as
     1 / hidden."""
     from stowage.torch import gpt
+    from stowage.torch._known_activations import known_activation
     out = {}
     sizes = [(args.hidden, args.ffn)] + [(h, 4 * h) for h in args.recompute_hidden if h != args.hidden]
     for (hidden, ffn), (kind, swiglu) in ((size, k) for size in sizes for k in (("gelu", False), ("swiglu", True))):
@@ -162,13 +164,19 @@ def recompute_share(device, args):
         def forward_backward():
             mlp(x).backward(grad)
 
+        known = known_activation(mlp.act.forward, (inner,))
+
         def recompute():
             with torch.no_grad():
-                released.copy_(mlp.act(inner))
+                if known is not None:
+                    known.into(inner, released)
+                else:
+                    released.copy_(mlp.act(inner))
 
         mlp_ms, recompute_ms = timed_ms(forward_backward, device), timed_ms(recompute, device)
         key = kind if hidden == args.hidden else f"{kind}, hidden {hidden}, ffn {ffn}"
-        out[key] = {"mlp_ms": mlp_ms, "recompute_ms": recompute_ms, "share": recompute_ms / mlp_ms}
+        out[key] = {"mlp_ms": mlp_ms, "recompute_ms": recompute_ms, "share": recompute_ms / mlp_ms,
+                    "path": "into" if known is not None else "forward + copy"}
         del mlp, x, grad, inner, released
     return out
 

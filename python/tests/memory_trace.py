@@ -1,6 +1,8 @@
 """Bytes live in PyTorch's CPU allocator over a forward and a backward, from the profiler's
 allocation records (every allocation and free, in order; CPU backward runs in the calling thread):
 what a technique's memory claim is measured with."""
+import gc
+
 import pytest
 import torch
 
@@ -41,7 +43,16 @@ def forward_backward_bytes(forward, backward):
         out = forward()
         _mark()
         backward(out)
-    sizes = _records(run)
+    # Tensors of earlier tests left in reference cycles must not be freed inside the record: their
+    # frees would count against this forward.
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        sizes = _records(run)
+    finally:
+        if was_enabled:
+            gc.enable()
     marks = [i for i, b in enumerate(sizes) if b == _MARK]
     live, trace = 0, []
     for b in sizes:

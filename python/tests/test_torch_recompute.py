@@ -27,6 +27,14 @@ class SwiGLU(nn.Module):
         return F.silu(gate) * up
 
 
+class GeneralGelu(nn.Module):
+    """F.gelu in a module class of its own, which stowage does not know (_known_activations): it
+    takes the general path, a rerun with a graph and a copy into the released storage."""
+
+    def forward(self, x):
+        return F.gelu(x)
+
+
 class GeluDropout(nn.Module):
     def forward(self, x):
         return F.dropout(F.gelu(x), p=0.3, training=self.training)
@@ -69,7 +77,8 @@ class SharedTwice(Block):
 
 def make(kind, dtype=torch.float32, seed=0, block=Block):
     torch.manual_seed(seed)
-    act = {"gelu": nn.GELU, "swiglu": SwiGLU, "dropout": GeluDropout}[kind]
+    act = {"gelu": nn.GELU, "silu": nn.SiLU, "gelu_general": GeneralGelu, "swiglu": SwiGLU,
+           "dropout": GeluDropout}[kind]
     return nn.Sequential(*[block(MLP(act(), gated=kind == "swiglu")) for _ in range(LAYERS)]).to(dtype)
 
 
@@ -115,9 +124,9 @@ def train_side_by_side(kind, dtype, steps, block=Block, **kw):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("kind", ["gelu", "swiglu"])
+@pytest.mark.parametrize("kind", ["gelu", "silu", "gelu_general", "swiglu"])
 def test_losses_and_gradients_are_bit_identical_over_sgd_steps(kind, dtype):
-    types = (nn.GELU,) if kind == "gelu" else (SwiGLU,)
+    types = {"gelu": (nn.GELU,), "silu": (nn.SiLU,), "gelu_general": (GeneralGelu,), "swiglu": (SwiGLU,)}[kind]
     _, wrapped, handle = train_side_by_side(kind, dtype, steps=4, activation_types=types)
     itemsize = torch.tensor([], dtype=dtype).element_size()
     assert handle.stats.bytes_released == LAYERS * TOKENS * INTER * itemsize
@@ -209,19 +218,21 @@ def test_remove_restores_the_model():
     handle.remove()  # twice is harmless
 
 
-def test_backward_twice_with_retain_graph_recomputes_each_time():
-    plain = make("gelu")
+@pytest.mark.parametrize("kind", ["gelu", "gelu_general"])
+def test_backward_twice_with_retain_graph_recomputes_each_time(kind):
+    plain = make(kind)
     wrapped = copy.deepcopy(plain)
-    handle = recompute_activations(wrapped)
+    handle = recompute_activations(wrapped, activation_types=(nn.GELU, GeneralGelu))
     x = inputs(0, torch.float32)
     for model in (plain, wrapped):
         loss = loss_of(model, x)
         loss.backward(retain_graph=True)
-        loss.backward()  # the activations stay restored; their graphs are rebuilt
+        loss.backward()  # the activations stay restored; a general one's graph is rebuilt
         with pytest.raises(RuntimeError, match="second time"):
             loss.backward()
     assert_same_grads(plain, wrapped)
-    assert handle.stats.recomputations == 2 * LAYERS
+    # nn.GELU reruns once, into its storage; its backward needs no graph (_known_activations).
+    assert handle.stats.recomputations == (LAYERS if kind == "gelu" else 2 * LAYERS)
 
 
 def test_no_grad_forward_releases_nothing():
@@ -262,16 +273,17 @@ def test_autocast_is_replayed():
     assert handle.stats.bytes_released == TOKENS * INTER * 2  # bf16 output
 
 
-def test_low_level_release_and_recompute():
+@pytest.mark.parametrize("fn", [F.gelu, F.silu, lambda x: F.gelu(x)], ids=["gelu", "silu", "general"])
+def test_low_level_release_and_recompute(fn):
     torch.manual_seed(0)
     h = torch.randn(TOKENS, INTER, requires_grad=True)
     w = torch.randn(HIDDEN, INTER, requires_grad=True)
-    ref_a = F.gelu(h)
+    ref_a = fn(h)
     ref = (ref_a @ w.t()).square().sum()
     ref_grads = torch.autograd.grad(ref, (h, w))
 
     act = ReleasedActivation()
-    a = act.checkpoint(F.gelu, h)
+    a = act.checkpoint(fn, h)
     assert torch.equal(a, ref_a) and a.requires_grad
     y = a @ w.t()  # the consumer saves a
     act.release()
@@ -460,10 +472,10 @@ class LoopedMLP(nn.Module):
     """Activations held in an nn.ModuleList, which has no forward: the model's own forward loops
     over them (their caller is the model, not the list)."""
 
-    def __init__(self):
+    def __init__(self, act=nn.GELU):
         super().__init__()
         self.fcs = nn.ModuleList([nn.Linear(HIDDEN, INTER), nn.Linear(INTER, HIDDEN), nn.Linear(HIDDEN, INTER)])
-        self.acts = nn.ModuleList([nn.GELU(), nn.GELU(), nn.GELU()])
+        self.acts = nn.ModuleList([act(), act(), act()])
         self.out = nn.Linear(INTER, HIDDEN)
 
     def forward(self, x):
@@ -472,11 +484,12 @@ class LoopedMLP(nn.Module):
         return self.out(x)
 
 
-def test_activations_in_a_module_list_are_released_by_the_module_that_loops_over_them():
+@pytest.mark.parametrize("act", [nn.GELU, GeneralGelu])
+def test_activations_in_a_module_list_are_released_by_the_module_that_loops_over_them(act):
     torch.manual_seed(0)
-    plain = LoopedMLP()
+    plain = LoopedMLP(act)
     wrapped = copy.deepcopy(plain)
-    handle = recompute_activations(wrapped)
+    handle = recompute_activations(wrapped, activation_types=(act,))
     assert handle.modules == ["acts.0", "acts.1", "acts.2"]
     x = inputs(0, torch.float32)
     loss, ref = loss_of(wrapped, x), loss_of(plain, x)
@@ -484,8 +497,9 @@ def test_activations_in_a_module_list_are_released_by_the_module_that_loops_over
     assert handle.stats.bytes_released == 4 * TOKENS * (INTER + HIDDEN + INTER)
     loss.backward()
     ref.backward()
-    # Three restored by one hook: each graph is rebuilt in its own backward (a second rerun each).
-    assert torch.equal(loss, ref) and handle.stats.recomputations == 6
+    # Three restored by one hook. A general activation's graph is then rebuilt in its own backward
+    # (a second rerun each); nn.GELU's backward needs none.
+    assert torch.equal(loss, ref) and handle.stats.recomputations == (3 if act is nn.GELU else 6)
     assert_same_grads(wrapped, plain)
     handle.remove()
     assert all("forward" not in m.__dict__ for m in wrapped.modules())
@@ -571,10 +585,10 @@ def test_an_activation_instance_shared_by_every_layer_is_released_by_each_layer_
 class LoopedActs(nn.Module):
     """The model runs every activation itself: one parent for all of them."""
 
-    def __init__(self, layers=4, hidden=64, inter=256):
+    def __init__(self, act=nn.GELU, layers=4, hidden=64, inter=256):
         super().__init__()
         self.fc1 = nn.ModuleList([nn.Linear(hidden, inter) for _ in range(layers)])
-        self.acts = nn.ModuleList([nn.GELU() for _ in range(layers)])
+        self.acts = nn.ModuleList([act() for _ in range(layers)])
         self.fc2 = nn.ModuleList([nn.Linear(inter, hidden) for _ in range(layers)])
 
     def forward(self, x):
@@ -586,9 +600,9 @@ class LoopedActs(nn.Module):
 class LayeredActs(LoopedActs):
     """The same layers, each with its own parent."""
 
-    def __init__(self):
+    def __init__(self, act=nn.GELU):
         super().__init__()
-        self.layers = nn.ModuleList([SharedActMLP(nn.GELU()) for _ in range(4)])
+        self.layers = nn.ModuleList([SharedActMLP(act()) for _ in range(4)])
         for layer, fc1, fc2 in zip(self.layers, self.fc1, self.fc2):
             layer.fc1, layer.fc2 = fc1, fc2
         del self.fc1, self.fc2, self.acts
@@ -601,17 +615,18 @@ class LayeredActs(LoopedActs):
 
 @pytest.mark.parametrize("parents", ["one-for-all", "one-per-layer"])
 def test_measured_bytes_at_the_boundary_drop_by_the_released_outputs_and_backward_adds_at_most_one(parents):
-    """Bytes live in torch's allocator (every allocation and free the profiler records). At the
-    forward/backward boundary: the plain model's less each released output, plus the generator
-    state each released call keeps for its replay. During backward: a parent that runs several
-    activations restores them together when its output's gradient arrives; each graph is rebuilt
-    in its own backward, so the peak is at most the plain model's plus one output (before: plus
-    every output, each held twice until its backward ran). One parent per layer restores one at
-    a time: the backward peak is lower than the plain model's."""
+    """Bytes live in torch's allocator (every allocation and free the profiler records), for a
+    general activation (a rerun with a graph). At the forward/backward boundary: the plain model's
+    less each released output, plus the generator state each released call keeps for its replay.
+    During backward: a parent that runs several activations restores them together when its
+    output's gradient arrives; each graph is rebuilt in its own backward, so the peak is at most
+    the plain model's plus one output (before: plus every output, each held twice until its
+    backward ran). One parent per layer restores one at a time: the backward peak is lower than
+    the plain model's."""
     torch.manual_seed(0)
-    plain = LoopedActs() if parents == "one-for-all" else LayeredActs()
+    plain = LoopedActs(GeneralGelu) if parents == "one-for-all" else LayeredActs(GeneralGelu)
     model = copy.deepcopy(plain)
-    handle = recompute_activations(model)
+    handle = recompute_activations(model, activation_types=(GeneralGelu,))
     x = torch.randn(512, 64)
     base = forward_backward_bytes(lambda: plain(x).square().mean(), lambda loss: loss.backward())
     mine = forward_backward_bytes(lambda: model(x).square().mean(), lambda loss: loss.backward())
@@ -620,6 +635,31 @@ def test_measured_bytes_at_the_boundary_drop_by_the_released_outputs_and_backwar
     assert mine[0] == base[0] - 4 * output + 4 * rng
     if parents == "one-for-all":
         assert base[1] < mine[1] <= base[1] + output + 4 * rng
+    else:
+        assert mine[1] < base[1]
+    assert_same_grads(model, plain)
+
+
+@pytest.mark.parametrize("parents", ["one-for-all", "one-per-layer"])
+def test_a_known_activation_is_restored_into_its_own_bytes_and_keeps_no_generator_state(parents):
+    """nn.GELU (_known_activations): the restore writes into the released storage and backward
+    runs torch's gelu_backward on the saved input, so nothing is allocated that the plain model
+    would not hold: at the boundary exactly the released outputs less (no generator state, GeLU
+    draws no numbers), and the backward peak is the plain model's at most (one parent restores
+    all four at once: exactly its peak) or below it (a parent per layer restores one at a time)."""
+    torch.manual_seed(0)
+    plain = LoopedActs() if parents == "one-for-all" else LayeredActs()
+    model = copy.deepcopy(plain)
+    handle = recompute_activations(model)
+    x = torch.randn(512, 64)
+    base = forward_backward_bytes(lambda: plain(x).square().mean(), lambda loss: loss.backward())
+    mine = forward_backward_bytes(lambda: model(x).square().mean(), lambda loss: loss.backward())
+    output = 512 * 256 * 4
+    assert handle.stats.activations_released == 4 and handle.stats.bytes_released == 4 * output
+    assert handle.stats.recomputations == 4
+    assert mine[0] == base[0] - 4 * output
+    if parents == "one-for-all":
+        assert mine[1] == base[1]
     else:
         assert mine[1] < base[1]
     assert_same_grads(model, plain)

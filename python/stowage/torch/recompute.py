@@ -25,6 +25,7 @@ import weakref
 import torch
 
 from ..errors import InvalidArgumentError, StowageError, UnsupportedError
+from ._known_activations import known_activation
 from ._wrapping import WrapHandle, check_names, set_forward, storage_of as _storage, wrapped_as
 
 __all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute_activations",
@@ -86,7 +87,8 @@ def _autocast_state():
 
 class RecomputeStats:
     """bytes_released / activations_released: in the last forward of the wrapped model (or since
-    reset()); recomputations: activation forwards rerun in backward, since creation."""
+    reset()); recomputations: activation forwards rerun in backward, since creation (a known
+    activation, _known_activations, reruns only to restore released bytes)."""
 
     def __init__(self):
         self.bytes_released = 0
@@ -125,6 +127,11 @@ class _Checkpoint(torch.autograd.Function):
                                    "gradient: a gradient penalty, a Hessian-vector product) is not supported, its "
                                    "second-order terms would be lost; remove() recomputation for such a loss")
         owner = ctx.owner
+        if owner._known is not None:  # no graph: torch's own backward kernel on the saved input
+            if owner._storage is not None:  # released, and no hook restored it
+                owner._recompute()
+            x, = ctx.saved_tensors
+            return None, owner._known.backward(grad, x) if ctx.needs_input_grad[1] else None
         if owner._pending is None:  # restored without its graph, never released, or no hook fired
             owner._recompute()
         out, args = owner._pending
@@ -151,6 +158,8 @@ class ReleasedActivation:
         self._output = None     # weakref to the output, until release
         self._storage = None    # the released storage, until restored
         self._pending = None    # (recomputed output, detached args) for the backward node
+        self._known = None      # a KnownActivation: restored in place, no graph (_known_activations)
+        self._into = None       # for a known one: the released storage, seen by a tensor of its own
         # The hook keeps the recomputed graph for the backward node (one rerun). Off when several
         # activations are restored by the same hook tensor: each would then hold two copies of its
         # output until its own backward node runs; the graph is rebuilt there instead (two reruns).
@@ -162,8 +171,10 @@ class ReleasedActivation:
     def _run_forward(self, args):
         tensors = self._tensor_args(args)
         self._device = tensors[0].device if tensors else torch.device("cpu")
-        self._rng = _rng_state(self._device)
         self._autocast = _autocast_state()
+        if not any(on for _, on, _ in self._autocast):  # under autocast fn may run in another dtype
+            self._known = known_activation(self._fn, args)
+        self._rng = _rng_state(self._device) if self._known is None else None  # no dropout to replay
         self._template = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]
         self._versions = [t._version for t in tensors]
         out = self._fn(*args)  # autograd.Function.forward runs under no_grad
@@ -213,6 +224,10 @@ class ReleasedActivation:
             raise InvalidArgumentError("ReleasedActivation.release: the output was modified in place after fn; "
                                        "recomputation would not give those bytes back")
         self._shape, self._stride, self._dtype = out.shape, out.stride(), out.dtype
+        if self._known is not None:
+            # .data: the same storage under a version counter of its own, so writing the bytes back
+            # does not move the output's, which the consumers' saved views check.
+            self._into = out.data
         storage.resize_(0)
         self._storage, self._output = storage, None
         self.released_bytes = nbytes
@@ -252,6 +267,14 @@ class ReleasedActivation:
                                "inputs are gone)")
         if ctx is None and any(t._version != v for t, v in zip(inputs, self._versions)):
             raise StowageError("ReleasedActivation: an input was modified in place after the forward")
+        if self._known is not None:
+            if self._storage is not None:
+                self._storage.resize_(self.released_bytes)
+                with torch.no_grad():
+                    self._known.into(inputs[0], self._into)
+                self._storage = self._into = None
+                self.stats.recomputations += 1
+            return
         it = iter(inputs)
         args = []
         for a in self._template:
