@@ -188,8 +188,8 @@ def techniques(logs: Path) -> str:
         if share:
             out += ["Recompute against its MLP, per layer, in isolation with the model's shapes (bf16): the MLP's "
                     "forward + backward, and one recompute: the activation's forward and the copy into the released "
-                    "storage, or (path `into`, from 2026-11-27's second session on) GeLU computed straight into "
-                    "it.", "",
+                    "storage, or (path `into`, from 2026-11-27's second session on) the activation computed "
+                    "straight into it.", "",
                     table(["MLP", "forward + backward ms", "recompute ms", "recompute / MLP", "path"],
                           [[k, num(r["mlp_ms"]), num(r["recompute_ms"]), f"{100 * r['share']:.2f} %",
                             r.get("path", "forward + copy")] for k, r in share.items()]), ""]

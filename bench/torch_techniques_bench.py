@@ -28,9 +28,9 @@ Deterministic settings: CUBLAS_WORKSPACE_CONFIG=:4096:8 and torch.use_determinis
 
 With recompute among the configurations, also the recompute's own cost against its MLP's, measured
 in isolation with the model's shapes in bf16, per layer: the MLP's forward and backward (fc1,
-activation, fc2) against what one recompute runs, for a GeLU and a SwiGLU layer: nn.GELU is one
-stowage computes straight into the released storage (stowage.torch._known_activations); SwiGLU
-takes the general path, its forward and the copy into the released storage. The recompute moves the activation's bytes; the
+activation, fc2) against what one recompute runs, for a GeLU and a SwiGLU layer: both (nn.GELU, and gpt.SwiGLU
+through the recompute protocol) are computed straight into the released storage
+(stowage.torch._known_activations); any other would be its forward and the copy into the storage. The recompute moves the activation's bytes; the
 MLP multiplies matrices, so the share falls as the hidden size grows.
 """
 import argparse
@@ -169,7 +169,7 @@ def recompute_share(device, args):
         def recompute():
             with torch.no_grad():
                 if known is not None:
-                    known.into(inner, released)
+                    known.into(released, inner)
                 else:
                     released.copy_(mlp.act(inner))
 

@@ -11,6 +11,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 from stowage.errors import InvalidArgumentError, StowageError  # noqa: E402
+from stowage.torch import gpt  # noqa: E402
 from stowage.torch import recompute as rc  # noqa: E402
 from stowage.torch.recompute import ReleasedActivation, recompute_activations  # noqa: E402
 from stowage.errors import UnsupportedError  # noqa: E402
@@ -78,8 +79,8 @@ class SharedTwice(Block):
 def make(kind, dtype=torch.float32, seed=0, block=Block):
     torch.manual_seed(seed)
     act = {"gelu": nn.GELU, "silu": nn.SiLU, "gelu_general": GeneralGelu, "swiglu": SwiGLU,
-           "dropout": GeluDropout}[kind]
-    return nn.Sequential(*[block(MLP(act(), gated=kind == "swiglu")) for _ in range(LAYERS)]).to(dtype)
+           "swiglu_known": gpt.SwiGLU, "dropout": GeluDropout}[kind]
+    return nn.Sequential(*[block(MLP(act(), gated=kind.startswith("swiglu"))) for _ in range(LAYERS)]).to(dtype)
 
 
 def inputs(step, dtype):
@@ -124,9 +125,10 @@ def train_side_by_side(kind, dtype, steps, block=Block, **kw):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("kind", ["gelu", "silu", "gelu_general", "swiglu"])
+@pytest.mark.parametrize("kind", ["gelu", "silu", "gelu_general", "swiglu", "swiglu_known"])
 def test_losses_and_gradients_are_bit_identical_over_sgd_steps(kind, dtype):
-    types = {"gelu": (nn.GELU,), "silu": (nn.SiLU,), "gelu_general": (GeneralGelu,), "swiglu": (SwiGLU,)}[kind]
+    types = {"gelu": (nn.GELU,), "silu": (nn.SiLU,), "gelu_general": (GeneralGelu,), "swiglu": (SwiGLU,),
+             "swiglu_known": (gpt.SwiGLU,)}[kind]
     _, wrapped, handle = train_side_by_side(kind, dtype, steps=4, activation_types=types)
     itemsize = torch.tensor([], dtype=dtype).element_size()
     assert handle.stats.bytes_released == LAYERS * TOKENS * INTER * itemsize
@@ -182,11 +184,11 @@ def saved_bytes_and_grads(model, x):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("kind", ["gelu", "swiglu"])
+@pytest.mark.parametrize("kind", ["gelu", "swiglu", "swiglu_known"])
 def test_saved_bytes_drop_by_the_released_activations(kind, dtype):
     plain = make(kind, dtype)
     wrapped = copy.deepcopy(plain)
-    handle = recompute_activations(wrapped, activation_types=(nn.GELU, SwiGLU))
+    handle = recompute_activations(wrapped, activation_types=(nn.GELU, SwiGLU, gpt.SwiGLU))
     x = inputs(0, dtype)
     before, loss0 = saved_bytes_and_grads(plain, x)
     after, loss1 = saved_bytes_and_grads(wrapped, x)
@@ -218,11 +220,11 @@ def test_remove_restores_the_model():
     handle.remove()  # twice is harmless
 
 
-@pytest.mark.parametrize("kind", ["gelu", "gelu_general"])
+@pytest.mark.parametrize("kind", ["gelu", "gelu_general", "swiglu_known"])
 def test_backward_twice_with_retain_graph_recomputes_each_time(kind):
     plain = make(kind)
     wrapped = copy.deepcopy(plain)
-    handle = recompute_activations(wrapped, activation_types=(nn.GELU, GeneralGelu))
+    handle = recompute_activations(wrapped, activation_types=(nn.GELU, GeneralGelu, gpt.SwiGLU))
     x = inputs(0, torch.float32)
     for model in (plain, wrapped):
         loss = loss_of(model, x)
@@ -231,8 +233,9 @@ def test_backward_twice_with_retain_graph_recomputes_each_time(kind):
         with pytest.raises(RuntimeError, match="second time"):
             loss.backward()
     assert_same_grads(plain, wrapped)
-    # nn.GELU reruns once, into its storage; its backward needs no graph (_known_activations).
-    assert handle.stats.recomputations == (LAYERS if kind == "gelu" else 2 * LAYERS)
+    # A known activation reruns once, into its storage; its backward needs no graph (the second
+    # one recomputes silu(gate) inside SwiGLU's recompute_backward: _known_activations).
+    assert handle.stats.recomputations == (2 * LAYERS if kind == "gelu_general" else LAYERS)
 
 
 def test_no_grad_forward_releases_nothing():
@@ -753,3 +756,20 @@ def test_a_refusal_among_several_activations_releases_none_of_them():
     with pytest.raises(InvalidArgumentError, match="a2's output is .*an output of its parent"):
         model(x)
     assert handle.stats.activations_released == 0  # a1's was not released without its hook
+
+
+class HalfProtocol(nn.Module):
+    def forward(self, x):
+        return F.gelu(x)
+
+    def recompute_into(self, out, x):
+        torch._C._nn.gelu(x, out=out)
+
+
+def test_half_of_the_recompute_protocol_is_refused_at_the_first_forward():
+    model = make("gelu")
+    for block in model:
+        block.mlp.act = HalfProtocol()
+    recompute_activations(model, activation_types=(HalfProtocol,))
+    with pytest.raises(InvalidArgumentError, match="recompute_backward"):
+        loss_of(model, inputs(0, torch.float32))

@@ -19,11 +19,30 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """silu(gate) * up, with gate and up the two halves of the input's last dimension."""
+    """silu(gate) * up, with gate and up the two halves of the input's last dimension. Implements
+    stowage's recompute protocol (stowage.torch._known_activations): recomputation writes the
+    product straight into the released storage and keeps silu(gate), which the product's
+    gradient needs, for backward."""
 
     def forward(self, x):
         gate, up = x.chunk(2, dim=-1)
         return nn.functional.silu(gate) * up
+
+    def recompute_into(self, out, x):
+        gate, up = x.chunk(2, dim=-1)
+        silu = nn.functional.silu(gate)
+        torch.mul(silu, up, out=out)
+        return silu
+
+    def recompute_backward(self, grad, silu, x):
+        # What autograd runs through forward's graph: the product's two gradients (grad * other),
+        # silu's backward on the gate, and the chunk's (the halves side by side).
+        gate, up = x.chunk(2, dim=-1)
+        if silu is None:
+            silu = nn.functional.silu(gate)
+        grad_up = grad * silu
+        grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        return (torch.cat([grad_gate, grad_up], dim=-1),)
 
 
 class Attention(nn.Module):

@@ -127,11 +127,12 @@ class _Checkpoint(torch.autograd.Function):
                                    "gradient: a gradient penalty, a Hessian-vector product) is not supported, its "
                                    "second-order terms would be lost; remove() recomputation for such a loss")
         owner = ctx.owner
-        if owner._known is not None:  # no graph: torch's own backward kernel on the saved input
+        if owner._known is not None:  # no graph: the backward kernels on the saved inputs
             if owner._storage is not None:  # released, and no hook restored it
                 owner._recompute()
-            x, = ctx.saved_tensors
-            return None, owner._known.backward(grad, x) if ctx.needs_input_grad[1] else None
+            kept, owner._kept = owner._kept, None
+            grads = owner._known.backward(grad, kept, *ctx.saved_tensors)  # every argument is a tensor
+            return (None,) + tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[1:]))
         if owner._pending is None:  # restored without its graph, never released, or no hook fired
             owner._recompute()
         out, args = owner._pending
@@ -160,6 +161,7 @@ class ReleasedActivation:
         self._pending = None    # (recomputed output, detached args) for the backward node
         self._known = None      # a KnownActivation: restored in place, no graph (_known_activations)
         self._into = None       # for a known one: the released storage, seen by a tensor of its own
+        self._kept = None       # for a known one: what its restore left for its backward
         # The hook keeps the recomputed graph for the backward node (one rerun). Off when several
         # activations are restored by the same hook tensor: each would then hold two copies of its
         # output until its own backward node runs; the graph is rebuilt there instead (two reruns).
@@ -271,7 +273,9 @@ class ReleasedActivation:
             if self._storage is not None:
                 self._storage.resize_(self.released_bytes)
                 with torch.no_grad():
-                    self._known.into(inputs[0], self._into)
+                    kept = self._known.into(self._into, *inputs)
+                # Kept until the backward node, as the graph is (see graph_at_restore).
+                self._kept = kept if ctx is not None and graph else None
                 self._storage = self._into = None
                 self.stats.recomputations += 1
             return
