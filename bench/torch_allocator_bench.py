@@ -8,7 +8,11 @@ is chosen before CUDA's first allocation). Prints Markdown tables.
 2. The same pair from 1, 2 and 8 threads at once, made through PyTorch's C++ API
    (bench/torch_threads_pair.cpp, compiled with torch.utils.cpp_extension): pairs a second over all
    threads, each allocator against PyTorch's.
-3. Peak reserved over a training-like trace whose sequence length changes every step (activations
+3. Where the shim's extra time is (a diagnosis, pairs only): PyTorch's own allocator and the plain
+   pluggable one again, each in a process that has also built and loaded the shim module without
+   installing it. If loading alone slows them (a late dlopen's thread-local storage, a second
+   libcudart), the gap is the loading's, not the allocator's.
+4. Peak reserved over a training-like trace whose sequence length changes every step (activations
    of a transformer block allocated and freed in forward/backward order), against PyTorch with and
    without `expandable_segments:True`. Target: stowage below both.
 
@@ -33,9 +37,15 @@ MODES = {  # name: (how stowage is enabled, PYTORCH_CUDA_ALLOC_CONF)
     "torch": (None, ""), "torch_expandable": (None, "expandable_segments:True"),
     "stowage_shim": ("required", ""), "stowage_plain": (False, ""),
 }
+# Diagnosis modes (pairs only): a mode of MODES in a process that has loaded the shim module too.
+SHIM_LOADED = {"torch_shim_loaded": "torch", "stowage_plain_shim_loaded": "stowage_plain"}
 
 
 def enable(mode):
+    if mode in SHIM_LOADED:
+        import stowage.torch
+        stowage.torch.build_shim()  # loaded into the process, never installed
+        mode = SHIM_LOADED[mode]
     how = MODES[mode][0]
     if how is None:
         return
@@ -109,6 +119,8 @@ def trace_peak(mode):
 
 def child(mode, trace):
     enable(mode)
+    if mode in SHIM_LOADED:
+        return {"pairs": pair_times(), "threads": {}, "trace_peak": None}
     return {"pairs": pair_times(), "threads": thread_pairs("cuda"),
             "trace_peak": trace_peak(mode) if trace else None}
 
@@ -147,11 +159,12 @@ def main():
                PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # The modes take turns, ROUNDS times, each run a fresh process: a pair's time is the median over
     # the rounds of each run's median, so one slow process (placement, clocks) does not decide it.
-    runs = {mode: [] for mode in MODES}
-    thread_runs = {mode: [] for mode in MODES}
+    runs = {mode: [] for mode in (*MODES, *SHIM_LOADED)}
+    thread_runs = {mode: [] for mode in runs}
     trace = {}
     for round_ in range(ROUNDS):
-        for mode, (_, conf) in MODES.items():
+        for mode in runs:
+            conf = MODES[SHIM_LOADED.get(mode, mode)][1]
             what = "trace" if round_ == 0 else "pairs"
             run = subprocess.run([sys.executable, __file__, "--child", mode, what], capture_output=True, text=True,
                                  env=dict(env, PYTORCH_CUDA_ALLOC_CONF=conf))
@@ -169,8 +182,9 @@ def main():
                       "threads": {t: {size: sorted(run[t][size] for run in thread_runs[mode])[ROUNDS // 2]
                                       for size in THREAD_SIZES} for t in THREADS},
                       "trace_peak": trace[mode]} for mode in MODES}
-    print(f"GPU: {torch.cuda.get_device_name(0)}; PyTorch {torch.__version__}; median over {ROUNDS} interleaved "
-          f"processes of the median of {REPEATS} x {PAIRS} pairs\n")
+    libc = " ".join(os.confstr("CS_GNU_LIBC_VERSION").split()) if "CS_GNU_LIBC_VERSION" in os.confstr_names else "?"
+    print(f"GPU: {torch.cuda.get_device_name(0)}; PyTorch {torch.__version__}; {libc}; median over {ROUNDS} "
+          f"interleaved processes of the median of {REPEATS} x {PAIRS} pairs\n")
     print("| size | PyTorch ns/pair | stowage shim ns/pair | shim / PyTorch | stowage plain ns/pair | plain / PyTorch |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in SIZES:
@@ -178,6 +192,16 @@ def main():
         s = results["stowage_shim"]["pairs"][size]
         p = results["stowage_plain"]["pairs"][size]
         print(f"| {size_label(size)} | {t:.0f} | {s:.0f} | {s / t:.2f}x | {p:.0f} | {p / t:.2f}x |")
+    loaded = {mode: {size: sorted(run[size] for run in runs[mode])[ROUNDS // 2] for size in SIZES}
+              for mode in SHIM_LOADED}
+    print("\nThe same pair in processes that also loaded the shim module without installing it (where the "
+          "shim's extra time is: loading it, or running it):\n")
+    print("| size | PyTorch, shim loaded | / PyTorch | plain, shim loaded | / plain |")
+    print("|---:|---:|---:|---:|---:|")
+    for size in SIZES:
+        t, p = loaded["torch_shim_loaded"][size], loaded["stowage_plain_shim_loaded"][size]
+        print(f"| {size_label(size)} | {t:.0f} | {t / results['torch']['pairs'][size]:.2f}x | {p:.0f} | "
+              f"{p / results['stowage_plain']['pairs'][size]:.2f}x |")
     print(f"\nPairs from several threads at once through PyTorch's C++ API (`bench/torch_threads_pair.cpp`), "
           f"{THREAD_PAIRS} pairs in all per measurement; {os.cpu_count()} CPUs. Millions of pairs a second over "
           f"all threads (higher is better); the ratios are stowage's time a pair over PyTorch's, as above.\n")
