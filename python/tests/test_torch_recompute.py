@@ -773,3 +773,124 @@ def test_half_of_the_recompute_protocol_is_refused_at_the_first_forward():
     recompute_activations(model, activation_types=(HalfProtocol,))
     with pytest.raises(InvalidArgumentError, match="recompute_backward"):
         loss_of(model, inputs(0, torch.float32))
+
+
+class GeGLU(gpt.SwiGLU):
+    """Overrides forward but inherits SwiGLU's protocol, which describes the parent's forward."""
+
+    def forward(self, x):
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate) * up
+
+
+class ScaledSiLU(gpt.SwiGLU):
+    """The protocol with a parameter that trains: its gradient flows only through a graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.beta = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate * self.beta) * up
+
+    def recompute_into(self, out, x):
+        torch.mul(F.silu(x.chunk(2, dim=-1)[0] * self.beta), x.chunk(2, dim=-1)[1], out=out)
+
+    def recompute_backward(self, grad, kept, x):
+        raise AssertionError("not used: beta trains")
+
+
+class DropoutSwiGLU(gpt.SwiGLU):
+    """The protocol over a forward that draws numbers: recompute_into must see the same mask."""
+
+    def forward(self, x):
+        return F.dropout(super().forward(x), p=0.3)
+
+    def recompute_into(self, out, x):
+        out.copy_(F.dropout(super().forward(x), p=0.3))
+
+    def recompute_backward(self, grad, kept, x):
+        raise AssertionError("not reached: the test compares the restored bytes")
+
+
+@pytest.mark.parametrize("act", [GeGLU, ScaledSiLU], ids=["forward-overridden", "parameter-trains"])
+def test_a_protocol_that_does_not_describe_the_module_takes_the_general_path(act):
+    torch.manual_seed(0)
+    plain = nn.Sequential(*[Block(MLP(act(), gated=True)) for _ in range(LAYERS)])
+    wrapped = copy.deepcopy(plain)
+    handle = recompute_activations(wrapped, activation_types=(act,))
+    x = inputs(0, torch.float32)
+    loss, ref = loss_of(wrapped, x), loss_of(plain, x)
+    loss.backward()
+    ref.backward()
+    assert torch.equal(loss, ref) and handle.stats.activations_released == LAYERS
+    assert_same_grads(wrapped, plain)  # beta's included
+    assert handle.stats.recomputations == LAYERS  # the general path's one rerun, its graph kept
+
+
+def test_a_protocol_module_restores_under_the_forwards_generator_state():
+    torch.manual_seed(0)
+    h = torch.randn(TOKENS, 2 * INTER, requires_grad=True)
+    w = torch.randn(HIDDEN, INTER, requires_grad=True)
+    act_module = DropoutSwiGLU()
+    act = ReleasedActivation()
+    torch.manual_seed(7)
+    a = act.checkpoint(act_module.forward, h)
+    expected = a.clone()
+    y = a @ w.t()
+    act.release()
+    torch.rand(100)  # the training loop's generator moves on
+    act._recompute(graph=False)  # what the hook does
+    assert torch.equal(a, expected)
+
+
+def test_replaced_gelu_and_silu_are_not_taken_for_torchs(monkeypatch):
+    from stowage.torch._known_activations import known_activation
+    x = torch.randn(3, 4)
+    assert known_activation(nn.GELU().forward, (x,)) is not None
+    assert known_activation(nn.SiLU().forward, (x,)) is not None
+    monkeypatch.setattr(F, "gelu", lambda t, approximate="none": torch.tanh(t))
+    monkeypatch.setattr(F, "silu", lambda t, inplace=False: torch.sigmoid(t))
+    assert known_activation(nn.GELU().forward, (x,)) is None and known_activation(F.gelu, (x,)) is None
+    assert known_activation(nn.SiLU().forward, (x,)) is None and known_activation(F.silu, (x,)) is None
+    # And end to end: the replaced function's gradients, not gelu_backward's.
+    plain = make("gelu")
+    wrapped = copy.deepcopy(plain)
+    recompute_activations(wrapped)
+    x = inputs(0, torch.float32)
+    loss, ref = loss_of(wrapped, x), loss_of(plain, x)
+    loss.backward()
+    ref.backward()
+    assert torch.equal(loss, ref)
+    assert_same_grads(wrapped, plain)
+
+
+class SwiGLUMLP(nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(64, 512), act, nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def test_swiglu_through_the_protocol_peaks_one_output_below_the_general_path():
+    """Measured bytes (memory_trace): at the boundary both paths hold the plain model's less the
+    output and silu(gate); in backward the protocol path holds the kept silu(gate) while it writes
+    the product's gradients into the input's gradient (one output above the plain model's peak),
+    the general path the rerun graph's output besides (two above). Both keep the generator state
+    (a protocol module may draw numbers)."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 64)
+    output, rng = 512 * 256 * 4, torch.get_rng_state().numel()
+    peaks = {}
+    for name, act in (("plain", gpt.SwiGLU), ("protocol", gpt.SwiGLU), ("general", SwiGLU)):
+        torch.manual_seed(0)
+        model = SwiGLUMLP(act())
+        if name != "plain":
+            recompute_activations(model, activation_types=(act,))
+        peaks[name] = forward_backward_bytes(lambda: model(x).square().mean(), lambda loss: loss.backward())
+    assert peaks["protocol"][0] == peaks["general"][0] == peaks["plain"][0] - 2 * output + rng
+    assert peaks["protocol"][1] == peaks["general"][1] - output
+    assert peaks["protocol"][1] <= peaks["plain"][1] + output + rng

@@ -36,13 +36,16 @@ class SwiGLU(nn.Module):
 
     def recompute_backward(self, grad, silu, x):
         # What autograd runs through forward's graph: the product's two gradients (grad * other),
-        # silu's backward on the gate, and the chunk's (the halves side by side).
+        # silu's backward on the gate, and the chunk's (the halves side by side), each written
+        # into its half of the input's gradient rather than concatenated from two more tensors.
         gate, up = x.chunk(2, dim=-1)
         if silu is None:
             silu = nn.functional.silu(gate)
-        grad_up = grad * silu
-        grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
-        return (torch.cat([grad_gate, grad_up], dim=-1),)
+        grad_x = torch.empty_like(x)
+        grad_gate, grad_up = grad_x.chunk(2, dim=-1)
+        torch.mul(grad, silu, out=grad_up)
+        torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=grad_gate)
+        return (grad_x,)
 
 
 class Attention(nn.Module):

@@ -176,7 +176,8 @@ class ReleasedActivation:
         self._autocast = _autocast_state()
         if not any(on for _, on, _ in self._autocast):  # under autocast fn may run in another dtype
             self._known = known_activation(self._fn, args)
-        self._rng = _rng_state(self._device) if self._known is None else None  # no dropout to replay
+        # torch's GeLU and SiLU draw no numbers; a protocol module may (dropout).
+        self._rng = _rng_state(self._device) if self._known is None or self._known.replay else None
         self._template = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]
         self._versions = [t._version for t in tensors]
         out = self._fn(*args)  # autograd.Function.forward runs under no_grad
@@ -259,6 +260,12 @@ class ReleasedActivation:
         if self._storage is not None:
             self._recompute(graph=self.graph_at_restore)
 
+    def _replay_forward_state(self, stack):
+        # The forward's generator state (dropout) and autocast, for as long as the stack is open.
+        stack.enter_context(_replayed_rng(self._device, self._rng))
+        for dev, on, dtype in self._autocast:
+            stack.enter_context(torch.autocast(dev, enabled=on, dtype=dtype))
+
     def _recompute(self, graph=True):
         """Reruns fn from the saved inputs; puts the bytes back if they are released; keeps the
         graph for the backward node when `graph` (and there is a backward node)."""
@@ -272,7 +279,10 @@ class ReleasedActivation:
         if self._known is not None:
             if self._storage is not None:
                 self._storage.resize_(self.released_bytes)
-                with torch.no_grad():
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(torch.no_grad())
+                    if self._known.replay:
+                        self._replay_forward_state(stack)
                     kept = self._known.into(self._into, *inputs)
                 # Kept until the backward node, as the graph is (see graph_at_restore).
                 self._kept = kept if ctx is not None and graph else None
@@ -288,9 +298,7 @@ class ReleasedActivation:
             else:
                 args.append(a)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_replayed_rng(self._device, self._rng))
-            for dev, on, dtype in self._autocast:
-                stack.enter_context(torch.autocast(dev, enabled=on, dtype=dtype))
+            self._replay_forward_state(stack)
             keep = ctx is not None and graph
             stack.enter_context(torch.enable_grad() if keep else torch.no_grad())
             out = self._fn(*args)
