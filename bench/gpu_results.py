@@ -135,6 +135,10 @@ def torch_allocator(logs: Path) -> str:
         out += ["### PyTorch drop-in: allocation pair and peak reserved (`bench/torch_allocator_bench.py`)", "", bench, ""]
     if pluggable:
         out += ["### PyTorch drop-in: a transformer trained (`tests/integration/torch_pluggable.py`)", "", pluggable, ""]
+    paths = text(logs, "torch_recompute_paths.txt").strip()
+    if paths:
+        out += ["### Recompute in a whole layer, in place against the general path (`bench/torch_recompute_paths.py`)",
+                "", paths, ""]
     return "\n".join(out).rstrip()
 
 

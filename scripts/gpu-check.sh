@@ -179,8 +179,8 @@ run() {
     bench_rc=0
     # GPU_CHECK_BENCH picks benchmarks (default: all), run in this order, the PyTorch ones first:
     # torch_allocator, techniques (pytorch then stowage allocator), offload, offload_large,
-    # offload_large_8, swap_large, cpp (the BM_Cuda* benchmarks), offload_tool.
-    local benches=" ${GPU_CHECK_BENCH:-torch_allocator techniques offload offload_large offload_large_8 swap_large cpp offload_tool} "
+    # offload_large_8, swap_large, recompute_paths, cpp (the BM_Cuda* benchmarks), offload_tool.
+    local benches=" ${GPU_CHECK_BENCH:-torch_allocator techniques offload offload_large offload_large_8 swap_large recompute_paths cpp offload_tool} "
     if [[ $benches == *" torch_allocator "* ]]; then
       PYTHONUNBUFFERED=1 timeout 360 python3 "$ROOT/bench/torch_allocator_bench.py" "$build/libstowage.so" \
         > "$logs/torch_allocator_bench.txt" 2>&1 || bench_rc=$?
@@ -217,6 +217,13 @@ run() {
     # Swap and recompute at batch 32, where the configurations' costs stand above the run's noise.
     [[ $benches == *" swap_large "* ]] &&
       techniques swap_large 300 --batch 32 --steps 8 --configs torch,swap,recompute,all,torch_again
+    # Recompute's cost in a whole layer's forward + backward, in place against the general path.
+    if [[ $benches == *" recompute_paths "* ]]; then
+      PYTHONUNBUFFERED=1 timeout 180 python3 "$ROOT/bench/torch_recompute_paths.py" --device cuda --dtype bfloat16 \
+        --hidden 1024,4096,8192 --tokens 8192 --json "$logs/torch_recompute_paths.json" \
+        > "$logs/torch_recompute_paths.txt" 2>&1 || bench_rc=$?
+      pack
+    fi
     if [[ $benches == *" cpp "* ]]; then
       local reps="--benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true"
       local b
