@@ -166,6 +166,8 @@ def techniques(logs: Path) -> str:
                                                   if run.startswith("offload") or run == "swap_large" else "")
         if run.startswith("offload_large") or run == "swap_large":
             command += f" --batch {args['batch']} --steps {args['steps']}"
+        if "command" in data:  # the arguments as given, from 2026-11-27's second session on
+            command = " ".join(a for a in data["command"] if not a.endswith(".json") and a != "--json")
         out += [f"### PyTorch techniques on the small GPT, {allocator} allocator, {accumulate} micro-batch(es) a step "
                 f"(`bench/torch_techniques_bench.py {command}`)", "",
                 f"{first['parameters']:,} parameters, batch {args['batch']} × sequence {args['seq']}, {args['layers']} "

@@ -359,8 +359,9 @@ def main(argv=None):
               f"backward {r['mlp_ms']:.4f} ms: {100 * r['share']:.2f} %")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"schema": "stowage.torch_techniques_bench/1", "args": vars(args), "results": results,
-                       "recompute_share": share, "link": link}, f, indent=1)
+            command = list(sys.argv[1:] if argv is None else argv)  # as given, for the write-up
+            json.dump({"schema": "stowage.torch_techniques_bench/1", "args": vars(args), "command": command,
+                       "results": results, "recompute_share": share, "link": link}, f, indent=1)
     bad = [c for c, r in results.items() if r["same_losses_as_peer"] is False]
     if bad:
         print(f"losses differ from the peer's in: {', '.join(bad)}")
