@@ -8,6 +8,11 @@ shared machine hits them alike; each time is the median of the rounds. Prints a 
 
     python3 bench/torch_recompute_paths.py [--device cpu|cuda] [--hidden 256,512,1024] [--tokens 2048]
                                            [--dtype float32|bfloat16] [--rounds 30] [--json FILE]
+
+Also, without the matmuls, what each path adds by itself for one activation of tokens x ffn: the
+restore (in place: the activation written into the storage; general: the rerun with its graph and
+the copy) plus the activation's backward (in place: the backward kernels on the saved input;
+general: autograd through the rerun's graph), against the plain activation's own backward.
 """
 import argparse
 import copy
@@ -86,6 +91,56 @@ def measure(hidden, kind, args, device, dtype):
             "same_gradients": same}
 
 
+def activation_only(hidden, kind, args, device, dtype):
+    """ms of: the plain activation's backward; each path's restore + backward of one activation."""
+    from stowage.torch._known_activations import known_activation
+    gated = kind == "swiglu"
+    ffn = 4 * hidden
+    known_act, general_act = (gpt.SwiGLU(), GeneralSwiGLU()) if gated else (nn.GELU(), GeneralGelu())
+    x = torch.randn(args.tokens, 2 * ffn if gated else ffn, device=device, dtype=dtype)
+    grad = torch.randn(args.tokens, ffn, device=device, dtype=dtype)
+    out = torch.empty(args.tokens, ffn, device=device, dtype=dtype)
+    known = known_activation(known_act.forward, (x,))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def plain():
+        leaf = x.detach().requires_grad_()
+        y = known_act(leaf)
+        sync()
+        t0 = time.perf_counter()
+        y.backward(grad)
+        sync()
+        return time.perf_counter() - t0
+
+    def in_place():
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            kept = known.into(out, x)
+        known.backward(grad, kept, x)
+        sync()
+        return time.perf_counter() - t0
+
+    def general():
+        sync()
+        t0 = time.perf_counter()
+        leaf = x.detach().requires_grad_()
+        y = general_act(leaf)
+        with torch.no_grad():
+            out.copy_(y)
+        torch.autograd.backward(y, grad)
+        sync()
+        return time.perf_counter() - t0
+
+    times = {"plain": [], "in_place": [], "general": []}
+    for round_ in range(args.rounds + 3):
+        for name, fn in (("plain", plain), ("in_place", in_place), ("general", general)):
+            t = fn()
+            if round_ >= 3:
+                times[name].append(t * 1e3)
+    return {f"{name}_ms": statistics.median(t) for name, t in times.items()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -94,13 +149,31 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--activation-only", action="store_true", help="only the activation's own costs (no layer)")
     args = ap.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cuda":
         torch.backends.cudnn.deterministic = True
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    alone = {f"{kind}, ffn {4 * h}": activation_only(h, kind, args, device, dtype)
+             for kind in ("gelu", "swiglu") for h in args.hidden}
+    print(f"{name}; PyTorch {torch.__version__}; {args.dtype}; one activation of {args.tokens} tokens; median of "
+          f"{args.rounds} interleaved rounds\n")
+    print("| activation | plain backward ms | in place: restore + backward ms | general: restore + backward ms |"
+          " in place / general |")
+    print("|---|---:|---:|---:|---:|")
+    for key, r in alone.items():
+        print(f"| {key} | {r['plain_ms']:.3f} | {r['in_place_ms']:.3f} | {r['general_ms']:.3f} | "
+              f"{r['in_place_ms'] / r['general_ms']:.2f}x |")
+    print()
+    if args.activation_only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": name, "torch": torch.__version__, "dtype": args.dtype, "tokens": args.tokens,
+                           "activation_only": alone}, f, indent=1)
+        return 0
     results = {f"{kind}, hidden {h}": measure(h, kind, args, device, dtype)
                for kind in ("gelu", "swiglu") for h in args.hidden}
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"{name}; PyTorch {torch.__version__}; {args.dtype}; {args.tokens} tokens, ffn 4 x hidden; median of "
           f"{args.rounds} interleaved rounds of one forward + backward\n")
     print("| layer | plain ms | in place / plain | general / plain | gradients equal |")
@@ -111,7 +184,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "torch": torch.__version__, "dtype": args.dtype, "tokens": args.tokens,
-                       "results": results}, f, indent=1)
+                       "activation_only": alone, "results": results}, f, indent=1)
     return 0 if all(r["same_gradients"] for r in results.values()) else 1
 
 
