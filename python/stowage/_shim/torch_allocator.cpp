@@ -2,14 +2,21 @@
 // cannot wire: record_stream (side-stream use), empty_cache, set_per_process_memory_fraction,
 // and an exhausted allocation raised as torch.cuda.OutOfMemoryError with stowage's report.
 // Compiled at first use against the installed torch (stowage/torch.py); links libstowage.
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
 
+#include <array>
+#include <cstddef>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "stowage.h"
 
 namespace {
+
+namespace pluggable = torch::cuda::CUDAPluggableAllocator;
 
 std::string last_error() { return stowage_last_error(); }
 
@@ -24,11 +31,70 @@ void* allocate(size_t size, int device, cudaStream_t stream) {
   return p;
 }
 
-void release(void* p, size_t size, int device, cudaStream_t stream) {
-  stowage_free(p, static_cast<ssize_t>(size), device, stream);
+// size 0: "unknown"; stowage knows the block's size, and the block's own stream orders the free.
+void release(void* p, size_t size, int device) {
+  stowage_free(p, static_cast<ssize_t>(size), device, nullptr);
   // A deleter cannot throw: a refused free (changing nothing) is a warning.
   if (stowage_last_error_code() != STOWAGE_OK) TORCH_WARN("stowage: free of ", p, " refused: ", last_error());
 }
+
+// PyTorch's pluggable allocator keeps each block's size, device and stream in a hash map behind a
+// mutex, for its deleter, which reaches it through the current allocator. stowage knows its
+// blocks: a tensor's memory carries a deleter made for its device and is freed straight away.
+// raw_alloc (no DataPtr) and devices from kDirectDevices on keep the pluggable path.
+constexpr int kDirectDevices = 64;
+
+template <int D>
+void free_on_device(void* p) {
+  release(p, 0, D);
+}
+
+template <std::size_t... D>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(D)> deleters_for(std::index_sequence<D...>) {
+  return {&free_on_device<static_cast<int>(D)>...};
+}
+constexpr auto kDeleters = deleters_for(std::make_index_sequence<kDirectDevices>{});
+
+bool direct(c10::DeviceIndex device) { return device >= 0 && device < kDirectDevices; }
+
+c10::DataPtr allocate_direct(size_t size, c10::DeviceIndex device) {
+  void* p = allocate(size, device, c10::cuda::getCurrentCUDAStream(device));
+  return {p, p, kDeleters[static_cast<std::size_t>(device)], c10::Device(c10::DeviceType::CUDA, device)};
+}
+
+c10::DeviceIndex current_device() {
+  c10::DeviceIndex device = -1;
+  C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+  return device;
+}
+
+// c10::Allocator::allocate was const before PyTorch 2.3; the form this torch declares is
+// overridden (a partial specialization is compiled only when chosen, so `override` checks it).
+constexpr bool kConstAllocate =
+    std::is_same_v<decltype(&c10::Allocator::allocate), c10::DataPtr (c10::Allocator::*)(size_t) const>;
+
+template <bool Const, class Base = pluggable::CUDAPluggableAllocator>
+struct Allocator;
+
+template <class Base>
+struct Allocator<false, Base> : Base {
+  using Base::Base;
+  c10::DataPtr allocate(size_t size) override {
+    const c10::DeviceIndex device = current_device();
+    return direct(device) ? allocate_direct(size, device) : Base::allocate(size);
+  }
+};
+
+template <class Base>
+struct Allocator<true, Base> : Base {
+  using Base::Base;
+  c10::DataPtr allocate(size_t size) const override {
+    const c10::DeviceIndex device = current_device();
+    return direct(device) ? allocate_direct(size, device) : Base::allocate(size);
+  }
+};
+
+using StowageAllocator = Allocator<kConstAllocate>;
 
 void install() {
   TORCH_CHECK(stowage_using_cuda() == 1,
@@ -36,24 +102,33 @@ void install() {
               "STOWAGE_DEVICE=emulated): ",
               last_error());
   TORCH_CHECK(stowage_device_count() > 0, "stowage: no devices: ", last_error());
-  namespace pluggable = torch::cuda::CUDAPluggableAllocator;
-  auto allocator = pluggable::createCustomAllocator(allocate, release);
-  auto* p = dynamic_cast<pluggable::CUDAPluggableAllocator*>(allocator.get());
-  TORCH_CHECK(p != nullptr, "stowage: torch's createCustomAllocator did not make a CUDAPluggableAllocator");
-  p->set_record_stream_fn([](void* ptr, cudaStream_t stream) {
+  auto allocator = std::make_shared<StowageAllocator>(
+      allocate, [](void* p, size_t size, int device, cudaStream_t) { release(p, size, device); });
+  allocator->init(0);  // as createCustomAllocator does (PyTorch calls init again when CUDA starts)
+  allocator->set_record_stream_fn([](void* ptr, cudaStream_t stream) {
     TORCH_CHECK(stowage_record_stream(ptr, -1, stream) == 0, "stowage: record_stream: ", last_error());
   });
-  p->set_reset_fn([] { TORCH_CHECK(stowage_empty_cache(-1) == 0, "stowage: empty_cache: ", last_error()); });
-  p->set_memory_fraction_fn([](double fraction, int device) {
+  allocator->set_reset_fn([] { TORCH_CHECK(stowage_empty_cache(-1) == 0, "stowage: empty_cache: ", last_error()); });
+  allocator->set_memory_fraction_fn([](double fraction, int device) {
     TORCH_CHECK(stowage_set_memory_fraction(device, fraction) == 0,
                 "stowage: set_per_process_memory_fraction: ", last_error());
   });
-  p->set_init_fn([](int) { TORCH_CHECK(stowage_device_count() > 0, "stowage: ", last_error()); });
+  allocator->set_init_fn([](int) { TORCH_CHECK(stowage_device_count() > 0, "stowage: ", last_error()); });
   pluggable::changeCurrentAllocator(allocator);
+}
+
+// Whether memory PyTorch's current CUDA allocator gives on `device` goes back to stowage through
+// the device's own deleter (not the pluggable map).
+bool frees_directly(int device) {
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  c10::cuda::CUDAGuard guard(index);
+  const c10::DataPtr p = c10::cuda::CUDACachingAllocator::get()->allocate(1);
+  return direct(index) && p.get_deleter() == kDeleters[static_cast<std::size_t>(device)];
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "Makes stowage the current CUDA allocator (before any CUDA allocation).");
+  m.def("frees_directly", &frees_directly, "Whether a tensor's memory on the device goes back to stowage directly.");
 }
