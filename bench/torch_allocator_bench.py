@@ -178,8 +178,11 @@ def main():
                                       for t, by_size in r["threads"].items()})
             if r["trace_peak"] is not None:
                 trace[mode] = r["trace_peak"]
-    results = {mode: {"pairs": {size: sorted(run[size] for run in runs[mode])[ROUNDS // 2] for size in SIZES},
-                      "threads": {t: {size: sorted(run[t][size] for run in thread_runs[mode])[ROUNDS // 2]
+    def median_over_rounds(values):
+        return sorted(values)[ROUNDS // 2]
+
+    results = {mode: {"pairs": {size: median_over_rounds(run[size] for run in runs[mode]) for size in SIZES},
+                      "threads": {t: {size: median_over_rounds(run[t][size] for run in thread_runs[mode])
                                       for size in THREAD_SIZES} for t in THREADS},
                       "trace_peak": trace[mode]} for mode in MODES}
     libc = " ".join(os.confstr("CS_GNU_LIBC_VERSION").split()) if "CS_GNU_LIBC_VERSION" in os.confstr_names else "?"
@@ -192,7 +195,7 @@ def main():
         s = results["stowage_shim"]["pairs"][size]
         p = results["stowage_plain"]["pairs"][size]
         print(f"| {size_label(size)} | {t:.0f} | {s:.0f} | {s / t:.2f}x | {p:.0f} | {p / t:.2f}x |")
-    loaded = {mode: {size: sorted(run[size] for run in runs[mode])[ROUNDS // 2] for size in SIZES}
+    loaded = {mode: {size: median_over_rounds(run[size] for run in runs[mode]) for size in SIZES}
               for mode in SHIM_LOADED}
     print("\nThe same pair in processes that also loaded the shim module without installing it (where the "
           "shim's extra time is: loading it, or running it):\n")

@@ -30,10 +30,10 @@ class KnownActivation:
     """into(out, *inputs) -> kept; backward(grad, kept, *inputs) -> the inputs' gradients;
     replay: into runs under the forward's generator state and autocast (a protocol module's)."""
 
-    __slots__ = ("name", "into", "backward", "replay")
+    __slots__ = ("into", "backward", "replay")
 
-    def __init__(self, name, into, backward, replay=False):
-        self.name, self.into, self.backward, self.replay = name, into, backward, replay
+    def __init__(self, into, backward, replay=False):
+        self.into, self.backward, self.replay = into, backward, replay
 
 
 def _gelu(approximate):
@@ -42,7 +42,7 @@ def _gelu(approximate):
 
     def backward(grad, kept, x):
         return (torch.ops.aten.gelu_backward(grad, x, approximate=approximate),)
-    return KnownActivation(f"gelu(approximate={approximate!r})", into, backward)
+    return KnownActivation(into, backward)
 
 
 def _silu_into(out, x):
@@ -53,7 +53,7 @@ def _silu_backward(grad, kept, x):
     return (torch.ops.aten.silu_backward(grad, x),)
 
 
-_SILU = KnownActivation("silu", _silu_into, _silu_backward)
+_SILU = KnownActivation(_silu_into, _silu_backward)
 
 
 def _defined_by(cls, name):
@@ -76,7 +76,7 @@ def _protocol(module, method):
         return None  # no protocol, or one written for a forward a subclass replaced
     if any(p.requires_grad for p in module.parameters()):
         return None  # their gradients flow only through a graph
-    return KnownActivation(cls.__name__, module.recompute_into, module.recompute_backward, replay=True)
+    return KnownActivation(module.recompute_into, module.recompute_backward, replay=True)
 
 
 def _torch_own(fn, module_name):
@@ -97,16 +97,16 @@ def known_activation(fn, args):
     if len(args) != 1:
         return None
     functional = torch.nn.functional
-    gelu_is_torchs = functional.gelu is torch._C._nn.gelu
-    silu_is_torchs = _torch_own(functional.silu, "torch.nn.functional")
-    if fn is functional.gelu and gelu_is_torchs:
-        return _gelu("none")
-    if cls is torch.nn.GELU and method is torch.nn.GELU.forward and gelu_is_torchs and \
-            _torch_own(method, "torch.nn.modules.activation"):
-        return _gelu(getattr(module, "approximate", "none"))
-    if fn is functional.silu and silu_is_torchs:
-        return _SILU
-    if cls is torch.nn.SiLU and method is torch.nn.SiLU.forward and not module.inplace and silu_is_torchs and \
-            _torch_own(method, "torch.nn.modules.activation"):
+    approximate = "none"
+    if cls in (torch.nn.GELU, torch.nn.SiLU):  # judged as the functional call its forward makes
+        if method is not cls.forward or not _torch_own(method, "torch.nn.modules.activation"):
+            return None
+        if cls is torch.nn.SiLU and module.inplace:
+            return None
+        fn = functional.gelu if cls is torch.nn.GELU else functional.silu
+        approximate = getattr(module, "approximate", "none")
+    if fn is functional.gelu and functional.gelu is torch._C._nn.gelu:
+        return _gelu(approximate)
+    if fn is functional.silu and _torch_own(functional.silu, "torch.nn.functional"):
         return _SILU
     return None
