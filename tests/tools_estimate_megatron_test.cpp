@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "stowage/error.hpp"
+#include "tools/estimate/argument_spelling.hpp"
 #include "tools/estimate/megatron_arg_names.hpp"
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/mindspeed_arg_names.hpp"
 #include "tools/estimate/model_config.hpp"
+#include "tools/estimate/nearest_argument.hpp"
 
 #include <nlohmann/json.hpp>
 #include "tools_estimate_test_util.hpp"
@@ -229,6 +231,15 @@ TEST(EstimateMegatron, MindSpeedLaunchLinesReadWithWarningsForWhatIsNotModelled)
   EXPECT_TRUE(is_mindspeed_argument("--swap-optimizer"));
   EXPECT_EQ(mindspeed_argument_names().size(), 216u);  // as mindspeed_arg_names.cpp counts them
   EXPECT_FALSE(is_megatron_argument("--swap-optimizer"));
+}
+
+// A misspelt argument is matched against both tables: MindSpeed's own names are suggested too.
+TEST(EstimateMegatron, TheNearestArgumentComesFromEitherTable) {
+  EXPECT_EQ(nearest_launch_argument("--swap-optimzer"), "--swap-optimizer");  // MindSpeed's
+  EXPECT_EQ(nearest_launch_argument("hiden-size"), "--hidden-size");          // Megatron-LM's, without "--"
+  EXPECT_EQ(nearest_launch_argument("--xyzzy-plugh"), "");                    // nothing within a third
+  EXPECT_EQ(without_dashes("--seq-length"), "seq-length");
+  EXPECT_EQ(without_dashes("seq-length"), "seq-length");
 }
 
 // Megatron reads --num-query-groups only with --group-query-attention: the note says so.

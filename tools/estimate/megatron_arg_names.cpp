@@ -8,11 +8,10 @@
 // MindSpeed's own arguments are in mindspeed_arg_names.cpp.
 #include "tools/estimate/megatron_arg_names.hpp"
 
-#include "common/text.hpp"
-
 #include <algorithm>
-#include <array>
-#include <vector>
+#include <iterator>
+
+#include "tools/estimate/argument_spelling.hpp"
 
 namespace stowage::estimate {
 
@@ -972,22 +971,8 @@ constexpr std::string_view kNames[] = {
 
 std::span<const std::string_view> megatron_argument_names() { return kNames; }
 
-namespace {
-std::string_view bare(std::string_view name) { return name.substr(name.rfind("--", 0) == 0 ? 2 : 0); }
-}  // namespace
-
 bool is_megatron_argument(std::string_view name) {
-  return std::binary_search(std::begin(kNames), std::end(kNames), bare(name));
-}
-
-std::string nearest_megatron_argument(std::string_view name) {
-  const std::string_view n = bare(name);
-  const detail::Nearest megatron = detail::nearest(n, kNames, n.size() / 3);
-  const detail::Nearest mindspeed = detail::nearest(n, mindspeed_argument_names(), n.size() / 3);
-  const detail::Nearest& found =
-      !mindspeed.name.empty() && (megatron.name.empty() || mindspeed.distance < megatron.distance) ? mindspeed
-                                                                                                   : megatron;
-  return found.name.empty() ? std::string() : "--" + std::string(found.name);
+  return std::binary_search(std::begin(kNames), std::end(kNames), without_dashes(name));
 }
 
 }  // namespace stowage::estimate

@@ -12,7 +12,9 @@
 #include "stowage/error.hpp"
 #include "tools/estimate/megatron_arg_names.hpp"
 #include "tools/estimate/megatron_arg_values.hpp"
+#include "tools/estimate/mindspeed_arg_names.hpp"
 #include "tools/estimate/moe_layer_freq.hpp"
+#include "tools/estimate/nearest_argument.hpp"
 
 namespace stowage::estimate {
 
@@ -551,7 +553,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       report.unknown.push_back(skip_values(i, inline_value));
     } else {
       const std::string_view now = renamed(name);
-      const std::string near = now.empty() ? nearest_megatron_argument(name) : std::string(now);
+      const std::string near = now.empty() ? nearest_launch_argument(name) : std::string(now);
       throw InvalidArgument(
           fmt::format("megatron-args: unknown argument '{}'{}; --ignore-unknown-megatron-args skips arguments "
                       "neither Megatron-LM nor MindSpeed has",

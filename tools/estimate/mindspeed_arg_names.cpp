@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <iterator>
 
+#include "tools/estimate/argument_spelling.hpp"
+
 namespace stowage::estimate {
 
 namespace {
@@ -233,8 +235,7 @@ constexpr std::string_view kMindSpeedNames[] = {
 std::span<const std::string_view> mindspeed_argument_names() { return kMindSpeedNames; }
 
 bool is_mindspeed_argument(std::string_view name) {
-  const std::string_view bare = name.substr(name.rfind("--", 0) == 0 ? 2 : 0);
-  return std::binary_search(std::begin(kMindSpeedNames), std::end(kMindSpeedNames), bare);
+  return std::binary_search(std::begin(kMindSpeedNames), std::end(kMindSpeedNames), without_dashes(name));
 }
 
 }  // namespace stowage::estimate
