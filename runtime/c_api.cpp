@@ -235,6 +235,10 @@ void stowage_free(void* ptr, ssize_t size, int device, void* stream) {
     if (ptr == nullptr) return 0;
     const std::size_t bytes = checked_size(size, "stowage_free");
     Allocators& all = allocators();
+    if (device == -1) {  // the owner's: PyTorch's raw_delete names no device
+      device = owner_of(all, ptr);
+      if (device == -1) throw InvalidArgument(fmt::format("stowage_free: {} is not a live stowage block", ptr));
+    }
     try {
       all.get(device).top->deallocate(ptr, bytes);  // InvalidArgument for foreign pointers, double frees, wrong sizes
     } catch (const InvalidArgument&) {

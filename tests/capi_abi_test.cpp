@@ -184,6 +184,34 @@ TEST_F(CApiTest, FreeOrRecordStreamOnTheWrongDeviceNamesTheOwner) {
   EXPECT_EQ(stats(1)["allocation.all.current"], 0);
 }
 
+// Device -1 frees on the owner's allocator (PyTorch's raw_delete names no device); a pointer no
+// device owns, or one freed already, is refused and changes nothing.
+TEST_F(CApiTest, FreeOnDeviceMinusOneFindsTheOwner) {
+  if (stowage_device_count() < 2) GTEST_SKIP() << "needs two devices (emulated: STOWAGE_EMULATED_DEVICES=2)";
+  void* p = stowage_malloc(8192, 1, nullptr);
+  ASSERT_NE(p, nullptr) << error();
+  void* q = stowage_malloc(4096, 0, nullptr);
+  ASSERT_NE(q, nullptr) << error();
+  EXPECT_EQ(stats(1)["allocated_bytes.all.current"], 8192);
+  stowage_free(p, 0, -1, nullptr);
+  EXPECT_EQ(error(), "");
+  EXPECT_EQ(stats(1)["allocated_bytes.all.current"], 0);
+  EXPECT_EQ(stats(0)["allocated_bytes.all.current"], 4096);
+  const nlohmann::json before0 = state_of(0), before1 = state_of(1);
+  stowage_free(p, 0, -1, nullptr);  // again
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(error().find("stowage_free: " + pointer_text(p) + " is not a live stowage block"), std::string::npos)
+      << error();
+  int on_stack = 0;
+  stowage_free(&on_stack, 0, -1, nullptr);
+  EXPECT_NE(error().find("is not a live stowage block"), std::string::npos) << error();
+  EXPECT_EQ(state_of(0), before0);
+  EXPECT_EQ(state_of(1), before1);
+  stowage_free(q, 0, -1, nullptr);
+  EXPECT_EQ(error(), "");
+  EXPECT_EQ(stats(0)["allocation.all.current"], 0);
+}
+
 // A stream made and destroyed through stowage's device while blocks were freed on it: malloc on
 // it is refused, changing nothing, and what was freed on it serves the default stream without
 // growing (its work finished when it was destroyed).

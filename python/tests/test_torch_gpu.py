@@ -40,17 +40,25 @@ print(json.dumps({'reused': y.data_ptr() == address, 'clean': bool((y == 0).all(
 
 def test_a_tensor_is_freed_straight_into_stowage(python):
     # The shim's deleter for device 0, not the pluggable allocator's map: the bytes come back
-    # to stowage's statistics when the tensor goes.
+    # to stowage's statistics when the tensor goes; raw_alloc'd bytes when raw_delete frees them.
     out = run(python, ENABLE + """
 assert st.build_shim().frees_directly(0)
 before = st.memory_allocated()
 x = torch.empty(3 << 20, dtype=torch.uint8, device='cuda')
 held = st.memory_allocated() - before
 del x
-print(json.dumps({'held': held, 'after': st.memory_allocated() - before}))
+after = st.memory_allocated() - before
+# raw_alloc / raw_delete (no tensor): freed on the device that owns the block.
+import warnings
+with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    p = torch.cuda.caching_allocator_alloc(5 << 20)
+    raw = st.memory_allocated() - before
+    torch.cuda.caching_allocator_delete(p)
+print(json.dumps({'held': held, 'after': after, 'raw': raw, 'raw_after': st.memory_allocated() - before}))
 """)
     result = json.loads(out.strip().splitlines()[-1])
-    assert result == {"held": 3 << 20, "after": 0}, result
+    assert result == {"held": 3 << 20, "after": 0, "raw": 5 << 20, "raw_after": 0}, result
 
 
 def test_out_of_memory_is_catchable_and_training_goes_on(python):

@@ -40,8 +40,8 @@ void release(void* p, size_t size, int device) {
 
 // PyTorch's pluggable allocator keeps each block's size, device and stream in a hash map behind a
 // mutex, for its deleter, which reaches it through the current allocator. stowage knows its
-// blocks: a tensor's memory carries a deleter made for its device and is freed straight away.
-// raw_alloc (no DataPtr) and devices from kDirectDevices on keep the pluggable path.
+// blocks, so nothing here files them: a tensor's memory carries a deleter made for its device
+// (devices from kDirectDevices on: raw_deleter()), and raw_delete frees on the owner's device.
 constexpr int kDirectDevices = 64;
 
 template <int D>
@@ -57,15 +57,11 @@ constexpr auto kDeleters = deleters_for(std::make_index_sequence<kDirectDevices>
 
 bool direct(c10::DeviceIndex device) { return device >= 0 && device < kDirectDevices; }
 
-c10::DataPtr allocate_direct(size_t size, c10::DeviceIndex device) {
+c10::DataPtr allocate_on_current_device(size_t size, c10::DeleterFnPtr other_deleter) {
+  const c10::DeviceIndex device = c10::cuda::current_device();
   void* p = allocate(size, device, c10::cuda::getCurrentCUDAStream(device));
-  return {p, p, kDeleters[static_cast<std::size_t>(device)], c10::Device(c10::DeviceType::CUDA, device)};
-}
-
-c10::DeviceIndex current_device() {
-  c10::DeviceIndex device = -1;
-  C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-  return device;
+  const c10::DeleterFnPtr deleter = direct(device) ? kDeleters[static_cast<std::size_t>(device)] : other_deleter;
+  return {p, p, deleter, c10::Device(c10::DeviceType::CUDA, device)};
 }
 
 // c10::Allocator::allocate was const before PyTorch 2.3; the form this torch declares is
@@ -76,22 +72,31 @@ constexpr bool kConstAllocate =
 template <bool Const, class Base = pluggable::CUDAPluggableAllocator>
 struct Allocator;
 
+// raw_alloc's blocks (and raw_allocate()'s, which c10::Allocator takes from allocate() and gives
+// back through raw_deleter(), which calls raw_delete) are freed on the device that owns them.
 template <class Base>
-struct Allocator<false, Base> : Base {
+struct Unfiled : Base {
   using Base::Base;
-  c10::DataPtr allocate(size_t size) override {
-    const c10::DeviceIndex device = current_device();
-    return direct(device) ? allocate_direct(size, device) : Base::allocate(size);
+  void* raw_alloc(size_t size) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    return allocate(size, device, c10::cuda::getCurrentCUDAStream(device));
   }
+  void* raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
+    return allocate(size, c10::cuda::current_device(), stream);
+  }
+  void raw_delete(void* p) override { release(p, 0, -1); }
 };
 
 template <class Base>
-struct Allocator<true, Base> : Base {
-  using Base::Base;
-  c10::DataPtr allocate(size_t size) const override {
-    const c10::DeviceIndex device = current_device();
-    return direct(device) ? allocate_direct(size, device) : Base::allocate(size);
-  }
+struct Allocator<false, Base> : Unfiled<Base> {
+  using Unfiled<Base>::Unfiled;
+  c10::DataPtr allocate(size_t size) override { return allocate_on_current_device(size, this->raw_deleter()); }
+};
+
+template <class Base>
+struct Allocator<true, Base> : Unfiled<Base> {
+  using Unfiled<Base>::Unfiled;
+  c10::DataPtr allocate(size_t size) const override { return allocate_on_current_device(size, this->raw_deleter()); }
 };
 
 using StowageAllocator = Allocator<kConstAllocate>;
@@ -120,10 +125,12 @@ void install() {
 // Whether memory PyTorch's current CUDA allocator gives on `device` goes back to stowage through
 // the device's own deleter (not the pluggable map).
 bool frees_directly(int device) {
+  TORCH_CHECK(device >= 0 && device < kDirectDevices && device < stowage_device_count(),
+              "stowage: frees_directly: no device ", device);
   const auto index = static_cast<c10::DeviceIndex>(device);
   c10::cuda::CUDAGuard guard(index);
   const c10::DataPtr p = c10::cuda::CUDACachingAllocator::get()->allocate(1);
-  return direct(index) && p.get_deleter() == kDeleters[static_cast<std::size_t>(device)];
+  return p.get_deleter() == kDeleters[static_cast<std::size_t>(device)];
 }
 
 }  // namespace

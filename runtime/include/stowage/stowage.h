@@ -40,10 +40,10 @@ struct DLManagedTensor; /* <dlpack/dlpack.h>; declared here so this header needs
 void* stowage_malloc(ssize_t size, int device, void* stream);
 
 /* Returns a block from stowage_malloc; `size` must be the size it was asked with (or the rounded
- * size the allocator gave it, or 0 for "unknown") and `device` the device it came from. The
- * block's own stream orders the free (`stream` is accepted for the PyTorch prototype). NULL is a
- * no-op. A foreign pointer, double free, wrong size or wrong device changes nothing and sets
- * stowage_last_error(). */
+ * size the allocator gave it, or 0 for "unknown") and `device` the device it came from (-1: the
+ * device whose allocator gave `ptr`, found by a lookup in each). The block's own stream orders
+ * the free (`stream` is accepted for the PyTorch prototype). NULL is a no-op. A foreign pointer,
+ * double free, wrong size or wrong device changes nothing and sets stowage_last_error(). */
 void stowage_free(void* ptr, ssize_t size, int device, void* stream);
 
 /* Gives every cached, unused segment of `device` back to the device; device -1: of every device
