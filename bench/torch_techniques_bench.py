@@ -13,6 +13,8 @@ Configurations (each a fresh model from the same seed, the same batches):
                     and writes over the link (state_offload="mapped").
   offload_streamed  shared, with m and v in pinned host memory copied through one device scratch
                     per parameter at each step (state_offload="streamed").
+  offload_mapped_overlap  offload_mapped with overlap_update: the update runs on a side stream
+                    beside the next step's forward, which waits for it module by module.
   recompute  torch + recompute_activations (GeLU and SwiGLU outputs released, recomputed in backward).
   swap       torch + the attention output swapped (what each attention's output projection saves:
              its input, b x s x hidden bf16) to pinned host memory, prefetch distance 1.
@@ -22,8 +24,12 @@ Configurations (each a fresh model from the same seed, the same batches):
   torch_again  torch once more, last: the spread between the two is the run's timing noise.
 
 Per configuration: the losses (identical to the peer's or not), the median time of an optimizer
-step (its micro-batches' forward and backward, and the update) after two warm-up steps, the device bytes allocated at the forward/backward boundary (after
-the queued copies are done) and the peak allocated over a step, from the allocator in use.
+step (its micro-batches' forward and backward, and the update) after two warm-up steps, the device
+bytes allocated at the forward/backward boundary (after the queued copies are done) and the peak
+allocated over the run, from the allocator in use. A step's time runs from its start to the next
+step's, with no device-wide wait between them: the host waits for each micro-batch's loss (as a
+loop that logs it does), so it is never more than a micro-batch ahead, and an update that runs
+beside the next forward (offload_mapped_overlap) is counted as it runs, not as if it ran alone.
 Deterministic settings: CUBLAS_WORKSPACE_CONFIG=:4096:8 and torch.use_deterministic_algorithms.
 
 With recompute among the configurations, also the recompute's own cost against its MLP's, measured
@@ -46,11 +52,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import torch  # noqa: E402
 
-CONFIGS = ("torch", "reference", "shared", "offload_mapped", "offload_streamed", "recompute", "swap", "swap_full",
-           "all", "torch_again")
+CONFIGS = ("torch", "reference", "shared", "offload_mapped", "offload_mapped_overlap", "offload_streamed", "recompute",
+           "swap", "swap_full", "all", "torch_again")
 # Whose losses each must equal. reference and torch differ by design: torch.optim.AdamW(fused=True)
 # orders its operations its own way (stowage.torch.reference says how).
-LOSS_PEER = {"shared": "reference", "offload_mapped": "reference", "offload_streamed": "reference", "recompute": "torch", "swap": "torch", "swap_full": "torch", "all": "reference",
+LOSS_PEER = {"shared": "reference", "offload_mapped": "reference", "offload_mapped_overlap": "reference",
+             "offload_streamed": "reference", "recompute": "torch", "swap": "torch", "swap_full": "torch", "all": "reference",
              "torch_again": "torch"}
 
 
@@ -209,23 +216,25 @@ def run(config, device, meter, args):
     torch.manual_seed(0)
     model = gpt.GPT(vocab, args.seq, hidden=args.hidden, heads=args.heads, layers=args.layers, ffn=args.ffn).to(device)
     params = sum(p.numel() for p in model.parameters())
-    shared = config in ("shared", "all", "offload_mapped", "offload_streamed")
+    shared = config in ("shared", "all") or config.startswith("offload_")
     offload = config.split("_")[1] if config.startswith("offload_") else "none"
+    overlap = config.endswith("_overlap")
     recompute = config in ("recompute", "all")
     swap = config in ("swap", "swap_full", "all")
     outputs = [f"blocks.{i}.attn.proj" for i in range(args.layers)] if config != "swap_full" else []
     adamw = torch.optim.AdamW(model.parameters(), lr=args.lr)
     applied = apply(model, adamw, shared_storage=shared, recompute=recompute,
                     recompute_activation_types=(torch.nn.GELU, gpt.SwiGLU), swap=swap, swap_prefetch=1,
-                    swap_names=outputs, state_offload=offload)
+                    swap_names=outputs, state_offload=offload, overlap_update=overlap)
     if shared:
         opt = applied.optimizer
     elif config == "reference":
         opt = MasterWeightsOptimizer(model.parameters(), lr=args.lr)
     else:
         opt = TorchMixedPrecision(model.parameters(), lr=args.lr)
-    losses, times, boundary, peak, counts = [], [], 0, 0, []
+    losses, starts, boundary, counts = [], [], 0, []
     profiled = None
+    meter.reset_peak()
     for step in range(args.steps):
         profiling = config in args.profile and step == args.steps - 2  # a timed step, after the warm-up
         if profiling:
@@ -233,9 +242,7 @@ def run(config, device, meter, args):
                 [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
             profiled.__enter__()
         opt.zero_grad()
-        meter.reset_peak()
-        meter.sync()
-        t0 = time.perf_counter()
+        starts.append(time.perf_counter())
         for micro in range(args.accumulate):  # gradients accumulate over the micro-batches
             x, y = data[step * args.accumulate + micro]
             logits = model(x)
@@ -245,17 +252,19 @@ def run(config, device, meter, args):
             loss.backward()
             losses.append(loss.item())  # synchronizes
         opt.step()
-        meter.sync()
-        t1 = time.perf_counter()
         if profiling:
+            meter.sync()
             profiled.__exit__(None, None, None)
-        elif 2 <= step < args.steps - 1:
-            times.append(t1 - t0)
+            profiled_ms = 1e3 * (time.perf_counter() - starts[-1])
         counts.append(meter.counts())
-        peak = max(peak, meter.peak())
+    peak = meter.peak()
+    # Steps 2 to steps - 2, each from its start to the next one's (the last step measures the
+    # boundary, which waits for the device; the profiled one is left out).
+    times = [starts[k + 1] - starts[k] for k in range(2, args.steps - 1)
+             if not (config in args.profile and k == args.steps - 2)]
     if profiled is not None:
         sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-        print(f"== profile of one step of {config} (wall {1e3 * (t1 - t0):.2f} ms with the profiler)")
+        print(f"== profile of one step of {config} (wall {profiled_ms:.2f} ms with the profiler)")
         print(profiled.key_averages().table(sort_by=sort, row_limit=args.profile_rows))
     stats = applied.swap.stats if applied.swap is not None else None
     copy_ms, wait_ms, overlap = ((stats.d2h_ms + stats.h2d_ms, stats.compute_wait_ms, stats.overlap_fraction) if stats
@@ -327,7 +336,7 @@ def main(argv=None):
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
           f"allocator {args.allocator}, {next(iter(results.values()))['parameters']:,} parameters, "
           f"batch {args.batch} x seq {args.seq}, {args.layers} layers")
-    print(f"{'config':<17} {'same losses as':>15} {'step ms':>8} {'x torch':>8} {'boundary MiB':>13} "
+    print(f"{'config':<23} {'same losses as':>15} {'step ms':>8} {'x torch':>8} {'boundary MiB':>13} "
           f"{'saved MiB':>10} {'peak MiB':>9} {'swapped MiB':>12}")
     for c, r in results.items():
         loss_peer = LOSS_PEER.get(c)
@@ -339,7 +348,7 @@ def main(argv=None):
         saved = peer["boundary_allocated"] - r["boundary_allocated"] if peer else None
         r["boundary_saving_vs_torch"] = saved
         mib = 1 << 20
-        print(f"{c:<17} {same:>15} {r['step_ms'] or 0:>8.2f} {ratio or 0:>8.3f} {r['boundary_allocated'] / mib:>13.1f} "
+        print(f"{c:<23} {same:>15} {r['step_ms'] or 0:>8.2f} {ratio or 0:>8.3f} {r['boundary_allocated'] / mib:>13.1f} "
               f"{(saved or 0) / mib:>10.1f} {r['peak_allocated'] / mib:>9.1f} {r['swapped_bytes'] / mib:>12.1f}")
     for c, r in results.items():
         if r["swap_overlap_fraction"] is not None:

@@ -195,7 +195,7 @@ run() {
         "$@" --json "$logs/torch_techniques.$name.json" > "$logs/torch_techniques.$name.txt" 2>&1 || bench_rc=$?
       pack
     }
-    local offload="torch,shared,offload_mapped,offload_streamed,torch_again"
+    local offload="torch,shared,offload_mapped,offload_mapped_overlap,offload_streamed,torch_again"
     # With PyTorch's allocator and with stowage's.
     local allocator
     for allocator in pytorch stowage; do
@@ -205,15 +205,15 @@ run() {
         $([[ $allocator == pytorch ]] && echo "--profile torch,shared,swap,recompute --recompute-hidden 4096,8192")
     done
     # Optimizer-state offload against shared storage on device, with gradient accumulation 4.
-    [[ $benches == *" offload "* ]] && techniques offload 150 --accumulate 4 --steps 12 --configs $offload
+    [[ $benches == *" offload "* ]] && techniques offload 180 --accumulate 4 --steps 12 --configs $offload
     # The same at 4x the tokens a micro-batch: mapped offload moves m and v over the link once a
     # step (16 B a parameter), so its share of the step falls as the step's compute grows; at
     # batch 8 the link alone is ~8.6 % of the step, at batch 32 ~2 %. And at 8 micro-batches a
     # step, where the link's share halves again.
     [[ $benches == *" offload_large "* ]] &&
-      techniques offload_large 300 --accumulate 4 --batch 32 --steps 8 --configs $offload
+      techniques offload_large 360 --accumulate 4 --batch 32 --steps 8 --configs $offload
     [[ $benches == *" offload_large_8 "* ]] &&
-      techniques offload_large_8 300 --accumulate 8 --batch 32 --steps 6 --configs $offload
+      techniques offload_large_8 360 --accumulate 8 --batch 32 --steps 6 --configs $offload
     # Swap and recompute at batch 32, where the configurations' costs stand above the run's noise.
     [[ $benches == *" swap_large "* ]] &&
       techniques swap_large 300 --batch 32 --steps 8 --configs torch,swap,recompute,all,torch_again

@@ -61,9 +61,11 @@ def _kept(settings, adam):
     return kept
 
 
-def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite, state_offload, state_device_budget):
+def _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite, state_offload, state_device_budget,
+                      overlap_update):
     common = dict(rounding=rounding, max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite,
-                  state_offload=state_offload, state_device_budget=state_device_budget)
+                  state_offload=state_offload, state_device_budget=state_device_budget,
+                  overlap_update=overlap_update)
     if isinstance(optimizer, (SharedStorageAdamW, SharedStorageSGD)):
         raise InvalidArgumentError(f"apply(): the optimizer is already a {type(optimizer).__name__} (an earlier "
                                    "apply() made it); to add recompute or swap, call apply() with "
@@ -165,10 +167,11 @@ def _retire(optimizer, made):
 
 
 def _check_options(shared_storage, rounding, max_grad_norm, skip_nonfinite, recompute, recompute_activation_types,
-                   recompute_names, swap, swap_prefetch, swap_names, state_offload, state_device_budget):
+                   recompute_names, swap, swap_prefetch, swap_names, state_offload, state_device_budget,
+                   overlap_update):
     """Every option's type and value, before anything changes."""
     for name, value in (("shared_storage", shared_storage), ("skip_nonfinite", skip_nonfinite),
-                        ("recompute", recompute), ("swap", swap)):
+                        ("recompute", recompute), ("swap", swap), ("overlap_update", overlap_update)):
         if not isinstance(value, bool):
             raise InvalidArgumentError(f"apply(): {name} must be True or False (got {value!r})")
     if not isinstance(rounding, str) or rounding not in precision.ROUNDINGS:
@@ -228,7 +231,7 @@ def _check_dense(model, optimizer):
 def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max_grad_norm=None,
           skip_nonfinite=True, recompute=False, recompute_activation_types=DEFAULT_ACTIVATIONS,
           recompute_names=(), swap=False, swap_prefetch=1, swap_names=(), state_offload="none",
-          state_device_budget=None):
+          state_device_budget=None, overlap_update=False):
     """Applies the chosen techniques to `model` (fp32, unchanged otherwise) and `optimizer` (a
     torch.optim.AdamW, Adam or SGD over the model's parameters). Returns an Applied whose
     .optimizer the loop then steps.
@@ -242,6 +245,11 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
     state_offload ("mapped" or "streamed"), state_device_budget (bytes of optimizer state each
       device keeps, or None): the shared-storage optimizer's m and v (momentum buffer) go to host
       memory, for the parameters that do not fit in the budget (stowage.torch.offload).
+    overlap_update: the shared-storage optimizer's step() queues the update of CUDA parameters on
+      a side stream, and the next forward waits for it module by module
+      (stowage.torch.update_overlap): the update, bound by the host link when the state is
+      offloaded, runs beside the first layers' forward. Reads of the weights outside a forward
+      after step() call optimizer.wait_for_update() first.
 
     Options of the wrong type (a switch that is not True or False, a number given as a str or a
     bool) are refused with InvalidArgumentError naming them, before anything changes. After a shared-storage apply() the
@@ -257,10 +265,14 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
     if hasattr(optimizer, "_stowage_replaced_by"):
         raise _replaced_error(optimizer, "apply()")
     _check_options(shared_storage, rounding, max_grad_norm, skip_nonfinite, recompute, recompute_activation_types,
-                   recompute_names, swap, swap_prefetch, swap_names, state_offload, state_device_budget)
+                   recompute_names, swap, swap_prefetch, swap_names, state_offload, state_device_budget,
+                   overlap_update)
     if not shared_storage and max_grad_norm is not None:
         raise InvalidArgumentError("apply(): max_grad_norm is the fused clipping of shared storage; without it, "
                                    "call torch.nn.utils.clip_grad_norm_ in the loop")
+    if not shared_storage and overlap_update:
+        raise InvalidArgumentError("apply(): overlap_update overlaps the shared-storage optimizer's update; give "
+                                   "shared_storage=True with it")
     if not shared_storage and state_offload != "none":
         raise InvalidArgumentError("apply(): state_offload moves the state of the shared-storage optimizers; give "
                                    "shared_storage=True with it")
@@ -276,7 +288,7 @@ def apply(model, optimizer, *, shared_storage=True, rounding="nearest_even", max
             done.swap = swap_activations(model, prefetch=swap_prefetch, names=swap_names)
         if shared_storage:
             done.optimizer = _shared_optimizer(optimizer, rounding, max_grad_norm, skip_nonfinite, state_offload,
-                                               state_device_budget)
+                                               state_device_budget, overlap_update)
             done.optimizer.attach(model)
     except Exception:
         done.remove()

@@ -12,6 +12,7 @@ stream (stowage_adam_step_async), when libstowage uses CUDA. state_offload puts 
 momentum buffer) in host memory, mapped or streamed, under a device budget (stowage.torch.offload).
 """
 import ctypes
+import inspect
 import math
 import numbers
 import weakref
@@ -22,6 +23,7 @@ from .. import _lib, memory, precision
 from ..errors import InvalidArgumentError, UnsupportedError
 from .master_loading import route_loads
 from .offload import StateHomes
+from .update_overlap import UpdateOverlap
 
 _ALIGN = 64  # elements: every parameter starts a tie byte and a 128-byte line of the bf16 plane
 
@@ -141,8 +143,8 @@ class _Batch:
     tensors are not the ones it holds (a first step, a loaded state). Each parameter's
     state["step"] is then a view of one `counts` tensor, so an applied step counts with one add."""
 
-    def __init__(self, group, device, entries):
-        self.group, self.device = group, device
+    def __init__(self, group, device, entries, chunk=0):
+        self.group, self.device, self.chunk = group, device, chunk
         self.params = [p for p, _, _ in entries]
         self.tensors = precision.step_tensors([(planes, 0, 32, 0, 0, 0) for _, planes, _ in entries])
         self.counts = torch.zeros(len(entries), dtype=torch.float32)
@@ -179,6 +181,24 @@ class _Batch:
     def applied(self):
         """The call applied every tensor's step (the C ABI counted them in the array)."""
         self.counts.add_(1.0)
+
+
+def _finish(homes, overlap):
+    """When an optimizer goes: the updates queued on its state and planes end, and its hooks go."""
+    if overlap is not None:
+        overlap.synchronize()
+        overlap.detach()
+    homes.synchronize()
+
+
+def _sets_to_none(*args, **kwargs):
+    """What torch.optim.Optimizer.zero_grad(*args, **kwargs) does: set the gradients to None (the
+    default from PyTorch 2.0) or zero them in place (the default before)."""
+    if args:
+        return bool(args[0])
+    if "set_to_none" in kwargs:
+        return bool(kwargs["set_to_none"])
+    return inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default is True
 
 
 def _pointers(tensors):
@@ -236,7 +256,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
     """What AdamW and SGD share: the buckets, the master, the global finite check and clipping."""
 
     def __init__(self, params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
-                 state_device_budget):
+                 state_device_budget, overlap_update):
         precision.rounding_code(rounding)  # InvalidArgumentError for a misspelt mode
         homes = StateHomes(state_offload, state_device_budget, len(self._state_keys))
         if max_grad_norm is not None and not (is_real(max_grad_norm) and max_grad_norm > 0):
@@ -245,12 +265,17 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             raise InvalidArgumentError(f"loss_scale must be a finite number > 0 (got {loss_scale!r})")
         if not isinstance(skip_nonfinite, bool):
             raise InvalidArgumentError(f"skip_nonfinite must be True or False (got {skip_nonfinite!r})")
+        if not isinstance(overlap_update, bool):
+            raise InvalidArgumentError(f"overlap_update must be True or False (got {overlap_update!r})")
         self.rounding = rounding
         self.max_grad_norm = max_grad_norm
         self.skip_nonfinite = skip_nonfinite
         self.loss_scale = loss_scale
         self.last_step_skipped = False
         self._buckets, self._flat, self._where, self._homes = [], [], {}, homes
+        where = self._where  # (not self: the model's hooks keep the overlap, which must not keep the optimizer)
+        overlap = self._overlap = UpdateOverlap(
+            lambda p: where.get(id(p)) is not None and where[id(p)][2] is p) if overlap_update else None
         # Per _flat entry: (address, shape) of the bf16 view the parameter was given, the address the
         # step's planes hold. A storage moved in place (share_memory_()) leaves them pointing at freed
         # memory and a replaced .data (model.float()) leaves them updating what the model no longer reads.
@@ -262,7 +287,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         # before the state goes with the optimizer, the steps queued on it end. (Weak references'
         # callbacks run before the optimizer's attributes are cleared.)
         # At exit nothing allocates any more (and a failed device would only say so again).
-        weakref.finalize(self, homes.synchronize).atexit = False
+        weakref.finalize(self, _finish, homes, overlap).atexit = False
         self._batch_cache = {}  # (id(group), device) -> _Batch
         self._flags = {}  # device -> the finite check's flag
         # Every parameter is checked before any moves, so a refusal changes nothing.
@@ -305,8 +330,12 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             self._views.append((p.data_ptr(), p.shape))  # (0 for an empty one, which nothing writes)
         self._buckets.append(bucket)
         self._homes.commit(group["params"], placements, books)
+        if self._overlap is not None:
+            self._overlap.changed()
         for model in list(self._models):  # a model attached before holds them too (unfreezing a part of it)
             route_loads(model, self, self._routed)
+            if self._overlap is not None:
+                self._overlap.attach(model)
 
     # --- each parameter must stay the bf16 view of its plane ---
     def _which(self, k):
@@ -349,6 +378,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self._names.update({id(p): name for name, p in model.named_parameters()})
         self._models.add(model)
         route_loads(model, self, self._routed)
+        if self._overlap is not None:
+            self._overlap.attach(model)
 
     def _check_views(self, what):
         """Every parameter still views its plane (before a call writes through the planes)."""
@@ -370,6 +401,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
     def master(self, param):
         """The fp32 master value of `param` (a new tensor, bit-exact)."""
         bucket, i = self._find(param, "master()")
+        self.wait_for_update()
         return bucket.merge(i, tuple(param.shape))
 
     def load_master(self, param, value):
@@ -377,6 +409,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         bucket, i = self._find(param, "load_master()", writes=True)
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(param.shape):
             raise InvalidArgumentError(f"load_master(): need a tensor of shape {tuple(param.shape)}")
+        self.wait_for_update()
         bucket.split(i, value)
 
     def master_state_dict(self, model):
@@ -466,6 +499,8 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         for i, group in enumerate(self.param_groups):
             self._check_hyper_parameters(group, f"step(): param group {i}")
         grads = self._grads()
+        if self._overlap is not None:
+            self._check_overlap(grads)
         batches, streamed = self._batched(grads)
         # One decision for the whole model, as a loss scaler makes it: any Inf/NaN skips every group.
         self.last_step_skipped = self.skip_nonfinite and self._any_nonfinite(batches, streamed)
@@ -474,34 +509,73 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         clip = self._clip_coef(grads)
         for group, planes, p, g in streamed:
             self._update(group, planes, p, g, self._state_for(group, p), clip, self._placement(p.device))
-        for batch in batches:
+        overlap = self._overlap
+        if overlap is not None:
+            overlap.begin({batch.device for batch, _ in batches if batch.device.type == "cuda"})
+        for batch, entries in batches:
             group = batch.group
             for i, p in enumerate(batch.params):
                 state = self._state_for(group, p)
                 batch.bind(i, state, self._stepped(group, state))
             batch.load_counts()
-            self._step_multi(group, batch.tensors, clip, self._placement(batch.device))
+            side = overlap is not None and batch.device.type == "cuda"
+            self._step_multi(group, batch.tensors, clip,
+                             overlap.placement(batch.device) if side else self._placement(batch.device))
             batch.applied()
+            if side:
+                overlap.queued(batch.device, batch.chunk, [g for _, _, g in entries])
         return loss
 
+    def wait_for_update(self):
+        """With overlap_update: the current stream of each device waits for the update step()
+        queued (stowage.torch.update_overlap). Reads of the weights after step() outside a
+        module's forward call it first. Without overlap there is nothing to wait for."""
+        if self._overlap is not None:
+            self._overlap.join()
+
+    def zero_grad(self, *args, **kwargs):
+        """torch.optim's. With overlap_update, zeroing the gradients in place (set_to_none=False)
+        first waits for the update that reads them; setting them to None does not."""
+        if self._overlap is not None and not _sets_to_none(*args, **kwargs):
+            self.wait_for_update()
+        return super().zero_grad(*args, **kwargs)
+
+    def _check_overlap(self, grads):
+        """overlap_update's needs, checked before anything is written."""
+        for group, bucket, i, p, g in grads:
+            if self._overlap.chunk_of(p) is None:
+                k = self._where[id(p)][3]
+                raise InvalidArgumentError(
+                    f"step(): overlap_update orders the update by the model's parameters, and {self._which(k)} "
+                    "is in no model given to attach() (apply() attaches its model). Nothing was written")
+        if any(p.device.type == "cuda" for _, _, _, p, _ in grads):
+            from . import enabled
+            if enabled() == "plain":
+                raise InvalidArgumentError(
+                    "step(): overlap_update needs an allocator that honours record_stream (the update reads the "
+                    "gradients on a side stream), and PyTorch's plain pluggable allocator ignores it: enable "
+                    "stowage with its shim, or keep PyTorch's allocator. Nothing was written")
+
     def _batched(self, grads):
-        """The step's multi-tensor calls, one per param group and device, kept from step to step
-        while the same parameters have gradients; and the parameters whose state is streamed, which
-        go through the one scratch one at a time."""
+        """The step's multi-tensor calls, one per param group and device (and chunk, with
+        overlap_update: in chunk order), kept from step to step while the same parameters have
+        gradients, each with its entries (parameter, planes, gradient); and the parameters whose
+        state is streamed, which go through the one scratch one at a time."""
         items, streamed = {}, []
         for group, bucket, i, p, g in grads:
             planes = bucket.planes(i, p.numel())
             if self._homes.placement(p) == "streamed":
                 streamed.append((group, planes, p, g))
             else:
-                items.setdefault((id(group), p.device), (group, p.device, []))[2].append((p, planes, g))
+                chunk = self._overlap.chunk_of(p) if self._overlap is not None else 0
+                items.setdefault((id(group), p.device, chunk), (group, p.device, chunk, []))[3].append((p, planes, g))
         batches = []
-        for key, (group, device, entries) in items.items():
+        for key, (group, device, chunk, entries) in sorted(items.items(), key=lambda item: item[0][2]):
             batch = self._batch_cache.get(key)
             if batch is None or not batch.serves(entries):
-                batch = self._batch_cache[key] = _Batch(group, device, entries)
+                batch = self._batch_cache[key] = _Batch(group, device, entries, chunk)
             batch.set_grads(entries)
-            batches.append(batch)
+            batches.append((batch, entries))
         return batches, streamed
 
     def _update(self, group, planes, p, g, state, clip, where):
@@ -515,7 +589,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
     def _any_nonfinite(self, batches, streamed):
         """One call for each multi-tensor batch (on a device: one check per gradient on its current
         stream, one wait per call), one for the streamed parameters' gradients."""
-        for batch in batches:
+        for batch, _ in batches:
             if self._check(batch.tensors, batch.device):
                 return True
         by_device = {}
@@ -550,6 +624,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         """torch.optim's format (state per parameter index, param_groups) plus 'stowage_master',
         the fp32 master of each parameter in the same order: plain torch.optim.AdamW loads it, and
         so does this optimizer, bit for bit. Offloaded state is there as the host tensors it lives in."""
+        self.wait_for_update()
         self._homes.synchronize()  # a queued step may still write offloaded state
         sd = super().state_dict()
         # Each step count on its own: another optimizer loading this dict in the same process must
@@ -572,6 +647,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         'stowage_master' when present (otherwise the master stays: load it with
         load_master_state_dict()). Everything is checked first: a refused state changes nothing. The
         state goes to each parameter's placement (state_placement())."""
+        self.wait_for_update()
         self._homes.synchronize()  # queued steps may still use the state about to be replaced
         groups, states = self._checked_state(state_dict)
         masters = state_dict.get("stowage_master")
@@ -663,15 +739,16 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
     skip_nonfinite (an Inf/NaN gradient anywhere skips the step; last_step_skipped says so) and
     loss_scale (gradients are divided by it in fp32). state_offload ("none", "mapped", "streamed")
     and state_device_budget (bytes of state each device keeps, or None): where m and v live
-    (stowage.torch.offload)."""
+    (stowage.torch.offload). overlap_update: step() queues the update of CUDA parameters on a side
+    stream and the next forward waits for it module by module (stowage.torch.update_overlap)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, decoupled=True,
                  rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0,
-                 state_offload="none", state_device_budget=None):
+                 state_offload="none", state_device_budget=None, overlap_update=False):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=decoupled)
         self._check_hyper_parameters(defaults, "SharedStorageAdamW()")
         super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
-                         state_device_budget)
+                         state_device_budget, overlap_update)
 
     _state_keys = ("exp_avg", "exp_avg_sq")
 
@@ -730,11 +807,11 @@ class SharedStorageSGD(_SharedStorageOptimizer):
 
     def __init__(self, params, lr=1e-2, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
                  rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0,
-                 state_offload="none", state_device_budget=None):
+                 state_offload="none", state_device_budget=None, overlap_update=False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
         self._check_hyper_parameters(defaults, "SharedStorageSGD()")
         super().__init__(params, defaults, rounding, max_grad_norm, skip_nonfinite, loss_scale, state_offload,
-                         state_device_budget)
+                         state_device_budget, overlap_update)
 
     _state_keys = ("momentum_buffer",)
 
