@@ -237,12 +237,12 @@ def run(config, device, meter, args):
     meter.reset_peak()
     for step in range(args.steps):
         profiling = config in args.profile and step == args.steps - 2  # a timed step, after the warm-up
+        opt.zero_grad()
+        starts.append(time.perf_counter())  # before the profiler starts: its start-up is in the profiled step only
         if profiling:
             profiled = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
                 [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
             profiled.__enter__()
-        opt.zero_grad()
-        starts.append(time.perf_counter())
         for micro in range(args.accumulate):  # gradients accumulate over the micro-batches
             x, y = data[step * args.accumulate + micro]
             logits = model(x)

@@ -116,26 +116,120 @@ def test_a_group_added_later_is_chunked_and_hooked():
     assert opt._overlap.chunk_of(model[1].weight) > opt._overlap.chunk_of(model[0].weight)
 
 
+class FakeStream:
+    """Stands for a CUDA stream: says which events it was made to wait for."""
+
+    def __init__(self, number):
+        self.cuda_stream, self.waited = number, []
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        self.waited.append(event.name)
+
+
+class FakeEvent:
+    made = 0
+
+    def record(self, stream):
+        FakeEvent.made += 1
+        self.name = f"e{FakeEvent.made}"
+
+
+class FakeGrad:
+    def record_stream(self, stream):
+        self.recorded_on = stream
+
+
+def fake_cuda(monkeypatch):
+    """The waits' bookkeeping on the CPU: streams and events that only say what was asked of them."""
+    current, sides = FakeStream(1), []
+
+    def side(device):
+        sides.append(FakeStream(100 + len(sides)))
+        return sides[-1]
+    monkeypatch.setattr(torch.cuda, "Stream", side)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    FakeEvent.made = 0
+    return current
+
+
+def test_a_forward_waits_for_the_last_kernel_of_its_chunk_and_a_chunk_without_one_hides_nothing(monkeypatch):
+    current = fake_cuda(monkeypatch)
+    gpu = torch.device("cuda", 0)
+    overlap = UpdateOverlap(lambda p: True)
+    overlap.begin({gpu})
+    grad = FakeGrad()
+    for chunk in (0, 0, 2, 5, 5):  # two param groups in chunks 0 and 5; nothing in 1, 3, 4, 6, 7
+        overlap.queued(gpu, chunk, [grad])
+    assert grad.recorded_on is overlap._streams[gpu]
+    assert [c for c, _ in overlap._events[gpu]] == [0, 2, 5]  # e1, e2 (0), e3 (2), e4, e5 (5)
+    overlap._wait(gpu, 1)  # chunk 1 queued nothing: chunk 0's second kernel stands for it
+    assert current.waited == ["e2"]
+    overlap._wait(gpu, 0)  # waited already
+    overlap._wait(gpu, 4)
+    assert current.waited == ["e2", "e3"] and overlap._pending
+    overlap._wait(gpu, 7)  # after the last event: the last one, and nothing is pending any more
+    assert current.waited == ["e2", "e3", "e5"] and not overlap._pending
+    # A step whose first chunks queue nothing: a module of those chunks waits for nothing, and
+    # the later ones are still waited for.
+    overlap.begin({gpu})
+    overlap.queued(gpu, 6, [grad])
+    overlap._wait(gpu, 3)
+    assert current.waited == ["e2", "e3", "e5"] and overlap._pending
+    overlap._wait(gpu, 7)
+    assert current.waited == ["e2", "e3", "e5", "e6"] and not overlap._pending
+    overlap.begin({gpu})
+    overlap.queued(gpu, 1, [grad])
+    overlap.join()
+    assert current.waited[-1] == "e7" and not overlap._pending and overlap._events == {}
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def slow_side_stream(monkeypatch):
-    """Each step's update starts 50 M GPU cycles late on its side stream: a forward that did not
-    wait for it would read the old weights."""
-    begin = UpdateOverlap.begin
+    """Every chunk's kernel starts 20 M GPU cycles late on the side stream: a forward that did not
+    wait for its chunk would read the old weights."""
+    placement = UpdateOverlap.placement
 
-    def late(self, devices):
-        begin(self, devices)
-        for device in devices:
-            with torch.cuda.stream(self._streams[device]):
-                torch.cuda._sleep(50_000_000)
-    monkeypatch.setattr(UpdateOverlap, "begin", late)
+    def late(self, device):
+        with torch.cuda.stream(self._streams[device]):
+            torch.cuda._sleep(20_000_000)
+        return placement(self, device)
+    monkeypatch.setattr(UpdateOverlap, "placement", late)
 
 
-def deep_model(device):
+class Net(torch.nn.Module):
+    """Linear layers, an attention whose forward reads its out_proj's parameters without calling
+    it, and a layer that gets no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU())
+                                            for _ in range(4)])
+        self.attn = torch.nn.MultiheadAttention(256, 4, batch_first=True)
+        self.unused = torch.nn.Linear(256, 256)
+        self.head = torch.nn.Linear(256, 7)
+
+    def forward(self, x):
+        h = self.blocks(x)[:, None]
+        a, _ = self.attn(h, h, h, need_weights=False)
+        return self.head((h + a)[:, 0])
+
+
+def net(device):
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU())
-                                 for _ in range(6)], torch.nn.Linear(256, 7)).to(device)
+    return Net().to(device)
+
+
+def weight_decay_groups(model):
+    """As a weight-decay split makes them: every bias after every weight, in two groups."""
+    named = list(model.named_parameters())
+    return [{"params": [p for n, p in named if not n.endswith("bias")]},
+            {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
 
 
 def train_accumulating(model, opt, data, accumulate):
@@ -159,11 +253,15 @@ def test_on_cuda_each_forward_waits_for_its_weights(monkeypatch, state_offload):
     g = torch.Generator().manual_seed(3)
     data = [(torch.randn(64, 256, generator=g).cuda(), torch.randint(0, 7, (64,), generator=g).cuda())
             for _ in range(16)]
-    plain, lapped = deep_model("cuda"), deep_model("cuda")
-    a = SharedStorageAdamW(plain.parameters(), lr=1e-3, max_grad_norm=1.0, state_offload=state_offload)
-    b = SharedStorageAdamW(lapped.parameters(), lr=1e-3, max_grad_norm=1.0, state_offload=state_offload,
-                           overlap_update=True)
+    plain, lapped = net("cuda"), net("cuda")
+    hyper = dict(lr=1e-3, max_grad_norm=1.0, state_offload=state_offload)
+    a = SharedStorageAdamW(weight_decay_groups(plain), **hyper)
+    b = SharedStorageAdamW(weight_decay_groups(lapped), overlap_update=True, **hyper)
     b.attach(lapped)
+    assert len(lapped.attn._forward_pre_hooks) == 1  # it reads out_proj's parameters itself
+    # Weights and biases (two groups) share chunks; chunks 4 and 5 queue nothing (in_proj_weight
+    # starts in 3 and spans them); out_proj's parameters are in later chunks than in_proj's.
+    assert sorted({b._overlap.chunk_of(p) for p in lapped.parameters()}) == [0, 1, 2, 3, 6, 7]
     slow_side_stream(monkeypatch)
     assert train_accumulating(plain, a, data, 4) == train_accumulating(lapped, b, data, 4)
     b.wait_for_update()

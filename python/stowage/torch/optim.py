@@ -332,6 +332,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         self._homes.commit(group["params"], placements, books)
         if self._overlap is not None:
             self._overlap.changed()
+            self._batch_cache.clear()  # keyed by the old chunks
         for model in list(self._models):  # a model attached before holds them too (unfreezing a part of it)
             route_loads(model, self, self._routed)
             if self._overlap is not None:
@@ -380,6 +381,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         route_loads(model, self, self._routed)
         if self._overlap is not None:
             self._overlap.attach(model)
+            self._batch_cache.clear()  # keyed by the old chunks
 
     def _check_views(self, what):
         """Every parameter still views its plane (before a call writes through the planes)."""
