@@ -20,7 +20,7 @@ namespace pluggable = torch::cuda::CUDAPluggableAllocator;
 
 std::string last_error() { return stowage_last_error(); }
 
-void* allocate(size_t size, int device, cudaStream_t stream) {
+void* allocate_or_throw(size_t size, int device, cudaStream_t stream) {
   void* p = stowage_malloc(static_cast<ssize_t>(size), device, stream);
   if (p == nullptr && size != 0) {
     if (stowage_last_error_code() == STOWAGE_ERROR_OUT_OF_MEMORY) {
@@ -59,7 +59,7 @@ bool direct(c10::DeviceIndex device) { return device >= 0 && device < kDirectDev
 
 c10::DataPtr allocate_on_current_device(size_t size, c10::DeleterFnPtr other_deleter) {
   const c10::DeviceIndex device = c10::cuda::current_device();
-  void* p = allocate(size, device, c10::cuda::getCurrentCUDAStream(device));
+  void* p = allocate_or_throw(size, device, c10::cuda::getCurrentCUDAStream(device));
   const c10::DeleterFnPtr deleter = direct(device) ? kDeleters[static_cast<std::size_t>(device)] : other_deleter;
   return {p, p, deleter, c10::Device(c10::DeviceType::CUDA, device)};
 }
@@ -79,10 +79,10 @@ struct Unfiled : Base {
   using Base::Base;
   void* raw_alloc(size_t size) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
-    return allocate(size, device, c10::cuda::getCurrentCUDAStream(device));
+    return allocate_or_throw(size, device, c10::cuda::getCurrentCUDAStream(device));
   }
   void* raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
-    return allocate(size, c10::cuda::current_device(), stream);
+    return allocate_or_throw(size, c10::cuda::current_device(), stream);
   }
   void raw_delete(void* p) override { release(p, 0, -1); }
 };
@@ -108,7 +108,7 @@ void install() {
               last_error());
   TORCH_CHECK(stowage_device_count() > 0, "stowage: no devices: ", last_error());
   auto allocator = std::make_shared<StowageAllocator>(
-      allocate, [](void* p, size_t size, int device, cudaStream_t) { release(p, size, device); });
+      allocate_or_throw, [](void* p, size_t size, int device, cudaStream_t) { release(p, size, device); });
   allocator->init(0);  // as createCustomAllocator does (PyTorch calls init again when CUDA starts)
   allocator->set_record_stream_fn([](void* ptr, cudaStream_t stream) {
     TORCH_CHECK(stowage_record_stream(ptr, -1, stream) == 0, "stowage: record_stream: ", last_error());
