@@ -55,6 +55,28 @@ def test_chunks_follow_the_models_order_not_the_param_groups():
     assert len(model._forward_pre_hooks) == 0
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_one_finite_check_covers_every_group_and_chunk(overlap):
+    # The check joins the batches of a device into one call: a NaN in the last parameter (the
+    # second group's, the last chunk's) still skips the whole step.
+    model = make_model()
+    params = list(model.parameters())
+    opt = SharedStorageAdamW([{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0}],
+                             overlap_update=overlap)
+    opt.attach(model)
+    x, y = batches(1)[0]
+    torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+    params[-1].grad.view(-1)[2] = float("inf")
+    before = [bits(opt.master(p)) for p in params]
+    opt.step()
+    assert opt.last_step_skipped
+    assert all(torch.equal(bits(opt.master(p)), b) for p, b in zip(params, before))
+    params[-1].grad.view(-1)[2] = 0.0
+    opt.step()
+    assert not opt.last_step_skipped
+    assert not any(torch.equal(bits(opt.master(p)), b) for p, b in zip(params, before))
+
+
 def test_a_parameter_in_no_attached_model_is_refused_and_nothing_is_written():
     model = make_model()
     opt = SharedStorageAdamW(model.parameters(), overlap_update=True)

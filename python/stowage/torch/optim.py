@@ -201,6 +201,16 @@ def _sets_to_none(*args, **kwargs):
     return inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default is True
 
 
+def _joined(arrays):
+    """One StepTensor array holding the entries of several (param groups, chunks): one check, one wait."""
+    joined = (precision.StepTensor * sum(len(a) for a in arrays))()
+    at = ctypes.addressof(joined)
+    for a in arrays:
+        ctypes.memmove(at, a, ctypes.sizeof(a))
+        at += ctypes.sizeof(a)
+    return joined
+
+
 def _pointers(tensors):
     """state0 and state1 of a StepTensor: the tensors' addresses, 0 where there is none."""
     ptrs = [t.data_ptr() for t in tensors]
@@ -589,10 +599,14 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         state["step"].fill_(float(tensors[0].step))
 
     def _any_nonfinite(self, batches, streamed):
-        """One call for each multi-tensor batch (on a device: one check per gradient on its current
-        stream, one wait per call), one for the streamed parameters' gradients."""
+        """One call for the multi-tensor batches of each device (on a device: one check per
+        gradient on its current stream, one wait per call), one for the streamed parameters'
+        gradients."""
+        arrays = {}
         for batch, _ in batches:
-            if self._check(batch.tensors, batch.device):
+            arrays.setdefault(batch.device, []).append(batch.tensors)
+        for device, held in arrays.items():
+            if self._check(held[0] if len(held) == 1 else _joined(held), device):
                 return True
         by_device = {}
         for *_, g in streamed:
