@@ -298,7 +298,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         # callbacks run before the optimizer's attributes are cleared.)
         # At exit nothing allocates any more (and a failed device would only say so again).
         weakref.finalize(self, _finish, homes, overlap).atexit = False
-        self._batch_cache = {}  # (id(group), device) -> _Batch
+        self._batch_cache = {}  # (id(group), device, chunk) -> _Batch (chunk 0 without overlap_update)
         self._flags = {}  # device -> the finite check's flag
         # Every parameter is checked before any moves, so a refusal changes nothing.
         if isinstance(params, (set, frozenset)):

@@ -67,7 +67,7 @@ class UpdateOverlap:
         self._handles = weakref.WeakKeyDictionary()  # module -> its hook's handle
         self._streams = {}  # device -> side stream
         self._events = {}  # device -> [(chunk, event)] of the last update queued there, in order
-        self._waited = {}  # (device, stream) -> the last chunk that stream waited for this step
+        self._waited = {}  # (device, stream) -> the chunk up to which that stream waited for every kernel
         self._pending = False  # some device's current stream has not waited for all of its update
 
     # --- the model ---
