@@ -210,6 +210,14 @@ int owner_of(Allocators& all, const void* ptr) {
   return -1;
 }
 
+// `device`, or for -1 the device whose allocator owns `ptr` (InvalidArgument naming `what` when none does).
+int named_or_owner(Allocators& all, const void* ptr, int device, const char* what) {
+  if (device != -1) return device;
+  const int owner = owner_of(all, ptr);
+  if (owner == -1) throw InvalidArgument(fmt::format("{}: {} is not a live stowage block", what, ptr));
+  return owner;
+}
+
 // A refusal of `ptr` on `device`, when another device owns it: a message that says so.
 void name_the_owner(Allocators& all, const void* ptr, int device, const char* what) {
   if (const int owner = owner_of(all, ptr); owner != -1 && owner != device)
@@ -235,10 +243,7 @@ void stowage_free(void* ptr, ssize_t size, int device, void* stream) {
     if (ptr == nullptr) return 0;
     const std::size_t bytes = checked_size(size, "stowage_free");
     Allocators& all = allocators();
-    if (device == -1) {  // the owner's: PyTorch's raw_delete names no device
-      device = owner_of(all, ptr);
-      if (device == -1) throw InvalidArgument(fmt::format("stowage_free: {} is not a live stowage block", ptr));
-    }
+    device = named_or_owner(all, ptr, device, "stowage_free");  // PyTorch's raw_delete names no device
     try {
       all.get(device).top->deallocate(ptr, bytes);  // InvalidArgument for foreign pointers, double frees, wrong sizes
     } catch (const InvalidArgument&) {
@@ -266,11 +271,7 @@ int stowage_record_stream(void* ptr, int device, void* stream) {
   return guarded(-1, [&] {
     if (ptr == nullptr) throw InvalidArgument("stowage_record_stream: null pointer");
     Allocators& all = allocators();
-    if (device == -1) {  // the owner's: PyTorch's record-stream hook names no device
-      device = owner_of(all, ptr);
-      if (device == -1)
-        throw InvalidArgument(fmt::format("stowage_record_stream: {} is not a live stowage block", ptr));
-    }
+    device = named_or_owner(all, ptr, device, "stowage_record_stream");  // PyTorch's hook names no device
     try {
       all.get(device).top->record_stream(ptr, stream_from_native(stream));
     } catch (const InvalidArgument&) {
