@@ -27,7 +27,7 @@ struct Options {
   std::optional<std::int64_t> seq, micro_batch, grad_accum, global_batch, tp, pp, vpp, dp, cp, ep, stage;
   std::string precision, optimizer, recompute, recompute_method, accounting, offload, rounding;
   // Optional, so that a value given (0, -1) reaches the checks instead of reading as "not given".
-  std::optional<std::int64_t> recompute_layers, zero, grad_bytes;
+  std::optional<std::int64_t> recompute_layers, zero, grad_bytes, mtp_layers;
   bool sp = false, no_flash = false, unfused_swiglu = false, dist_opt = false, ignore_unknown = false;
   bool shared = false, act_fn = false, swap = false;
   std::optional<std::int64_t> prefetch_window, stream_window;
@@ -59,6 +59,10 @@ RunConfig build_config(const Options& o) {
     apply_megatron_args(*o.megatron_args, c, o.ignore_unknown ? UnknownArguments::ignore : UnknownArguments::error);
   if (!o.deepspeed_config.empty()) apply_deepspeed_config(tools::read_file(o.deepspeed_config), c, o.deepspeed_config);
   // Explicit options win over both files.
+  if (o.mtp_layers) {
+    if (*o.mtp_layers < 0) throw InvalidArgument(fmt::format("--mtp-layers must be 0 or more, got {}", *o.mtp_layers));
+    c.model.mtp_layers = *o.mtp_layers;
+  }
   auto& t = c.training;
   auto& p = c.parallel;
   if (o.seq) t.seq_length = positive(o.seq, "--seq");
@@ -205,6 +209,8 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_flag("--ignore-unknown-megatron-args", o->ignore_unknown,
                 "skip arguments Megatron-LM does not have (default: error)");
   cmd->add_option("--deepspeed-config", o->deepspeed_config, "DeepSpeed config JSON (ZeRO stage, offload)");
+  cmd->add_option("--mtp-layers", o->mtp_layers,
+                  "multi-token-prediction layers trained on the last stage (Megatron --mtp-num-layers; default 0)");
   cmd->add_option("--seq", o->seq, "sequence length (default 4096, or from --megatron-args)");
   cmd->add_option("--micro-batch", o->micro_batch, "micro-batch size (default 1)");
   cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per step, in flight for pipeline stages (default 1)");

@@ -63,13 +63,14 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--recompute-modules", "selective recompute of chosen modules"},
     {"--cpu-offloading", "activation offload to host memory"},
     {"--fine-grained-activation-offloading", "activation offload to host memory"},
-    {"--mtp-num-layers", "multi-token-prediction layers and their logits"},
     {"--optimizer-cpu-offload", "optimizer states on the host"},
     {"--use-precision-aware-optimizer", "reduced-precision optimizer states"},
     {"--main-grads-dtype", "reduced-precision main gradients"},
     {"--main-params-dtype", "reduced-precision main parameters"},
     {"--exp-avg-dtype", "reduced-precision Adam moments"},
     {"--exp-avg-sq-dtype", "reduced-precision Adam moments"},
+    {"--mtp-use-repeated-layer", "one MTP layer applied at every depth (its parameters once)"},
+    {"--mtp-hsm", "MTP hidden-state mixing keeps the rolled history of hidden states"},
     {"--use-grouped-gemm-for-shared-expert", "the shared experts' fused fp8/fp4 grouped-GEMM path"},
     {"--no-use-layer-wise-param-layout",
      "Muon's layer-wise optimizer without its sharded layout keeps more than a shard"},
@@ -317,6 +318,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   bool hidden_given = false, ffn_given = false, heads_given = false;
   std::string sharding = "no_shard";  // --data-parallel-sharding-strategy (arguments.py's default)
   std::optional<bool> rmsnorm, rope;
+  std::string position_type;  // as given; empty: not given
   bool bf16 = false, fp16 = false, fp32_grads = false, bf16_grads = false, local_impl = false, flash = false;
   bool gpt2_bpe = false, seq_given = false, cp_given = false, topk_given = false;
   std::string attention_backend = "auto", ce_impl = "native";
@@ -369,13 +371,15 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       // learned_absolute adds a table of positions; the rotary kinds, relative and none do not.
       {"--position-embedding-type",
        [&](auto& a, auto& v) {
-         rope = one_of(a, v, {"learned_absolute", "rope", "yarn", "mrope", "relative", "none"}) != "learned_absolute";
+         position_type = one_of(a, v, {"learned_absolute", "rope", "yarn", "mrope", "relative", "none"});
+         rope = position_type != "learned_absolute";
        }},
       {"--normalization",
        [&](auto& a, auto& v) {
          rmsnorm = one_of(a, v, {"LayerNorm", "RMSNorm"}) == "RMSNorm";
        }},
       {"--num-experts", [&](auto& a, auto& v) { m.num_experts = to_positive(a, v); }},
+      {"--mtp-num-layers", [&](auto& a, auto& v) { m.mtp_layers = to_positive(a, v); }},
       {"--moe-layer-freq", [&](auto&, auto& v) { moe_layer_freq = v; }},
       {"--q-lora-rank", [&](auto& a, auto& v) { q_lora = to_positive(a, v); }},
       {"--kv-lora-rank", [&](auto& a, auto& v) { kv_lora = to_positive(a, v); }},
@@ -591,6 +595,13 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     m.learned_positions = rope.value_or(false) ? 0 : max_positions.value_or(0);
   }
   if (qkv_bias) m.qkv_bias = true;  // with --disable-bias-linear, q, k and v keep theirs (Qwen2)
+  // arguments.py: MTP takes rope or none (learned_absolute, Megatron's default, is refused by the
+  // model's own check).
+  if (m.mtp_layers > 0 && !position_type.empty() && position_type != "rope" && position_type != "none" &&
+      position_type != "learned_absolute")
+    throw InvalidArgument(fmt::format(
+        "megatron-args: --mtp-num-layers with --position-embedding-type {} (Megatron-LM supports rope and none only)",
+        position_type));
   // Megatron-FSDP shards what its strategy names across the data-parallel ranks, as ZeRO's stages
   // do (its documentation: optim_grads_params is ZeRO-3), gathering each layer's weights in turn.
   if (megatron_fsdp) {

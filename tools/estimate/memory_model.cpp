@@ -179,6 +179,11 @@ StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64
     replicated += double(pc.final_norm);
     if (!m.tie_embeddings || p.pp > 1) sharded += double(vocab) * h;
     if (m.output_bias) sharded += double(vocab);
+    // The MTP layers (their transformer layers are among the caller's counts): eh_proj and three
+    // norms each; with PP > 1 the last stage also builds the embedding they read (gpt_model.py:
+    // pre_process or mtp_process).
+    sharded += double(m.mtp_layers * pc.mtp_projection) + (m.mtp_layers > 0 && p.pp > 1 ? double(vocab) * h : 0.0);
+    replicated += double(m.mtp_layers * pc.mtp_norms);
   }
   s.dense = sharded / t + replicated;
   s.expert = expert_params_per_rank(c, moe_layers);  // split by ETP and EP (expert_parallel.cpp)
@@ -231,6 +236,37 @@ ChunkActivations chunk_activations(const RunConfig& c, std::int64_t first_layer,
   return f;
 }
 
+// One micro-batch through the k MTP layers, bytes per token (multi_token_prediction.py). Each
+// layer keeps its transformer layer's activations, the shifted token ids (8 B) its embedding
+// keeps and the embedding's dropout mask, enorm's input (h), eh_proj's input (the concatenation,
+// 2h) and its final norm's input (h); each output but the last is the next layer's hnorm input
+// (h). The decoder's normalised output is the first hnorm's input (h), and the output layers read
+// their inputs from the concatenation of it with every MTP output ((1 + k)·h, process_mtp_loss):
+// (6k)·h more than the output layer alone keeps. With sequence parallelism eh_proj's output is
+// gathered whole and scattered as a view (mappings.py _split_along_first_dim), which the layer's
+// input norm keeps: the whole h, not h/t. Full recompute with the uniform method checkpoints each
+// MTP layer (keeping the embedding, h, besides its hidden input) and reruns one in backward, its
+// 4h and the whole input included; Megatron-LM does not recompute them with the block method.
+struct MtpActivations {
+  double stored = 0, working = 0;
+};
+
+MtpActivations mtp_activations(const RunConfig& c, const LayerBytes& layer) {
+  const auto& m = c.model;
+  const double k = double(m.mtp_layers);
+  if (k == 0) return {};
+  const double rep = c.parallel.sequence_parallel ? double(c.parallel.tp) : 1.0;
+  const double H = activation_bytes(c) * double(m.hidden_size) / rep;  // one hidden state
+  const double ids = 8.0 + (m.dropout ? double(m.hidden_size) / rep : 0.0);
+  const double outputs = (k - 1) * H + (1 + k) * H;  // the next hnorm inputs, the concatenation
+  const double whole_input = H * (rep - 1);          // the scattered view's base beyond its shard
+  const double rerun = layer.total() + 4 * H + whole_input;
+  const bool checkpointed =
+      c.recompute.granularity == Recompute::full && c.recompute.method == RecomputeMethod::uniform;
+  if (checkpointed) return {k * (ids + H) + outputs, rerun};
+  return {k * (ids + rerun) + outputs, 0.0};
+}
+
 StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t vocab) {
   const auto& m = c.model;
   const auto& p = c.parallel;
@@ -250,8 +286,10 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Full recompute applies per model chunk. Reported as micro-batches of the stage's layers.
   const std::int64_t group = p.vpp > 1 ? (p.microbatch_group > 0 ? p.microbatch_group : p.pp) : 1;
   double units = 0, stored_moe = 0, stored_dense = 0, recomputed = 0, checkpoint_inputs = 0, working_per_token = 0;
+  std::int64_t mtp_in_flight = 0;  // forwards through the last stage's last chunk, which runs the MTP layers
   for (std::int64_t i = 0, n = chunks_in_flight(c, stage); i < n; ++i) {
     const std::int64_t chunk = (i / group) % p.vpp, layers = chunk_layers(c, stage, chunk);
+    if (last && chunk == p.vpp - 1) ++mtp_in_flight;
     const ChunkActivations f = chunk_activations(c, chunk_first_layer(c, stage, chunk), layers, moe_per, dense_per);
     units += double(layers);
     stored_moe += f.moe;
@@ -289,6 +327,9 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   double router = T * moe_per.router * stored_moe;
   // Rematerialised in backward: the layers full recompute runs at once, or one activation output.
   double working = T * working_per_token;
+  // The MTP layers of the last stage, with no technique of stowage's applied to them.
+  const MtpActivations mtp = last ? mtp_activations(c, m.mtp_moe() ? moe_per : dense_per) : MtpActivations{};
+  working = std::max(working, T * mtp.working);
   if (act_fn_units > 0)
     working = std::max(
         {working, moe_layers > 0 ? T * moe_per.act_output : 0.0, dense_layers > 0 ? T * dense_per.act_output : 0.0});
@@ -311,11 +352,14 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // training .float() is the logits themselves, turned into the softmax in place: 4 B.
   const bool mixed = tr.precision != Precision::fp32;
   const double logit_bytes = mixed ? tr.loss_bytes_per_logit : 4.0;
-  const double loss_peak = last ? T * logit_bytes * double(vocab) / t : 0.0;
+  // Each MTP loss runs before the main one and keeps its fp32 softmax (4 B) until backward.
+  const double mtp_logit_bytes = 4.0 * double(m.mtp_layers);
+  const double loss_peak = last ? T * (logit_bytes + mtp_logit_bytes) * double(vocab) / t : 0.0;
   double output_inputs = last ? T * 2.0 * A * h / rep : 0.0;
-  // Deferred output-layer weight gradients: each waiting micro-batch's logits gradient and input.
+  // Deferred output-layer weight gradients: each waiting call's logits gradient and input, 1 + k
+  // calls per micro-batch with MTP (layers.py: the limit counts calls).
   if (last && tr.deferred_wgrad_microbatches > 0)
-    output_inputs += double(std::min(tr.deferred_wgrad_microbatches, tr.grad_accumulation)) * T *
+    output_inputs += double(std::min(tr.deferred_wgrad_microbatches, tr.grad_accumulation * (1 + m.mtp_layers))) * T *
                      (A * double(vocab) / t + A * h / rep);
   // The loss's peak and the backward rematerialisation do not overlap: the softmax is consumed
   // before the first layer's backward. The stage's peak is the larger one on top of what is stored.
@@ -326,21 +370,27 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
                      {"mlp", to_bytes(mlp, "mlp")},
                      {"mlp_activation_output", to_bytes(act_out, "mlp_activation_output")},
                      {"moe_router", to_bytes(router, "moe_router")},
+                     {"mtp", to_bytes(T * mtp.stored * double(mtp_in_flight), "mtp")},
                      {"embedding", to_bytes(embedding, "embedding")},
                      {"output_logits", to_bytes(output_inputs + loss_peak, "output_logits")},
                      {"recompute_working_set", to_bytes(working_extra, "recompute_working_set")}};
 
   // Model states: dense parameters shard over DP·CP, experts over the expert-data-parallel group.
-  const StageParams sp = stage_params(c, moe_layers, dense_layers, first, last, vocab);
+  // The MTP layers' transformer layers are of the last layer's kind.
+  const std::int64_t mtp_layers = last ? m.mtp_layers : 0, mtp_moe = m.mtp_moe() ? mtp_layers : 0;
+  const std::int64_t param_moe = moe_layers + mtp_moe, param_dense = dense_layers + mtp_layers - mtp_moe;
+  const StageParams sp = stage_params(c, param_moe, param_dense, first, last, vocab);
   out.parameters = to_bytes(sp.dense + sp.expert, "parameters");
   // validate(): instances divide DP·CP and the expert-data-parallel size.
   const double n_dense = double(p.dp * p.cp) / double(p.optimizer_instances);
   const double n_expert = m.moe() ? expert_state_shards(c) : 1.0;
   // Muon orthogonalises the 2-D weights only (muon_states.cpp); other optimizers treat all alike.
-  const States dense = stage_states(c, sp.dense, muon_matrix_params(c, moe_layers, dense_layers, first, false), n_dense,
-                                    sp.largest_layer);
+  const double mtp_projections = double(mtp_layers) * 2.0 * h * h / t;  // eh_proj is 2-D: Muon's
+  const States dense =
+      stage_states(c, sp.dense, muon_matrix_params(c, param_moe, param_dense, first, false) + mtp_projections, n_dense,
+                   sp.largest_layer);
   const States expert =
-      stage_states(c, sp.expert, muon_matrix_params(c, moe_layers, dense_layers, first, true), n_expert, 0.0);
+      stage_states(c, sp.expert, muon_matrix_params(c, param_moe, param_dense, first, true), n_expert, 0.0);
   out.weights = to_bytes(dense.weights + expert.weights, "weights");
   out.gradients = to_bytes(dense.gradients + expert.gradients, "gradients");
   out.optimizer_states = to_bytes(dense.optimizer + expert.optimizer, "optimizer states");
@@ -354,7 +404,7 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Megatron's gradient buckets are views into the gradient buffer (counted with the gradients).
   double comm = 0.0;
   if (p.pp > 1) comm += T * A * h / rep;
-  if (moe_layers > 0) comm += moe_dispatch_buffer_bytes(c, T);  // moe_activations.cpp
+  if (param_moe > 0) comm += moe_dispatch_buffer_bytes(c, T);  // moe_activations.cpp
   const double W = mixed ? 2.0 : 4.0;
   // The BF16_Optimizer is no ZeRO optimizer: it reduces without ZeRO's bucket.
   if (!deepspeed_bf16_optimizer(c))
@@ -363,7 +413,7 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   out.framework = c.framework.total();
   // TransformerEngine allocates the grouped GEMM's workspaces at its first grouped GEMM
   // (cpp_extensions/gemm.py get_cublas_workspace, lru_cache): a stage without MoE layers runs none.
-  if (moe_layers == 0) out.framework -= c.framework.te_workspace * c.framework.te_grouped_gemm_workspaces;
+  if (param_moe == 0) out.framework -= c.framework.te_workspace * c.framework.te_grouped_gemm_workspaces;
 
   out.optimizer_step_beyond_activations = std::max<std::int64_t>(0, out.optimizer_step - out.activation_total());
   double total = double(out.model_states()) + double(out.communication) + double(out.framework) +

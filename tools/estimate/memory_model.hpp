@@ -45,6 +45,7 @@ inline constexpr const char* kActivationKinds[] = {
     "mlp",                    // fc1 input, activation-function input, dropout mask
     "mlp_activation_output",  // activation-function output: fc2's input (and silu(x1) unfused)
     "moe_router",             // router probabilities (MoE only)
+    "mtp",                    // the multi-token-prediction layers (last stage)
     "embedding",              // token ids and embedding dropout mask (first stage)
     "output_logits",          // final norm and output-layer inputs, bf16 logits and the loss's fp32 copy (last stage)
     "recompute_working_set",  // layers rematerialised in backward, beyond the loss's peak

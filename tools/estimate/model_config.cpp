@@ -69,6 +69,12 @@ ParameterCounts count_parameters(const ModelConfig& m, std::int64_t vocab) {
   p.final_norm = norm;
   p.embedding = vocab * h + m.learned_positions * h;
   p.output = (m.tie_embeddings ? 0 : vocab * h) + (m.output_bias ? vocab : 0);
+  // MTP shares the embedding and the output layer; eh_proj has no bias (multi_token_prediction.py).
+  p.mtp_projection = 2 * h * h;
+  p.mtp_norms = 3 * norm;
+  // A dense model's layer is per_layer(); an MoE model's dense layer per_dense_layer().
+  const std::int64_t layer = m.moe() && !m.mtp_moe() ? p.per_dense_layer() : p.per_layer();
+  p.mtp = m.mtp_layers * (layer + p.mtp_projection + p.mtp_norms);
   return p;
 }
 
@@ -86,6 +92,14 @@ void validate(const ModelConfig& m) {
   if (m.head_dim < 0) throw InvalidArgument(fmt::format("model '{}': head_dim must not be negative", m.name));
   if (m.learned_positions < 0)
     throw InvalidArgument(fmt::format("model '{}': learned position rows must not be negative", m.name));
+  if (m.mtp_layers < 0 || m.mtp_layers > 64)
+    throw InvalidArgument(
+        fmt::format("model '{}': multi-token-prediction layers must be 0..64, got {}", m.name, m.mtp_layers));
+  // arguments.py: MTP supports rotary or no position embeddings only.
+  if (m.mtp_layers > 0 && m.learned_positions > 0)
+    throw InvalidArgument(fmt::format(
+        "model '{}': multi-token prediction with learned position embeddings (Megatron-LM supports rope and none only)",
+        m.name));
   if (m.head_dim == 0 && m.hidden_size % m.num_heads != 0)
     throw InvalidArgument(fmt::format("model '{}': num_attention_heads ({}) does not divide hidden_size ({})", m.name,
                                       m.num_heads, m.hidden_size));
@@ -319,7 +333,7 @@ void read_mla(const nlohmann::json& j, const std::string& what, ModelConfig& m, 
   if (mtp > 0 && warnings != nullptr)
     warnings->push_back(fmt::format(
         "{}: num_nextn_predict_layers {}: the multi-token-prediction layers are not counted (transformers does not "
-        "build them; Megatron-LM trains them with --mtp-num-layers)",
+        "build them); to train them give --mtp-layers (Megatron-LM: --mtp-num-layers)",
         what, mtp));
 }
 

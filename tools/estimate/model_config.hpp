@@ -56,6 +56,12 @@ struct ModelConfig {
   bool mla = false;
   std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool mla_q_input_norm = false;
+  // Multi-token prediction (Megatron-LM --mtp-num-layers, multi_token_prediction.py): after the
+  // decoder, each MTP layer normalises the embedding of the input shifted once more (enorm) and the
+  // previous hidden state (hnorm), projects their concatenation (eh_proj, 2h → h), runs one
+  // transformer layer of the decoder's last layer's kind and a final norm; the shared output layer
+  // gives each its own loss. 0: none.
+  std::int64_t mtp_layers = 0;
 
   void set_linear_bias(bool on) { qkv_bias = proj_bias = mlp_bias = on; }  // every linear layer (Megatron)
   bool linear_bias() const { return qkv_bias && proj_bias && mlp_bias; }
@@ -70,6 +76,9 @@ struct ModelConfig {
   bool moe_layer(std::int64_t i) const {
     return moe() && (moe_layer_pattern.empty() || moe_layer_pattern[static_cast<std::size_t>(i)] != 0);
   }
+  // Whether the MTP layers' transformer layers have experts: the kind of the decoder's last layer
+  // (pretrain_gpt.py builds them from its spec).
+  bool mtp_moe() const { return moe_layer(num_layers - 1); }
   // MoE layers among layers [begin, begin + count).
   std::int64_t moe_layers(std::int64_t begin, std::int64_t count) const;
   // An MoE model with dense layers among its layers.
@@ -99,12 +108,16 @@ struct ParameterCounts {
   std::int64_t dense_mlp = 0;     // per dense layer of an MoE model: its MLP of ffn_hidden_size (+ biases)
   std::int64_t layers = 0;        // the model's layers
   std::int64_t dense_layers = 0;  // of them, the dense ones of an MoE model
+  // Per MTP layer besides its transformer layer: eh_proj (2h·h, split by TP) and the three norms
+  // (enorm, hnorm, final norm; replicated). mtp: all MTP layers, their transformer layers included.
+  std::int64_t mtp_projection = 0, mtp_norms = 0, mtp = 0;
   std::int64_t per_layer() const { return attention + mlp_dense + mlp_experts + mlp_shared + shared_gate + norms; }
   std::int64_t per_dense_layer() const { return attention + dense_mlp + norms; }
   // The whole model: dense_layers dense, the rest as per_layer() (theoretical_memory_usage.py:
   // dense and MoE layers).
   std::int64_t total() const {
-    return per_layer() * (layers - dense_layers) + per_dense_layer() * dense_layers + embedding + output + final_norm;
+    return per_layer() * (layers - dense_layers) + per_dense_layer() * dense_layers + embedding + output + final_norm +
+           mtp;
   }
 };
 

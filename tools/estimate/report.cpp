@@ -44,6 +44,7 @@ nlohmann::json to_json(const EstimateResult& r) {
                 {"experts_per_token", m.experts_per_token},
                 {"shared_expert_ffn_hidden_size", m.shared_experts() ? m.shared_expert_ffn_hidden_size : 0},
                 {"moe_layers", m.moe_layers(0, m.num_layers)},
+                {"mtp_layers", m.mtp_layers},
                 {"parameters", count_parameters(m, m.vocab_size).total()}};
   j["training"] = {{"seq_length", c.training.seq_length},
                    {"micro_batch", c.training.micro_batch},
@@ -93,8 +94,9 @@ std::string to_table(const EstimateResult& r) {
   const auto& m = r.configured;
   std::string out;
   out += fmt::format(
-      "model {}: {} layers, hidden {}, heads {}/{}, ffn {}, vocab {}{}\n", c.model.name, c.model.num_layers,
-      c.model.hidden_size, c.model.num_heads, c.model.kv_heads(), c.model.ffn_hidden_size, c.model.vocab_size,
+      "model {}: {} layers{}, hidden {}, heads {}/{}, ffn {}, vocab {}{}\n", c.model.name, c.model.num_layers,
+      c.model.mtp_layers > 0 ? fmt::format(" + {} MTP", c.model.mtp_layers) : "", c.model.hidden_size,
+      c.model.num_heads, c.model.kv_heads(), c.model.ffn_hidden_size, c.model.vocab_size,
       c.model.moe()
           ? fmt::format(
                 ", {} experts top-{}{}{}", c.model.num_experts, c.model.experts_per_token,

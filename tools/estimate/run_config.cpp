@@ -133,6 +133,13 @@ void validate(const RunConfig& c) {
         "the weights' dtype without ZeRO); use ZeRO stage 1 or more, or accumulate in {}",
         to_string(*p.grad_accum_deepspeed), to_string(t.precision), to_string(t.precision)));
   if (c.recompute.num_layers < 0) throw InvalidArgument("recompute-num-layers must not be negative");
+  // multi_token_prediction.py asserts it: the MTP layers are checkpointed one at a time.
+  if (m.mtp_layers > 0 && c.recompute.granularity == Recompute::full &&
+      c.recompute.method == RecomputeMethod::uniform && c.recompute.num_layers > 1)
+    throw InvalidArgument(fmt::format(
+        "full recompute, uniform, of {} layers per chunk with multi-token prediction: Megatron-LM recomputes MTP "
+        "layers one at a time (recompute-num-layers must be 1)",
+        c.recompute.num_layers));
   if (c.techniques.prefetch_window < 0) throw InvalidArgument("prefetch-window must not be negative");
   if (c.techniques.stream_window_layers <= 0) throw InvalidArgument("stream-window must be positive");
   if (!(c.allocator_overhead >= 0.0 && c.allocator_overhead <= 4.0))

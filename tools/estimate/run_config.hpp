@@ -52,7 +52,8 @@ struct Training {
   double loss_bytes_per_logit = 6.0;
   // Megatron --defer-embedding-wgrad-compute: the output layer's weight gradient waits, keeping
   // each micro-batch's logits gradient (2 B per logit) and input (2h) for up to this many
-  // micro-batches (--wgrad-deferral-limit; 0 there means the whole step). 0: not deferred.
+  // output-layer calls (--wgrad-deferral-limit; 0 there means the whole step), one per micro-batch
+  // and one more per MTP layer. 0: not deferred.
   std::int64_t deferred_wgrad_microbatches = 0;
 };
 

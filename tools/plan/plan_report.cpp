@@ -147,6 +147,7 @@ std::string megatron_arguments(const RunConfig& c) {
   if (m.moe() && c.moe.dispatcher != estimate::MoeDispatcher::allgather)
     a.push_back(fmt::format("--moe-token-dispatcher-type {}", to_string(c.moe.dispatcher)));
   if (m.shared_experts() && c.moe.shared_expert_overlap) a.push_back("--moe-shared-expert-overlap");
+  if (m.mtp_layers > 0) a.push_back(fmt::format("--mtp-num-layers {}", m.mtp_layers));
   a.push_back(fmt::format("--vocab-size {}", m.vocab_size));
   a.push_back(fmt::format("--seq-length {}", c.training.seq_length));
   a.push_back(fmt::format("--micro-batch-size {}", c.training.micro_batch));

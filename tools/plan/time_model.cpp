@@ -85,9 +85,14 @@ double model_flops_per_step(const RunConfig& c) {
   const double tokens = double(c.training.seq_length) * double(c.training.micro_batch) *
                         double(c.training.grad_accumulation) * double(c.parallel.dp);
   const double logits = 2.0 * double(m.hidden_size) * double(estimate::padded_vocab(c));
+  // MTP layers (training.py num_floating_point_operations): a layer of the last layer's kind, eh_proj
+  // (2h → h) and one more output layer each.
+  const LayerFlops& fk = m.mtp_moe() ? fm : fd;
+  const double h = double(m.hidden_size);
+  const double mtp = double(m.mtp_layers) * (fk.linear + fk.attention + fk.replicated + 2.0 * 2.0 * h * h + logits);
   return 3.0 * tokens *
          (moe * (fm.linear + fm.attention + fm.replicated) + dense * (fd.linear + fd.attention + fd.replicated) +
-          logits);
+          logits + mtp);
 }
 
 StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageMemory& memory) {
@@ -113,7 +118,14 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   // slower of the first (embedding) and last (output layer) stages.
   const double layer_fwd = T * ((f.linear + f.attention) / t + f.replicated / (p.sequence_parallel ? t : 1.0)) / rate;
   const double logits_fwd = T * 2.0 * h * vocab / t / rate;
-  const double stage_fwd = layers * layer_fwd + logits_fwd;  // the last stage is the slowest
+  // The last stage also runs the MTP layers, each a layer of the last layer's kind, eh_proj and
+  // one more output layer.
+  const LayerFlops& fk = m.mtp_moe() ? fm : fd;
+  const double mtp = double(m.mtp_layers);
+  const double mtp_layer_fwd =
+      T * ((fk.linear + fk.attention + 4.0 * h * h) / t + fk.replicated / (p.sequence_parallel ? t : 1.0)) / rate;
+  const double mtp_fwd = mtp * (mtp_layer_fwd + logits_fwd);
+  const double stage_fwd = layers * layer_fwd + logits_fwd + mtp_fwd;  // the last stage is the slowest
   const double stage_bwd = 2.0 * stage_fwd;
 
   // Recompute: full reruns each recomputed layer's forward; selective reruns core attention;
@@ -127,7 +139,11 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
                             ? layers
                             : std::min(n, chunk_layers) * double(p.vpp);
   }
-  double stage_recompute = recomputed_layers * layer_fwd;
+  // Full recompute with the uniform method reruns the MTP layers too (multi_token_prediction.py).
+  const double mtp_rerun =
+      c.recompute.granularity == Recompute::full && c.recompute.method == estimate::RecomputeMethod::uniform ? mtp
+                                                                                                             : 0.0;
+  double stage_recompute = recomputed_layers * layer_fwd + mtp_rerun * mtp_layer_fwd;
   if (c.recompute.granularity == Recompute::selective && !tr.flash_attention)
     stage_recompute += layers * T * f.attention / t / rate;
   // It covers the layers full recompute leaves stored (the others rerun their activation in the
@@ -155,7 +171,7 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   const double q_input = double(m.q_lora_rank > 0 ? m.q_lora_rank : m.hidden_size);
   const double attention_input = mla_sp ? q_input + double(m.kv_lora_rank + m.qk_rope_head_dim) : h;
   const double tp_layer = ring_fraction(t) * T * 2.0 * (3.0 * h + attention_input) / (tp_bw * 1e9);
-  const double stage_tp = tp_layer * (2.0 * layers + recomputed_layers);
+  const double stage_tp = tp_layer * (2.0 * (layers + mtp) + recomputed_layers + mtp_rerun);
   // Those duplicated down projections are marked sequence-parallel, so once a step their
   // gradients (fp32 in Megatron, as the DP term's) are all-reduced over TP, after backward
   // (finalize_model_grads: each rank saw its own sequence shard).
@@ -185,7 +201,8 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   if (m.moe() && p.ep > 1) {
     const double bw = p.tp * p.cp * p.ep <= cl.gpus_per_node ? cl.intra_node_gbps : cl.inter_node_gbps;
     const double bytes = double(m.experts_per_token) * act_bytes / t * ring_fraction(double(p.ep));
-    stage_ep = 2.0 * bytes / (bw * 1e9) * (2.0 * layers + recomputed_layers) * moe_share;
+    stage_ep = 2.0 * bytes / (bw * 1e9) *
+               ((2.0 * layers + recomputed_layers) * moe_share + (m.mtp_moe() ? 2.0 * mtp + mtp_rerun : 0.0));
   }
 
   // Swap-attention: each micro-batch's swapped activations go to the host after its forward
