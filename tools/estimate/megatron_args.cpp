@@ -15,6 +15,7 @@
 #include "tools/estimate/mindspeed_arg_names.hpp"
 #include "tools/estimate/moe_layer_freq.hpp"
 #include "tools/estimate/nearest_argument.hpp"
+#include "tools/estimate/pipeline_layout.hpp"
 
 namespace stowage::estimate {
 
@@ -59,7 +60,6 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--use-torch-fsdp2", "FSDP shards weights and gradients and gathers them per layer"},
     {"--mla-down-proj-fusion", "MLA's fused q/kv down projection keeps other tensors"},
     {"--experimental-attention-variant", "another attention (DSA's indexer and its scores, gated delta net)"},
-    {"--pipeline-model-parallel-layout", "an uneven pipeline split"},
     {"--recompute-modules", "selective recompute of chosen modules"},
     {"--cpu-offloading", "activation offload to host memory"},
     {"--fine-grained-activation-offloading", "activation offload to host memory"},
@@ -204,16 +204,26 @@ void apply_recompute(const LineRecompute& r, RunConfig& c) {
 // stage do not combine with an uneven first or last stage.
 struct LineVirtualStages {
   std::optional<std::int64_t> stages, layers_per_stage;
-  bool layout = false;
+  std::optional<std::string> layout;
 };
 
 void apply_virtual_stages(const LineVirtualStages& v, RunConfig& c) {
   auto& p = c.parallel;
-  if (int(v.stages.has_value()) + int(v.layers_per_stage.has_value()) + int(v.layout) > 1)
+  if (int(v.stages.has_value()) + int(v.layers_per_stage.has_value()) + int(v.layout.has_value()) > 1)
     throw InvalidArgument(
         "megatron-args: give one of --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank "
         "and --pipeline-model-parallel-layout (Megatron-LM refuses more than one)");
   if (v.stages) p.vpp = *v.stages;
+  if (v.layout) {
+    if (p.first_stage_layers > 0 || p.last_stage_layers > 0 || p.embedding_as_layer || p.loss_as_layer)
+      throw InvalidArgument(
+          "megatron-args: --pipeline-model-parallel-layout places every layer itself; Megatron-LM refuses it with "
+          "--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split");
+    const PipelineLayout l = parse_pipeline_layout(*v.layout, p.pp, c.model.num_layers, c.model.mtp_layers);
+    p.vpp = l.vpp;
+    p.layout_layers = l.decoder;
+    p.layout_mtp_rank = l.mtp_rank;
+  }
   if (!v.layers_per_stage) return;
   if (p.first_stage_layers > 0 || p.last_stage_layers > 0)
     throw InvalidArgument(
@@ -401,6 +411,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--tensor-model-parallel-size", [&](auto& a, auto& v) { p.tp = to_positive(a, v); }},
       {"--pipeline-model-parallel-size", [&](auto& a, auto& v) { p.pp = to_positive(a, v); }},
       {"--num-virtual-stages-per-pipeline-rank", [&](auto& a, auto& v) { virtual_stages.stages = to_positive(a, v); }},
+      {"--pipeline-model-parallel-layout", [&](auto&, auto& v) { virtual_stages.layout = v; }},
       {"--num-layers-per-virtual-pipeline-stage",
        [&](auto& a, auto& v) { virtual_stages.layers_per_stage = to_positive(a, v); }},
       {"--microbatch-group-size-per-virtual-pipeline-stage",
@@ -548,7 +559,6 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       f->second();
       report.modelled.push_back(name);
     } else if (const auto* u = unmodelled(name)) {
-      if (name == "--pipeline-model-parallel-layout") virtual_stages.layout = true;
       report.unmodelled.push_back(skip_values(i, inline_value));
       c.warnings.push_back(fmt::format("{} changes memory ({}); the estimate does not model it", name, u->second));
     } else if (is_megatron_argument(name) || is_mindspeed_argument(name)) {

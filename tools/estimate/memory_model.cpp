@@ -145,9 +145,16 @@ struct StageParams {
   double dense = 0, expert = 0, largest_layer = 0;  // on this device, after TP/EP split
 };
 
+// What a pipeline stage holds besides its layers: the embedding (first), the output layer (last),
+// the decoder's final norm, the MTP layers' own parameters.
+struct StageHolds {
+  bool first = false, last = false, final_norm = false, mtp = false;
+};
+
 // `moe_layers` MoE layers and `dense_layers` dense ones (every layer of a dense model is dense).
-StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64_t dense_layers, bool first, bool last,
+StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64_t dense_layers, StageHolds holds,
                          std::int64_t vocab) {
+  const bool first = holds.first, last = holds.last;
   const auto& m = c.model;
   const auto& p = c.parallel;
   const ParameterCounts pc = count_parameters(m, vocab);
@@ -175,14 +182,16 @@ StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64
     sharded += double(vocab) * h;
     replicated += double(m.learned_positions) * h;
   }
+  if (holds.final_norm) replicated += double(pc.final_norm);
   if (last) {
-    replicated += double(pc.final_norm);
     if (!m.tie_embeddings || p.pp > 1) sharded += double(vocab) * h;
     if (m.output_bias) sharded += double(vocab);
+  }
+  if (holds.mtp) {
     // The MTP layers (their transformer layers are among the caller's counts): eh_proj and three
-    // norms each; with PP > 1 the last stage also builds the embedding they read (gpt_model.py:
+    // norms each; a stage other than the first also builds the embedding they read (gpt_model.py:
     // pre_process or mtp_process).
-    sharded += double(m.mtp_layers * pc.mtp_projection) + (m.mtp_layers > 0 && p.pp > 1 ? double(vocab) * h : 0.0);
+    sharded += double(m.mtp_layers * pc.mtp_projection) + (!first ? double(vocab) * h : 0.0);
     replicated += double(m.mtp_layers * pc.mtp_norms);
   }
   s.dense = sharded / t + replicated;
@@ -242,7 +251,9 @@ ChunkActivations chunk_activations(const RunConfig& c, std::int64_t first_layer,
 // 2h) and its final norm's input (h); each output but the last is the next layer's hnorm input
 // (h). The decoder's normalised output is the first hnorm's input (h), and the output layers read
 // their inputs from the concatenation of it with every MTP output ((1 + k)·h, process_mtp_loss):
-// (6k)·h more than the output layer alone keeps. With sequence parallelism eh_proj's output is
+// (6k)·h more than the output layer alone keeps. On a rank of their own before the last (a
+// pipeline layout's), the concatenation is sent on and freed, and the decoder's normalised output
+// is the input the rank received. With sequence parallelism eh_proj's output is
 // gathered whole and scattered as a view (mappings.py _split_along_first_dim), which the layer's
 // input norm keeps: the whole h, not h/t. Full recompute with the uniform method checkpoints each
 // MTP layer (keeping the embedding, h, besides its hidden input) and reruns one in backward, its
@@ -251,15 +262,16 @@ struct MtpActivations {
   double stored = 0, working = 0;
 };
 
-MtpActivations mtp_activations(const RunConfig& c, const LayerBytes& layer) {
+MtpActivations mtp_activations(const RunConfig& c, const LayerBytes& layer, bool own_rank) {
   const auto& m = c.model;
   const double k = double(m.mtp_layers);
   if (k == 0) return {};
   const double rep = c.parallel.sequence_parallel ? double(c.parallel.tp) : 1.0;
   const double H = activation_bytes(c) * double(m.hidden_size) / rep;  // one hidden state
   const double ids = 8.0 + (m.dropout ? double(m.hidden_size) / rep : 0.0);
-  const double outputs = (k - 1) * H + (1 + k) * H;  // the next hnorm inputs, the concatenation
-  const double whole_input = H * (rep - 1);          // the scattered view's base beyond its shard
+  // The next hnorm inputs, and the concatenation or (on their own rank) the received input.
+  const double outputs = (k - 1) * H + (own_rank ? H : (1 + k) * H);
+  const double whole_input = H * (rep - 1);  // the scattered view's base beyond its shard
   const double rerun = layer.total() + 4 * H + whole_input;
   const bool checkpointed =
       c.recompute.granularity == Recompute::full && c.recompute.method == RecomputeMethod::uniform;
@@ -273,6 +285,9 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   const auto& tr = c.training;
   const auto& tech = c.techniques;
   const bool first = stage == 0, last = stage == p.pp - 1;
+  // The MTP layers run in the last model chunk of mtp_rank() (the last rank unless a layout says).
+  const bool mtp_here = m.mtp_layers > 0 && stage == mtp_rank(c),
+             mtp_alone = m.mtp_layers > 0 && mtp_rank(c) < p.pp - 1;
   StageMemory out;
   out.stage = stage;
   out.layers = stage_layers(c, stage);
@@ -289,7 +304,7 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   std::int64_t mtp_in_flight = 0;  // forwards through the last stage's last chunk, which runs the MTP layers
   for (std::int64_t i = 0, n = chunks_in_flight(c, stage); i < n; ++i) {
     const std::int64_t chunk = (i / group) % p.vpp, layers = chunk_layers(c, stage, chunk);
-    if (last && chunk == p.vpp - 1) ++mtp_in_flight;
+    if (mtp_here && chunk == p.vpp - 1) ++mtp_in_flight;
     const ChunkActivations f = chunk_activations(c, chunk_first_layer(c, stage, chunk), layers, moe_per, dense_per);
     units += double(layers);
     stored_moe += f.moe;
@@ -328,7 +343,8 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Rematerialised in backward: the layers full recompute runs at once, or one activation output.
   double working = T * working_per_token;
   // The MTP layers of the last stage, with no technique of stowage's applied to them.
-  const MtpActivations mtp = last ? mtp_activations(c, m.mtp_moe() ? moe_per : dense_per) : MtpActivations{};
+  const MtpActivations mtp =
+      mtp_here ? mtp_activations(c, m.mtp_moe() ? moe_per : dense_per, mtp_alone) : MtpActivations{};
   working = std::max(working, T * mtp.working);
   if (act_fn_units > 0)
     working = std::max(
@@ -355,7 +371,13 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Each MTP loss runs before the main one and keeps its fp32 softmax (4 B) until backward.
   const double mtp_logit_bytes = 4.0 * double(m.mtp_layers);
   const double loss_peak = last ? T * (logit_bytes + mtp_logit_bytes) * double(vocab) / t : 0.0;
-  double output_inputs = last ? T * 2.0 * A * h / rep : 0.0;
+  // The final norm's input sits with the post-process stage, or with MTP on the stage of the last
+  // decoder layer (transformer_block.py has_final_layernorm_in_this_stage). The last stage's
+  // output layer reads the normalised output (with MTP on this stage, hnorm's input), or from MTP
+  // on a rank of its own the (1 + k)-fold concatenation it received.
+  const double H = A * h / rep;
+  double output_inputs = stage == final_norm_rank(c) ? T * H : 0.0;
+  if (last) output_inputs += T * H * (mtp_alone ? double(1 + m.mtp_layers) : 1.0);
   // Deferred output-layer weight gradients: each waiting call's logits gradient and input, 1 + k
   // calls per micro-batch with MTP (layers.py: the limit counts calls).
   if (last && tr.deferred_wgrad_microbatches > 0)
@@ -377,9 +399,10 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
 
   // Model states: dense parameters shard over DP·CP, experts over the expert-data-parallel group.
   // The MTP layers' transformer layers are of the last layer's kind.
-  const std::int64_t mtp_layers = last ? m.mtp_layers : 0, mtp_moe = m.mtp_moe() ? mtp_layers : 0;
+  const std::int64_t mtp_layers = mtp_here ? m.mtp_layers : 0, mtp_moe = m.mtp_moe() ? mtp_layers : 0;
   const std::int64_t param_moe = moe_layers + mtp_moe, param_dense = dense_layers + mtp_layers - mtp_moe;
-  const StageParams sp = stage_params(c, param_moe, param_dense, first, last, vocab);
+  const StageParams sp =
+      stage_params(c, param_moe, param_dense, {first, last, stage == final_norm_rank(c), mtp_here}, vocab);
   out.parameters = to_bytes(sp.dense + sp.expert, "parameters");
   // validate(): instances divide DP·CP and the expert-data-parallel size.
   const double n_dense = double(p.dp * p.cp) / double(p.optimizer_instances);
@@ -403,7 +426,8 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // ZeRO-3's prefetch bucket; ZeRO-1/2 all-gather into the flat weights (no bucket), stage 0 has none.
   // Megatron's gradient buckets are views into the gradient buffer (counted with the gradients).
   double comm = 0.0;
-  if (p.pp > 1) comm += T * A * h / rep;
+  // After MTP on a rank of its own, the stages receive its (1 + k)-fold output.
+  if (p.pp > 1) comm += T * A * h / rep * (mtp_alone && stage > mtp_rank(c) ? double(1 + m.mtp_layers) : 1.0);
   if (param_moe > 0) comm += moe_dispatch_buffer_bytes(c, T);  // moe_activations.cpp
   const double W = mixed ? 2.0 : 4.0;
   // The BF16_Optimizer is no ZeRO optimizer: it reduces without ZeRO's bucket.
@@ -446,8 +470,9 @@ StageMemory estimate_memory(const RunConfig& config) {
   // loss) is the most loaded. Unevenly split, the second stage is the middle stage with the most
   // in flight and may hold more layers than either.
   StageMemory best = evaluate_stage(config, 0, vocab);
-  // Dense layers mixed among the MoE layers make any stage the most loaded one: each is evaluated.
-  if (config.model.mixed_layers()) {
+  // Dense layers mixed among the MoE layers, or a layout's own split, make any stage the most
+  // loaded one: each is evaluated.
+  if (config.model.mixed_layers() || !p.layout_layers.empty()) {
     for (std::int64_t r = 1; r < p.pp; ++r) {
       StageMemory m = evaluate_stage(config, r, vocab);
       if (m.peak_reserved > best.peak_reserved) best = std::move(m);

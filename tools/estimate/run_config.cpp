@@ -1,5 +1,7 @@
 #include "tools/estimate/run_config.hpp"
 
+#include <iterator>
+
 #include <fmt/format.h>
 
 #include "stowage/error.hpp"
@@ -61,6 +63,24 @@ void validate(const RunConfig& c) {
     throw InvalidArgument(
         fmt::format("tensor-parallel ({}) does not divide ffn_hidden_size ({})", p.tp, m.ffn_hidden_size));
   const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0;
+  const bool layout = !p.layout_layers.empty();
+  if (layout && (uneven || p.embedding_as_layer || p.loss_as_layer))
+    throw InvalidArgument(
+        "a pipeline layout places every layer itself: it excludes uneven first/last stages and counting the embedding "
+        "or loss as a layer (as in Megatron-LM)");
+  if (layout) {
+    std::int64_t sum = 0;
+    for (std::int64_t n : p.layout_layers) sum += n < 0 ? -(std::int64_t{1} << 40) : n;
+    if (std::ssize(p.layout_layers) != p.pp * p.vpp || sum != m.num_layers)
+      throw InvalidArgument(fmt::format(
+          "pipeline layout: {} virtual stages holding {} layers for pipeline-parallel × virtual-stages {} × {} and {} "
+          "layers",
+          p.layout_layers.size(), sum, p.pp, p.vpp, m.num_layers));
+    if (p.layout_mtp_rank < -1 || p.layout_mtp_rank >= p.pp)
+      throw InvalidArgument(fmt::format("pipeline layout: MTP rank {} outside 0..{}", p.layout_mtp_rank, p.pp - 1));
+    if ((p.layout_mtp_rank >= 0) != (m.mtp_layers > 0))
+      throw InvalidArgument("pipeline layout: MTP layers placed without multi-token prediction, or not placed");
+  }
   if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
     throw InvalidArgument("first/last pipeline stage layers must not be negative");
   if (uneven && (p.embedding_as_layer || p.loss_as_layer))
@@ -84,7 +104,7 @@ void validate(const RunConfig& c) {
       if (n % p.vpp != 0)
         throw InvalidArgument(
             fmt::format("uneven pipeline: virtual-stages ({}) does not divide a stage's {} layers", p.vpp, n));
-  } else {
+  } else if (!layout) {
     const std::int64_t total = m.num_layers + (p.embedding_as_layer ? 1 : 0) + (p.loss_as_layer ? 1 : 0);
     if (total % (p.pp * p.vpp) != 0)
       throw InvalidArgument(
@@ -167,6 +187,7 @@ void validate(const RunConfig& c) {
 
 std::int64_t chunk_layers(const RunConfig& c, std::int64_t rank, std::int64_t chunk) {
   const auto& p = c.parallel;
+  if (!p.layout_layers.empty()) return p.layout_layers[std::size_t(chunk * p.pp + rank)];
   std::int64_t per_rank = 0;
   if (p.first_stage_layers > 0 || p.last_stage_layers > 0) {
     std::int64_t left = c.model.num_layers, stages = p.pp;
@@ -182,6 +203,19 @@ std::int64_t chunk_layers(const RunConfig& c, std::int64_t rank, std::int64_t ch
   if (p.embedding_as_layer && rank == 0 && chunk == 0) --n;
   if (p.loss_as_layer && rank == p.pp - 1 && chunk == p.vpp - 1) --n;
   return n;
+}
+
+std::int64_t mtp_rank(const RunConfig& c) {
+  return c.parallel.layout_mtp_rank >= 0 ? c.parallel.layout_mtp_rank : c.parallel.pp - 1;
+}
+
+std::int64_t final_norm_rank(const RunConfig& c) {
+  const auto& p = c.parallel;
+  if (c.model.mtp_layers == 0) return p.pp - 1;
+  for (std::int64_t chunk = p.vpp - 1; chunk >= 0; --chunk)
+    for (std::int64_t rank = p.pp - 1; rank >= 0; --rank)
+      if (chunk_layers(c, rank, chunk) > 0) return rank;
+  return p.pp - 1;
 }
 
 std::int64_t stage_layers(const RunConfig& c, std::int64_t rank) {

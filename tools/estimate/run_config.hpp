@@ -108,6 +108,11 @@ struct Parallelism {
   // (--account-for-embedding/loss-in-pipeline-split); transformer_block.py get_num_layers_to_build.
   std::int64_t first_stage_layers = 0, last_stage_layers = 0;
   bool embedding_as_layer = false, loss_as_layer = false;
+  // Megatron --pipeline-model-parallel-layout (pipeline_layout.hpp): the decoder layers of each
+  // virtual stage, index chunk·pp + rank, and the rank whose last virtual stage runs the MTP
+  // layers. Empty: the rules above split the layers, and MTP runs on the last rank.
+  std::vector<std::int64_t> layout_layers;
+  std::int64_t layout_mtp_rank = -1;
   std::int64_t reduce_bucket_elements = 0;  // DeepSpeed reduce_bucket_size (0: not DeepSpeed)
   // ZeRO-1/2 double-buffer the reduce bucket with overlap_comm (stage_1_and_2.py); stage 3 has one.
   std::int64_t reduce_buffers = 1;
@@ -194,6 +199,11 @@ void validate(const RunConfig& c);
 // last stages' own counts with the rest spread evenly, or one layer fewer in the first (last)
 // chunk of the first (last) stage when the embedding (loss) counts as a layer. Call after validate.
 std::int64_t chunk_layers(const RunConfig& c, std::int64_t rank, std::int64_t chunk);
+// The pipeline rank whose last model chunk runs the MTP layers: the layout's, else the last.
+std::int64_t mtp_rank(const RunConfig& c);
+// The pipeline rank holding the decoder's final norm: the last, or with MTP the rank of the last
+// decoder layer (transformer_block.py has_final_layernorm_in_this_stage).
+std::int64_t final_norm_rank(const RunConfig& c);
 // All transformer layers of pipeline rank `rank`.
 std::int64_t stage_layers(const RunConfig& c, std::int64_t rank);
 // The index of the first layer of that model chunk: chunks hold the layers in order, chunk 0 of

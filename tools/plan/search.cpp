@@ -102,6 +102,9 @@ RunConfig configure(const PlanRequest& r, const Layout& l, const Techniques& t) 
   p.tp = l.tp;
   p.pp = l.pp;
   p.vpp = l.vpp;
+  // The plan splits the layers itself: a layout written for one pipeline size does not carry over.
+  p.layout_layers.clear();
+  p.layout_mtp_rank = -1;
   p.cp = l.cp;
   p.ep = l.ep;
   p.dp = l.dp;
