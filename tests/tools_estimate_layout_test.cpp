@@ -9,31 +9,16 @@
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/memory_model.hpp"
 #include "tools/estimate/pipeline_layout.hpp"
+#include "tools_estimate_test_util.hpp"
 
 using namespace stowage::estimate;
+using stowage::testing::activation_of;
+using stowage::testing::megatron_config;
 
 namespace {
 
-// A small Llama-style GPT (RMSNorm, SwiGLU, no biases, no dropout, RoPE), untied, TP 1.
-const std::string kGpt =
-    "--hidden-size 512 --ffn-hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
-    "--position-embedding-type rope --micro-batch-size 2 --vocab-size 50304 --bf16 --swiglu --normalization RMSNorm "
-    "--disable-bias-linear --hidden-dropout 0 --attention-dropout 0 --untie-embeddings-and-output-weights ";
+const std::string kGpt = stowage::testing::kSmallGpt;
 constexpr double h = 512, V = 50304, T = 2 * 1024, H = 2 * h;
-
-RunConfig megatron(const std::string& args) {
-  RunConfig c;
-  apply_megatron_args(args, c);
-  c.allocator_overhead = 0.0;
-  return c;
-}
-
-double activation(const StageMemory& m, const std::string& kind) {
-  for (const auto& a : m.activations)
-    if (a.name == kind) return double(a.bytes);
-  ADD_FAILURE() << kind;
-  return -1;
-}
 
 }  // namespace
 
@@ -77,9 +62,9 @@ TEST(PipelineLayout, RefusesWhatMegatronRefuses) {
 // Each virtual stage builds its own count; layers are numbered stage by stage in Megatron's order
 // (get_layer_offset): virtual stage 0 of every rank, then 1.
 TEST(PipelineLayout, EachVirtualStageBuildsItsLayers) {
-  const RunConfig c = megatron(kGpt +
-                               "--num-layers 8 --pipeline-model-parallel-size 2 "
-                               "--pipeline-model-parallel-layout 'Ettt|t|tt|ttL'");
+  const RunConfig c = megatron_config(kGpt +
+                                      "--num-layers 8 --pipeline-model-parallel-size 2 "
+                                      "--pipeline-model-parallel-layout 'Ettt|t|tt|ttL'");
   EXPECT_EQ(c.parallel.vpp, 2);
   EXPECT_EQ(chunk_layers(c, 0, 0), 3);
   EXPECT_EQ(chunk_layers(c, 1, 0), 1);
@@ -91,12 +76,13 @@ TEST(PipelineLayout, EachVirtualStageBuildsItsLayers) {
   EXPECT_EQ(stage_layers(c, 0), 5);
   EXPECT_EQ(stage_layers(c, 1), 3);
   // Megatron-LM refuses a layout beside the other ways of splitting.
-  EXPECT_THROW(megatron(kGpt + "--num-layers 8 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3 "
-                               "--pipeline-model-parallel-layout 'Ettt|t|tt|ttL'"),
-               stowage::InvalidArgument);
   EXPECT_THROW(
-      megatron(kGpt + "--num-layers 8 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
-                      "--pipeline-model-parallel-layout 'Ettt|t|tt|ttL'"),
+      megatron_config(kGpt + "--num-layers 8 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3 "
+                             "--pipeline-model-parallel-layout 'Ettt|t|tt|ttL'"),
+      stowage::InvalidArgument);
+  EXPECT_THROW(
+      megatron_config(kGpt + "--num-layers 8 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+                             "--pipeline-model-parallel-layout 'Ettt|t|tt|ttL'"),
       stowage::InvalidArgument);
 }
 
@@ -109,7 +95,7 @@ TEST(PipelineLayout, WritingOutARuleSplitChangesNothing) {
       {"--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3",
        "--pipeline-model-parallel-layout 'Et|tt|tttL'"}};
   for (const auto& [rules, layout] : same) {
-    RunConfig a = megatron(base + rules), b = megatron(base + layout);
+    RunConfig a = megatron_config(base + rules), b = megatron_config(base + layout);
     a.training.grad_accumulation = b.training.grad_accumulation = 4;
     for (std::int64_t r = 0; r < 3; ++r) {
       const StageMemory x = estimate_stage(a, r), y = estimate_stage(b, r);
@@ -127,13 +113,13 @@ TEST(PipelineLayout, WritingOutARuleSplitChangesNothing) {
 // losses. Rank 2 has 2 micro-batches in flight at accumulation 4 (1F1B: pp − r).
 TEST(PipelineLayout, MtpOnARankOfItsOwn) {
   const std::string model = kGpt + "--num-layers 4 ";
-  const StageMemory one_stage = estimate_stage(megatron(model), 0);
+  const StageMemory one_stage = estimate_stage(megatron_config(model), 0);
   double layer = 0;  // bytes per token of one decoder layer
   for (const char* kind : {"attention", "core_attention", "mlp", "mlp_activation_output"})
-    layer += activation(one_stage, kind) / (T * 4);
-  RunConfig c = megatron(model +
-                         "--mtp-num-layers 1 --pipeline-model-parallel-size 4 "
-                         "--pipeline-model-parallel-layout 'Ett|tt|m|L'");
+    layer += activation_of(one_stage, kind) / (T * 4);
+  RunConfig c = megatron_config(model +
+                                "--mtp-num-layers 1 --pipeline-model-parallel-size 4 "
+                                "--pipeline-model-parallel-layout 'Ett|tt|m|L'");
   c.training.grad_accumulation = 4;
   EXPECT_EQ(mtp_rank(c), 2);
   EXPECT_EQ(final_norm_rank(c), 1);
@@ -142,11 +128,11 @@ TEST(PipelineLayout, MtpOnARankOfItsOwn) {
   EXPECT_EQ(r2.parameters, pc.mtp + std::int64_t(V * h));
   EXPECT_EQ(r3.parameters, std::int64_t(V * h));
   EXPECT_EQ(r1.parameters, 2 * pc.per_layer() + pc.final_norm);
-  EXPECT_NEAR(activation(r2, "mtp"), 2 * T * (layer + 8 + 4 * H + H), 2.0);
-  EXPECT_EQ(activation(r2, "output_logits"), 0);
-  EXPECT_NEAR(activation(r1, "output_logits"), T * H, 1.0);
-  EXPECT_NEAR(activation(r3, "output_logits"), T * 2 * H + T * V * (6 + 4), 1.0);
-  EXPECT_EQ(activation(r3, "mtp"), 0);
+  EXPECT_NEAR(activation_of(r2, "mtp"), 2 * T * (layer + 8 + 4 * H + H), 2.0);
+  EXPECT_EQ(activation_of(r2, "output_logits"), 0);
+  EXPECT_NEAR(activation_of(r1, "output_logits"), T * H, 1.0);
+  EXPECT_NEAR(activation_of(r3, "output_logits"), T * 2 * H + T * V * (6 + 4), 1.0);
+  EXPECT_EQ(activation_of(r3, "mtp"), 0);
   // The pipeline receive after MTP carries its (1 + k)-fold output.
   EXPECT_NEAR(double(r3.communication), 2 * T * H, 1.0);
   EXPECT_NEAR(double(r2.communication), T * H, 1.0);

@@ -17,39 +17,23 @@
 #include "tools/estimate/memory_model.hpp"
 #include "tools/plan/plan_report.hpp"
 #include "tools/plan/time_model.hpp"
+#include "tools_estimate_test_util.hpp"
 
 using namespace stowage::estimate;
+using stowage::testing::activation_of;
+using stowage::testing::megatron_config;
 
 namespace {
 
-// A small Llama-style GPT (RMSNorm, SwiGLU, no biases, no dropout, RoPE), untied, at TP 1.
-const std::string kGpt =
-    "--num-layers 4 --hidden-size 512 --ffn-hidden-size 1024 --num-attention-heads 8 --seq-length 1024 "
-    "--max-position-embeddings 1024 --position-embedding-type rope --micro-batch-size 2 --vocab-size 50304 --bf16 "
-    "--swiglu --normalization RMSNorm --disable-bias-linear --hidden-dropout 0 --attention-dropout 0 "
-    "--untie-embeddings-and-output-weights ";
+const std::string kGpt = "--num-layers 4 " + stowage::testing::kSmallGpt;
 constexpr double h = 512, V = 50304, T = 2 * 1024, L = 4;
 constexpr double H = 2 * h;  // one bf16 hidden state per token
-
-RunConfig megatron(const std::string& args) {
-  RunConfig c;
-  apply_megatron_args(args, c);
-  c.allocator_overhead = 0.0;
-  return c;
-}
-
-double activation(const StageMemory& m, const std::string& kind) {
-  for (const auto& a : m.activations)
-    if (a.name == kind) return double(a.bytes);
-  ADD_FAILURE() << kind;
-  return -1;
-}
 
 // Bytes per token of one decoder layer, from the estimate without MTP on a single stage.
 double layer_per_token(const StageMemory& m) {
   double sum = 0;
   for (const char* kind : {"attention", "core_attention", "mlp", "mlp_activation_output", "moe_router"})
-    sum += activation(m, kind);
+    sum += activation_of(m, kind);
   return sum / (T * L);
 }
 
@@ -59,7 +43,7 @@ double layer_per_token(const StageMemory& m) {
 // transformer layer is the decoder's. The model's total counts them (the embedding and output
 // layer are shared).
 TEST(Mtp, ParametersAreATransformerLayerEhProjAndThreeNorms) {
-  const RunConfig plain = megatron(kGpt), two = megatron(kGpt + "--mtp-num-layers 2");
+  const RunConfig plain = megatron_config(kGpt), two = megatron_config(kGpt + "--mtp-num-layers 2");
   EXPECT_EQ(two.model.mtp_layers, 2);
   const ParameterCounts p = count_parameters(plain.model, plain.model.vocab_size);
   const ParameterCounts q = count_parameters(two.model, two.model.vocab_size);
@@ -71,7 +55,7 @@ TEST(Mtp, ParametersAreATransformerLayerEhProjAndThreeNorms) {
   // One stage: the MTP layer only. Two stages: the last also builds the embedding (V·h), the
   // first is untouched.
   const std::int64_t layer = p.per_layer() + std::int64_t(2 * h * h + 3 * h);
-  RunConfig one = megatron(kGpt + "--mtp-num-layers 1");
+  RunConfig one = megatron_config(kGpt + "--mtp-num-layers 1");
   EXPECT_EQ(estimate_stage(one, 0).parameters - estimate_stage(plain, 0).parameters, layer);
   RunConfig plain_pp = plain, one_pp = one;
   plain_pp.parallel.pp = one_pp.parallel.pp = 2;
@@ -91,17 +75,18 @@ TEST(Mtp, ParametersAreATransformerLayerEhProjAndThreeNorms) {
 // the output layers read). Each MTP loss keeps its fp32 softmax, 4 B per logit, through the main
 // loss.
 TEST(Mtp, ActivationsAndLossesPerMicroBatch) {
-  const RunConfig plain = megatron(kGpt);
+  const RunConfig plain = megatron_config(kGpt);
   const StageMemory base = estimate_stage(plain, 0);
   const double layer = layer_per_token(base);
   for (std::int64_t k : {1, 2, 3}) {
-    const StageMemory m = estimate_stage(megatron(kGpt + "--mtp-num-layers " + std::to_string(k)), 0);
-    EXPECT_NEAR(activation(m, "mtp"), T * double(k) * (layer + 8 + 6 * H), 1.0) << k;
-    EXPECT_NEAR(activation(m, "output_logits") - activation(base, "output_logits"), T * 4 * double(k) * V, 1.0) << k;
+    const StageMemory m = estimate_stage(megatron_config(kGpt + "--mtp-num-layers " + std::to_string(k)), 0);
+    EXPECT_NEAR(activation_of(m, "mtp"), T * double(k) * (layer + 8 + 6 * H), 1.0) << k;
+    EXPECT_NEAR(activation_of(m, "output_logits") - activation_of(base, "output_logits"), T * 4 * double(k) * V, 1.0)
+        << k;
     for (const char* kind : {"attention", "core_attention", "mlp", "mlp_activation_output", "embedding"})
-      EXPECT_EQ(activation(m, kind), activation(base, kind)) << kind;
+      EXPECT_EQ(activation_of(m, kind), activation_of(base, kind)) << kind;
   }
-  EXPECT_EQ(activation(base, "mtp"), 0);
+  EXPECT_EQ(activation_of(base, "mtp"), 0);
 }
 
 // Full recompute, uniform: each MTP layer is checkpointed, keeping its embedding (h) besides the
@@ -110,55 +95,55 @@ TEST(Mtp, ActivationsAndLossesPerMicroBatch) {
 TEST(Mtp, FullRecomputeCheckpointsEachLayerUniformOnly) {
   // A vocabulary small enough that the rerun layer, not the loss, is the backward peak.
   const std::string small = "--vocab-size 128 ";
-  const StageMemory base = estimate_stage(megatron(kGpt + small), 0);
+  const StageMemory base = estimate_stage(megatron_config(kGpt + small), 0);
   const double layer = layer_per_token(base), v = 128;
   const std::string full = "--recompute-granularity full --recompute-num-layers 1 --recompute-method ";
-  const StageMemory uniform = estimate_stage(megatron(kGpt + small + full + "uniform --mtp-num-layers 2"), 0);
-  EXPECT_NEAR(activation(uniform, "mtp"), T * (2 * (8 + H) + H + 3 * H), 1.0);
+  const StageMemory uniform = estimate_stage(megatron_config(kGpt + small + full + "uniform --mtp-num-layers 2"), 0);
+  EXPECT_NEAR(activation_of(uniform, "mtp"), T * (2 * (8 + H) + H + 3 * H), 1.0);
   const double loss = T * v * (6 + 4 * 2);
-  EXPECT_NEAR(activation(uniform, "recompute_working_set"), T * (layer + 4 * H) - loss, 1.0);
-  const StageMemory block = estimate_stage(megatron(kGpt + small + full + "block --mtp-num-layers 2"), 0);
-  EXPECT_NEAR(activation(block, "mtp"), T * 2 * (layer + 8 + 6 * H), 1.0);
+  EXPECT_NEAR(activation_of(uniform, "recompute_working_set"), T * (layer + 4 * H) - loss, 1.0);
+  const StageMemory block = estimate_stage(megatron_config(kGpt + small + full + "block --mtp-num-layers 2"), 0);
+  EXPECT_NEAR(activation_of(block, "mtp"), T * 2 * (layer + 8 + 6 * H), 1.0);
 }
 
 // Sequence parallelism: the hidden states are 1/t shards, but the MTP layer's input norm keeps the
 // scatter's view of the whole gathered eh_proj output (mappings.py _split_along_first_dim).
 TEST(Mtp, SequenceParallelKeepsTheWholeLayerInput) {
   const std::string sp = "--tensor-model-parallel-size 2 --sequence-parallel ";
-  const StageMemory base = estimate_stage(megatron(kGpt + sp), 0);
-  const StageMemory m = estimate_stage(megatron(kGpt + sp + "--mtp-num-layers 1"), 0);
+  const StageMemory base = estimate_stage(megatron_config(kGpt + sp), 0);
+  const StageMemory m = estimate_stage(megatron_config(kGpt + sp + "--mtp-num-layers 1"), 0);
   const double shard = H / 2;
-  EXPECT_NEAR(activation(m, "mtp"), T * (layer_per_token(base) + 8 + 6 * shard + (H - shard)), 1.0);
+  EXPECT_NEAR(activation_of(m, "mtp"), T * (layer_per_token(base) + 8 + 6 * shard + (H - shard)), 1.0);
 }
 
 // --defer-embedding-wgrad-compute keeps each output-layer call's input and logits gradient, up to
 // --wgrad-deferral-limit calls: with MTP, 1 + k calls per micro-batch (layers.py).
 TEST(Mtp, DeferredOutputWgradCountsEveryOutputLayerCall) {
   const std::string defer = "--defer-embedding-wgrad-compute --wgrad-deferral-limit 3 ";
-  RunConfig plain = megatron(kGpt + defer), one = megatron(kGpt + defer + "--mtp-num-layers 1");
+  RunConfig plain = megatron_config(kGpt + defer), one = megatron_config(kGpt + defer + "--mtp-num-layers 1");
   plain.training.grad_accumulation = one.training.grad_accumulation = 2;
   // Without MTP 2 calls wait, with one MTP layer 4, of which the limit keeps 3.
   EXPECT_NEAR(
-      activation(estimate_stage(one, 0), "output_logits") - activation(estimate_stage(plain, 0), "output_logits"),
+      activation_of(estimate_stage(one, 0), "output_logits") - activation_of(estimate_stage(plain, 0), "output_logits"),
       T * 4 * V + T * (2 * V + H), 1.0);
 }
 
 // Megatron-LM refuses MTP with position embeddings other than rope and none (arguments.py); its
 // default, learned_absolute, is refused by the model's check.
 TEST(Mtp, LaunchLinesMegatronRefusesAreRefused) {
-  const RunConfig c = megatron(kGpt + "--mtp-num-layers 1");
+  const RunConfig c = megatron_config(kGpt + "--mtp-num-layers 1");
   for (const auto& w : c.warnings) EXPECT_EQ(w.find("--mtp-num-layers"), std::string::npos) << w;
-  EXPECT_THROW(megatron(kGpt + "--mtp-num-layers 1 --position-embedding-type yarn"), stowage::InvalidArgument);
-  EXPECT_NO_THROW(megatron(kGpt + "--mtp-num-layers 1 --position-embedding-type none"));
-  const RunConfig learned = megatron(kGpt + "--mtp-num-layers 1 --position-embedding-type learned_absolute");
+  EXPECT_THROW(megatron_config(kGpt + "--mtp-num-layers 1 --position-embedding-type yarn"), stowage::InvalidArgument);
+  EXPECT_NO_THROW(megatron_config(kGpt + "--mtp-num-layers 1 --position-embedding-type none"));
+  const RunConfig learned = megatron_config(kGpt + "--mtp-num-layers 1 --position-embedding-type learned_absolute");
   EXPECT_THROW(estimate_memory(learned), stowage::InvalidArgument);
   // multi_token_prediction.py asserts one layer per checkpoint under uniform recompute.
   const std::string uniform = "--recompute-granularity full --recompute-method uniform --mtp-num-layers 1 ";
-  EXPECT_THROW(estimate_memory(megatron(kGpt + uniform + "--recompute-num-layers 2")), stowage::InvalidArgument);
-  EXPECT_NO_THROW(estimate_memory(megatron(kGpt + uniform + "--recompute-num-layers 1")));
+  EXPECT_THROW(estimate_memory(megatron_config(kGpt + uniform + "--recompute-num-layers 2")), stowage::InvalidArgument);
+  EXPECT_NO_THROW(estimate_memory(megatron_config(kGpt + uniform + "--recompute-num-layers 1")));
   // What the model does not represent is named in a warning.
   for (const std::string extra : {"--mtp-use-repeated-layer", "--mtp-hsm"}) {
-    const RunConfig w = megatron(kGpt + "--mtp-num-layers 2 " + extra);
+    const RunConfig w = megatron_config(kGpt + "--mtp-num-layers 2 " + extra);
     EXPECT_TRUE(std::any_of(w.warnings.begin(), w.warnings.end(), [&](const std::string& s) {
       return s.find(extra) != std::string::npos;
     })) << extra;
@@ -169,9 +154,9 @@ TEST(Mtp, LaunchLinesMegatronRefusesAreRefused) {
 // plus eh_proj's (2·2h·h) and one more output layer's (2·h·V), 3× for forward and backward
 // (training.py num_floating_point_operations).
 TEST(Mtp, PlanCountsItsFlopsAndWritesItsArgument) {
-  RunConfig plain = megatron(kGpt + "--global-batch-size 8"),
-            one = megatron(kGpt + "--global-batch-size 8 --mtp-num-layers 1");
-  RunConfig deeper = megatron(kGpt + "--global-batch-size 8");
+  RunConfig plain = megatron_config(kGpt + "--global-batch-size 8"),
+            one = megatron_config(kGpt + "--global-batch-size 8 --mtp-num-layers 1");
+  RunConfig deeper = megatron_config(kGpt + "--global-batch-size 8");
   deeper.model.num_layers = 5;
   for (RunConfig* c : {&plain, &one, &deeper}) finalize(*c);
   const double tokens = 8 * 1024;

@@ -1,10 +1,15 @@
 #pragma once
-// Helpers for the estimate's tests: a preset's run configuration, a model's parameter count and
-// input files written where the build keeps its scratch files; the command itself through tools_cli_test_util.hpp.
+// Helpers for the estimate's tests: a preset's or a Megatron launch line's run configuration, a
+// model's parameter count, an activation kind's bytes and input files written where the build
+// keeps its scratch files; the command itself through tools_cli_test_util.hpp.
 #include <cstdint>
 #include <fstream>
 #include <string>
 
+#include <gtest/gtest.h>
+
+#include "tools/estimate/megatron_args.hpp"
+#include "tools/estimate/memory_model.hpp"
 #include "tools/estimate/model_config.hpp"
 #include "tools/estimate/run_config.hpp"
 #include "tools_cli_test_util.hpp"
@@ -17,6 +22,30 @@ inline estimate::RunConfig config_for(const std::string& name) {
   c.model = estimate::preset(name);
   c.allocator_overhead = 0.0;
   return c;
+}
+
+// A small Llama-style GPT as a Megatron launch line, its layer count left out: hidden 512, ffn 1024
+// (SwiGLU), 8 heads, RMSNorm, RoPE, no biases, no dropout, untied, sequence 1024, micro-batch 2,
+// vocabulary 50304, bf16, TP 1.
+inline const std::string kSmallGpt =
+    "--hidden-size 512 --ffn-hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+    "--position-embedding-type rope --micro-batch-size 2 --vocab-size 50304 --bf16 --swiglu --normalization RMSNorm "
+    "--disable-bias-linear --hidden-dropout 0 --attention-dropout 0 --untie-embeddings-and-output-weights ";
+
+// A Megatron launch line's run configuration, with no allocator overhead.
+inline estimate::RunConfig megatron_config(const std::string& args) {
+  estimate::RunConfig c;
+  estimate::apply_megatron_args(args, c);
+  c.allocator_overhead = 0.0;
+  return c;
+}
+
+// The bytes of one activation kind of a stage's estimate (a failure when the kind is unknown).
+inline double activation_of(const estimate::StageMemory& m, const std::string& kind) {
+  for (const auto& a : m.activations)
+    if (a.name == kind) return double(a.bytes);
+  ADD_FAILURE() << "no activation kind " << kind;
+  return -1;
 }
 
 // The model's parameters, its vocabulary's embedding and output layer included.
