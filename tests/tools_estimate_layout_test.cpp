@@ -33,8 +33,8 @@ TEST(PipelineLayout, ParsesMegatronsNotation) {
   EXPECT_EQ(l.decoder[30], 0);
   EXPECT_EQ(l.decoder[31], 0);
   EXPECT_EQ(l.mtp_rank, 14);
-  // Groups hold '|', x*n repeats one letter, commas and spaces are cosmetic.
-  const PipelineLayout g = parse_pipeline_layout("E, (t|t|)*2 t L", 5, 5, 0);
+  // Groups hold '|', x*n repeats one letter, commas are cosmetic.
+  const PipelineLayout g = parse_pipeline_layout("E,(t|t|)*2,tL", 5, 5, 0);
   EXPECT_EQ(g.decoder, (std::vector<std::int64_t>{1, 1, 1, 1, 1}));
   EXPECT_EQ(g.mtp_rank, -1);
 }
@@ -44,18 +44,20 @@ TEST(PipelineLayout, RefusesWhatMegatronRefuses) {
   auto refused = [](const char* text, std::int64_t pp, std::int64_t layers, std::int64_t mtp) {
     EXPECT_THROW(parse_pipeline_layout(text, pp, layers, mtp), stowage::InvalidArgument) << text;
   };
-  refused("Et|tx|L", 3, 2, 0);          // an unknown layer
-  refused("tE|tL", 2, 2, 0);            // the embedding not first
-  refused("Et|tL|L", 3, 2, 0);          // the loss twice
-  refused("Et|t|L", 2, 2, 0);           // 3 stages over 2 ranks
-  refused("Et|ttL", 2, 2, 0);           // 3 decoder layers for 2
-  refused("Et|tmL", 2, 2, 0);           // an MTP layer without MTP
-  refused("Et|mtL", 2, 2, 1);           // a decoder layer after MTP
-  refused("Etm|t|L|t", 2, 2, 1);        // MTP outside its rank's last virtual stage
-  refused("Et|m|m|L", 2, 1, 2);         // MTP layers split over two stages
-  refused("Et*|tL", 2, 2, 0);           // a repeat without its count
-  refused("E(tt|L", 2, 2, 0);           // a group not closed
-  refused("E(t|)*99999999L", 2, 2, 0);  // too long once written out
+  refused("Et|tx|L", 3, 2, 0);                   // an unknown layer
+  refused("tE|tL", 2, 2, 0);                     // the embedding not first
+  refused("Et|tL|L", 3, 2, 0);                   // the loss twice
+  refused("Et|t|L", 2, 2, 0);                    // 3 stages over 2 ranks
+  refused("Et|ttL", 2, 2, 0);                    // 3 decoder layers for 2
+  refused("Et|tmL", 2, 2, 0);                    // an MTP layer without MTP
+  refused("Et|mtL", 2, 2, 1);                    // a decoder layer after MTP
+  refused("Et|tm||L", 2, 2, 1);                  // MTP outside its rank's last virtual stage
+  refused("Et|m|mL", 3, 1, 2);                   // MTP layers split over two stages
+  refused("Et| tL", 2, 2, 0);                    // a space (parse_str_to_list keeps it, and refuses it)
+  refused("(t)*1048576(t)*1048576|L", 2, 2, 0);  // groups together too long
+  refused("Et*|tL", 2, 2, 0);                    // a repeat without its count
+  refused("E(tt|L", 2, 2, 0);                    // a group not closed
+  refused("E(t|)*99999999L", 2, 2, 0);           // too long once written out
   EXPECT_NO_THROW(parse_pipeline_layout("Et|tmL", 2, 2, 1));
 }
 
@@ -122,7 +124,7 @@ TEST(PipelineLayout, MtpOnARankOfItsOwn) {
                                 "--pipeline-model-parallel-layout 'Ett|tt|m|L'");
   c.training.grad_accumulation = 4;
   EXPECT_EQ(mtp_rank(c), 2);
-  EXPECT_EQ(final_norm_rank(c), 1);
+  EXPECT_EQ(final_norm_place(c).rank, 1);
   const ParameterCounts pc = count_parameters(c.model, c.model.vocab_size);
   const StageMemory r1 = estimate_stage(c, 1), r2 = estimate_stage(c, 2), r3 = estimate_stage(c, 3);
   EXPECT_EQ(r2.parameters, pc.mtp + std::int64_t(V * h));
@@ -130,10 +132,37 @@ TEST(PipelineLayout, MtpOnARankOfItsOwn) {
   EXPECT_EQ(r1.parameters, 2 * pc.per_layer() + pc.final_norm);
   EXPECT_NEAR(activation_of(r2, "mtp"), 2 * T * (layer + 8 + 4 * H + H), 2.0);
   EXPECT_EQ(activation_of(r2, "output_logits"), 0);
-  EXPECT_NEAR(activation_of(r1, "output_logits"), T * H, 1.0);
+  // The final norm keeps its input for each of rank 1's 3 micro-batches in flight.
+  EXPECT_NEAR(activation_of(r1, "output_logits"), 3 * T * H, 1.0);
   EXPECT_NEAR(activation_of(r3, "output_logits"), T * 2 * H + T * V * (6 + 4), 1.0);
   EXPECT_EQ(activation_of(r3, "mtp"), 0);
-  // The pipeline receive after MTP carries its (1 + k)-fold output.
+  // The pipeline receives carry its (1 + k)-fold output after MTP, and its gradient on its rank.
   EXPECT_NEAR(double(r3.communication), 2 * T * H, 1.0);
-  EXPECT_NEAR(double(r2.communication), T * H, 1.0);
+  EXPECT_NEAR(double(r2.communication), 2 * T * H, 1.0);
+  EXPECT_NEAR(double(r1.communication), T * H, 1.0);
+}
+
+// MTP in the first rank's last virtual stage ("Et|t|m|L" on 2 ranks): that model chunk is a model
+// of its own and builds its own embedding beside the first chunk's.
+TEST(PipelineLayout, MtpInTheFirstRanksLastVirtualStageBuildsAnEmbedding) {
+  const RunConfig c = megatron_config(kGpt +
+                                      "--num-layers 2 --mtp-num-layers 1 --pipeline-model-parallel-size 2 "
+                                      "--pipeline-model-parallel-layout 'Et|t|m|L'");
+  EXPECT_EQ(c.parallel.vpp, 2);
+  EXPECT_EQ(mtp_rank(c), 0);
+  const ParameterCounts pc = count_parameters(c.model, c.model.vocab_size);
+  EXPECT_EQ(estimate_stage(c, 0).parameters, 2 * std::int64_t(V * h) + pc.per_layer() + pc.mtp);
+}
+
+// A hand-built configuration whose layout does not fit is refused, not read out of range.
+TEST(PipelineLayout, AConfigurationsLayoutIsChecked) {
+  RunConfig c = megatron_config(kGpt + "--num-layers 2 --pipeline-model-parallel-size 2");
+  c.parallel.layout_layers = {1, std::int64_t{1} << 41};
+  EXPECT_THROW(estimate_memory(c), stowage::InvalidArgument);
+  c.parallel.layout_layers = {3, -1};
+  EXPECT_THROW(estimate_memory(c), stowage::InvalidArgument);
+  c.parallel.layout_layers = {1, 1, 0};
+  EXPECT_THROW(estimate_memory(c), stowage::InvalidArgument);
+  c.parallel.layout_layers = {1, 1};
+  EXPECT_NO_THROW(estimate_memory(c));
 }

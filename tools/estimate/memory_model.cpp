@@ -189,9 +189,10 @@ StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64
   }
   if (holds.mtp) {
     // The MTP layers (their transformer layers are among the caller's counts): eh_proj and three
-    // norms each; a stage other than the first also builds the embedding they read (gpt_model.py:
-    // pre_process or mtp_process).
-    sharded += double(m.mtp_layers * pc.mtp_projection) + (!first ? double(vocab) * h : 0.0);
+    // norms each; their model chunk builds the embedding they read unless it is the first stage's
+    // one chunk, which has it already (gpt_model.py: pre_process or mtp_process; with virtual
+    // stages each chunk is a model of its own).
+    sharded += double(m.mtp_layers * pc.mtp_projection) + (!first || p.vpp > 1 ? double(vocab) * h : 0.0);
     replicated += double(m.mtp_layers * pc.mtp_norms);
   }
   s.dense = sharded / t + replicated;
@@ -301,10 +302,13 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Full recompute applies per model chunk. Reported as micro-batches of the stage's layers.
   const std::int64_t group = p.vpp > 1 ? (p.microbatch_group > 0 ? p.microbatch_group : p.pp) : 1;
   double units = 0, stored_moe = 0, stored_dense = 0, recomputed = 0, checkpoint_inputs = 0, working_per_token = 0;
-  std::int64_t mtp_in_flight = 0;  // forwards through the last stage's last chunk, which runs the MTP layers
+  std::int64_t mtp_in_flight = 0;   // forwards through the chunk that runs the MTP layers
+  std::int64_t norm_in_flight = 0;  // forwards through the chunk that runs the final norm
+  const ChunkPlace norm = final_norm_place(c);
   for (std::int64_t i = 0, n = chunks_in_flight(c, stage); i < n; ++i) {
     const std::int64_t chunk = (i / group) % p.vpp, layers = chunk_layers(c, stage, chunk);
     if (mtp_here && chunk == p.vpp - 1) ++mtp_in_flight;
+    if (stage == norm.rank && chunk == norm.chunk) ++norm_in_flight;
     const ChunkActivations f = chunk_activations(c, chunk_first_layer(c, stage, chunk), layers, moe_per, dense_per);
     units += double(layers);
     stored_moe += f.moe;
@@ -371,12 +375,12 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Each MTP loss runs before the main one and keeps its fp32 softmax (4 B) until backward.
   const double mtp_logit_bytes = 4.0 * double(m.mtp_layers);
   const double loss_peak = last ? T * (logit_bytes + mtp_logit_bytes) * double(vocab) / t : 0.0;
-  // The final norm's input sits with the post-process stage, or with MTP on the stage of the last
-  // decoder layer (transformer_block.py has_final_layernorm_in_this_stage). The last stage's
+  // The final norm keeps its input for each micro-batch in flight through its chunk: the
+  // post-process chunk, or with MTP the last decoder layer's (final_norm_place). The last stage's
   // output layer reads the normalised output (with MTP on this stage, hnorm's input), or from MTP
   // on a rank of its own the (1 + k)-fold concatenation it received.
   const double H = A * h / rep;
-  double output_inputs = stage == final_norm_rank(c) ? T * H : 0.0;
+  double output_inputs = T * H * double(norm_in_flight);
   if (last) output_inputs += T * H * (mtp_alone ? double(1 + m.mtp_layers) : 1.0);
   // Deferred output-layer weight gradients: each waiting call's logits gradient and input, 1 + k
   // calls per micro-batch with MTP (layers.py: the limit counts calls).
@@ -401,8 +405,7 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // The MTP layers' transformer layers are of the last layer's kind.
   const std::int64_t mtp_layers = mtp_here ? m.mtp_layers : 0, mtp_moe = m.mtp_moe() ? mtp_layers : 0;
   const std::int64_t param_moe = moe_layers + mtp_moe, param_dense = dense_layers + mtp_layers - mtp_moe;
-  const StageParams sp =
-      stage_params(c, param_moe, param_dense, {first, last, stage == final_norm_rank(c), mtp_here}, vocab);
+  const StageParams sp = stage_params(c, param_moe, param_dense, {first, last, stage == norm.rank, mtp_here}, vocab);
   out.parameters = to_bytes(sp.dense + sp.expert, "parameters");
   // validate(): instances divide DP·CP and the expert-data-parallel size.
   const double n_dense = double(p.dp * p.cp) / double(p.optimizer_instances);
@@ -426,8 +429,9 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // ZeRO-3's prefetch bucket; ZeRO-1/2 all-gather into the flat weights (no bucket), stage 0 has none.
   // Megatron's gradient buckets are views into the gradient buffer (counted with the gradients).
   double comm = 0.0;
-  // After MTP on a rank of its own, the stages receive its (1 + k)-fold output.
-  if (p.pp > 1) comm += T * A * h / rep * (mtp_alone && stage > mtp_rank(c) ? double(1 + m.mtp_layers) : 1.0);
+  // From MTP on a rank of its own on, the stages receive its (1 + k)-fold output or, on its rank,
+  // that output's gradient (shapes exchanged at run time, p2p_communication.py).
+  if (p.pp > 1) comm += T * A * h / rep * (mtp_alone && stage >= mtp_rank(c) ? double(1 + m.mtp_layers) : 1.0);
   if (param_moe > 0) comm += moe_dispatch_buffer_bytes(c, T);  // moe_activations.cpp
   const double W = mixed ? 2.0 : 4.0;
   // The BF16_Optimizer is no ZeRO optimizer: it reduces without ZeRO's bucket.

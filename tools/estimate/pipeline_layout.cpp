@@ -35,7 +35,7 @@ std::string repeated(std::string_view piece, std::int64_t n, std::string_view te
 std::string expand(std::string_view text) {
   std::string s;
   for (char ch : text)
-    if (ch != ',' && ch != ' ') s += ch;
+    if (ch != ',') s += ch;
   std::string groups;
   for (std::size_t i = 0; i < s.size();) {
     if (s[i] != '(') {
@@ -47,6 +47,9 @@ std::string expand(std::string_view text) {
       throw InvalidArgument(fmt::format("pipeline layout '{}': '(' needs a non-empty group closed by ')*n'", text));
     std::size_t at = close + 2;
     groups += repeated(std::string_view(s).substr(i + 1, close - i - 1), repeat_count(s, at), text);
+    if (groups.size() > kMaxExpanded)
+      throw InvalidArgument(
+          fmt::format("pipeline layout '{}' is implausibly long once its repeats are written out", text));
     i = at;
   }
   std::string out;

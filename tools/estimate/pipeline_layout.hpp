@@ -3,7 +3,7 @@
 // the layers of every pipeline stage, written out. Stages are separated by '|' in Megatron's order,
 // virtual stage 0 of every rank, then virtual stage 1, …; in a stage, E is the embedding, t a
 // decoder layer, m a multi-token-prediction layer, L the loss. "(…)*n" and "x*n" repeat, commas
-// are cosmetic: "Et*3|(tt|)*29,m|L".
+// are cosmetic (Megatron refuses spaces): "Et*3|(tt|)*29,m|L".
 #include <cstdint>
 #include <string_view>
 #include <vector>

@@ -70,7 +70,12 @@ void validate(const RunConfig& c) {
         "or loss as a layer (as in Megatron-LM)");
   if (layout) {
     std::int64_t sum = 0;
-    for (std::int64_t n : p.layout_layers) sum += n < 0 ? -(std::int64_t{1} << 40) : n;
+    for (std::int64_t n : p.layout_layers) {
+      if (n < 0 || n > m.num_layers)
+        throw InvalidArgument(
+            fmt::format("pipeline layout: a virtual stage of {} layers in a model of {}", n, m.num_layers));
+      sum += n;
+    }
     if (std::ssize(p.layout_layers) != p.pp * p.vpp || sum != m.num_layers)
       throw InvalidArgument(fmt::format(
           "pipeline layout: {} virtual stages holding {} layers for pipeline-parallel × virtual-stages {} × {} and {} "
@@ -209,13 +214,13 @@ std::int64_t mtp_rank(const RunConfig& c) {
   return c.parallel.layout_mtp_rank >= 0 ? c.parallel.layout_mtp_rank : c.parallel.pp - 1;
 }
 
-std::int64_t final_norm_rank(const RunConfig& c) {
+ChunkPlace final_norm_place(const RunConfig& c) {
   const auto& p = c.parallel;
-  if (c.model.mtp_layers == 0) return p.pp - 1;
-  for (std::int64_t chunk = p.vpp - 1; chunk >= 0; --chunk)
-    for (std::int64_t rank = p.pp - 1; rank >= 0; --rank)
-      if (chunk_layers(c, rank, chunk) > 0) return rank;
-  return p.pp - 1;
+  if (c.model.mtp_layers > 0)
+    for (std::int64_t chunk = p.vpp - 1; chunk >= 0; --chunk)
+      for (std::int64_t rank = p.pp - 1; rank >= 0; --rank)
+        if (chunk_layers(c, rank, chunk) > 0) return {rank, chunk};
+  return {p.pp - 1, p.vpp - 1};
 }
 
 std::int64_t stage_layers(const RunConfig& c, std::int64_t rank) {

@@ -201,9 +201,12 @@ void validate(const RunConfig& c);
 std::int64_t chunk_layers(const RunConfig& c, std::int64_t rank, std::int64_t chunk);
 // The pipeline rank whose last model chunk runs the MTP layers: the layout's, else the last.
 std::int64_t mtp_rank(const RunConfig& c);
-// The pipeline rank holding the decoder's final norm: the last, or with MTP the rank of the last
-// decoder layer (transformer_block.py has_final_layernorm_in_this_stage).
-std::int64_t final_norm_rank(const RunConfig& c);
+// Where the decoder's final norm runs: the last rank's last model chunk, or with MTP the chunk of
+// the last decoder layer (transformer_block.py has_final_layernorm_in_this_stage).
+struct ChunkPlace {
+  std::int64_t rank = 0, chunk = 0;
+};
+ChunkPlace final_norm_place(const RunConfig& c);
 // All transformer layers of pipeline rank `rank`.
 std::int64_t stage_layers(const RunConfig& c, std::int64_t rank);
 // The index of the first layer of that model chunk: chunks hold the layers in order, chunk 0 of

@@ -34,6 +34,8 @@ std::string layout(const RunConfig& c) {
   const auto& p = c.parallel;
   std::string s = fmt::format("TP{} PP{}", p.tp, p.pp);
   if (p.vpp > 1) s += fmt::format("x{}", p.vpp);
+  if (p.first_stage_layers > 0 || p.last_stage_layers > 0)
+    s += fmt::format(" first{} last{}", p.first_stage_layers, p.last_stage_layers);
   s += fmt::format(" DP{}", p.dp);
   if (p.cp > 1) s += fmt::format(" CP{}", p.cp);
   if (p.ep > 1) s += fmt::format(" EP{}", p.ep);
@@ -158,7 +160,15 @@ std::string megatron_arguments(const RunConfig& c) {
   a.push_back(fmt::format("--tensor-model-parallel-size {}", p.tp));
   if (p.sequence_parallel) a.push_back("--sequence-parallel");
   a.push_back(fmt::format("--pipeline-model-parallel-size {}", p.pp));
-  if (p.vpp > 1) a.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", m.num_layers / (p.pp * p.vpp)));
+  // Megatron-LM takes an uneven first/last stage with virtual stages per rank, not layers per
+  // virtual stage (arguments.py).
+  const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0;
+  if (p.first_stage_layers > 0)
+    a.push_back(fmt::format("--decoder-first-pipeline-num-layers {}", p.first_stage_layers));
+  if (p.last_stage_layers > 0) a.push_back(fmt::format("--decoder-last-pipeline-num-layers {}", p.last_stage_layers));
+  if (p.vpp > 1 && uneven) a.push_back(fmt::format("--num-virtual-stages-per-pipeline-rank {}", p.vpp));
+  else if (p.vpp > 1)
+    a.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", m.num_layers / (p.pp * p.vpp)));
   if (p.cp > 1) a.push_back(fmt::format("--context-parallel-size {}", p.cp));
   if (p.ep > 1) a.push_back(fmt::format("--expert-model-parallel-size {}", p.ep));
   if (p.etp > 0) a.push_back(fmt::format("--expert-tensor-parallel-size {}", p.etp));

@@ -25,7 +25,22 @@ namespace {
 struct Layout {
   std::int64_t tp, pp, vpp, cp, ep, dp, micro_batch;
   int zero;
+  std::int64_t first = 0, last = 0;  // an uneven first and last stage's layers (0: an even split)
 };
+
+// The layers of an uneven first and last stage when PP does not divide them (Megatron
+// --decoder-first/last-pipeline-num-layers): the middle stages take ⌈L/PP⌉ each, the first and the
+// last share the rest, the last (which also runs the loss) the smaller half. None when a stage
+// would be left empty or hold more than a middle one.
+std::optional<std::pair<std::int64_t, std::int64_t>> uneven_split(std::int64_t layers, std::int64_t pp) {
+  if (pp < 2) return std::nullopt;
+  const std::int64_t q = (layers + pp - 1) / pp, rest = pp == 2 ? layers : layers - (pp - 2) * q;
+  const std::int64_t last = rest / 2, first = rest - last;
+  if (last < 1 || (pp > 2 && first > q)) return std::nullopt;
+  return std::make_pair(first, last);
+}
+
+std::int64_t gcd(std::int64_t a, std::int64_t b) { return b == 0 ? a : gcd(b, a % b); }
 
 // Technique sets tried on every layout; full recompute and swap are refined per layer.
 struct Techniques {
@@ -64,7 +79,16 @@ std::vector<Layout> layouts(const PlanRequest& r) {
       // Sequence parallelism splits each rank's seq/cp tokens by tp; Megatron-LM's load-balanced
       // context parallelism cuts the sequence into 2·cp chunks (arguments.py asserts both).
       if (seq % (cp * tp) != 0 || (cp > 1 && seq % (2 * cp) != 0)) continue;
-      for (std::int64_t pp : divisors(m.num_layers, cl.gpus / (tp * cp))) {
+      for (std::int64_t pp : divisors(cl.gpus / (tp * cp), m.num_layers)) {
+        // PP dividing the layers splits them evenly; otherwise the first and last stages differ.
+        std::int64_t first = 0, last = 0, per_stage = m.num_layers / pp;
+        if (m.num_layers % pp != 0) {
+          const auto split = uneven_split(m.num_layers, pp);
+          if (!split) continue;
+          std::tie(first, last) = *split;
+          per_stage = gcd(first, last);
+          if (pp > 2) per_stage = gcd(per_stage, (m.num_layers - first - last) / (pp - 2));
+        }
         if (cl.gpus % (tp * cp * pp) != 0) continue;
         const std::int64_t dp = cl.gpus / (tp * cp * pp);
         // MoE parallel folding (Megatron-LM parallel_state.py): experts need only ETP·EP to divide
@@ -80,13 +104,13 @@ std::vector<Layout> layouts(const PlanRequest& r) {
             // The interleaved schedule takes micro-batches in groups of pp: Megatron-LM refuses a
             // count that is not a multiple of pp (schedules.py, microbatch_group_size_per_vp_stage).
             if (pp > 1 && M >= pp && M % pp == 0)
-              for (std::int64_t v : divisors(m.num_layers / pp, r.space.max_vpp))
+              for (std::int64_t v : divisors(per_stage, r.space.max_vpp))
                 if (v > 1) vpps.push_back(v);
             for (std::int64_t v : vpps)
               for (int zero : {0, 1, 3}) {
                 if (zero > 0 && dp * cp == 1) continue;
                 if (zero == 3 && (!r.space.zero3 || pp > 1)) continue;  // Megatron FSDP without PP
-                out.push_back({tp, pp, v, cp, ep, dp, mb, zero});
+                out.push_back({tp, pp, v, cp, ep, dp, mb, zero, first, last});
               }
           }
         }
@@ -102,9 +126,12 @@ RunConfig configure(const PlanRequest& r, const Layout& l, const Techniques& t) 
   p.tp = l.tp;
   p.pp = l.pp;
   p.vpp = l.vpp;
-  // The plan splits the layers itself: a layout written for one pipeline size does not carry over.
+  // The plan splits the layers itself: a split written for one pipeline size does not carry over.
   p.layout_layers.clear();
   p.layout_mtp_rank = -1;
+  p.embedding_as_layer = p.loss_as_layer = false;
+  p.first_stage_layers = l.first;
+  p.last_stage_layers = l.last;
   p.cp = l.cp;
   p.ep = l.ep;
   p.dp = l.dp;
@@ -166,7 +193,9 @@ struct Evaluator {
   // Fits the candidate, choosing per layer: the fewest full-recompute layers per model chunk,
   // then the fewest swapped layers (the largest prefetch window).
   bool fit(RunConfig& c, const Techniques& t, StageMemory& m) {
-    const std::int64_t chunk = c.model.num_layers / (c.parallel.pp * c.parallel.vpp);
+    std::int64_t chunk = 0;  // the largest model chunk
+    for (std::int64_t r = 0; r < c.parallel.pp; ++r)
+      for (std::int64_t k = 0; k < c.parallel.vpp; ++k) chunk = std::max(chunk, estimate::chunk_layers(c, r, k));
     if (t.full) {
       c.techniques.prefetch_window = 0;  // with swap on, everything not recomputed is swapped
       return smallest(

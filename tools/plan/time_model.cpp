@@ -46,25 +46,31 @@ LayerFlops layer_forward_flops(const RunConfig& c, bool moe_layer) {
 
 // The stage that takes longest per micro-batch: its layers and, of them, the MoE ones. Evenly split
 // models have alike stages and the last one (the output layer) is the slowest; with dense layers
-// mixed in, each stage's own layers decide.
+// mixed in, or stages of their own sizes, each stage's own layers (and the last one's output layer)
+// decide.
 struct SlowStage {
   double layers = 0, moe = 0;
+  bool last = true;  // it runs the output layer, the loss and the MTP layers
 };
 
 SlowStage slow_stage(const RunConfig& c) {
   const auto& m = c.model;
   const auto& p = c.parallel;
   SlowStage s{double(m.num_layers) / double(p.pp), m.moe() ? double(m.num_layers) / double(p.pp) : 0.0};
-  if (!m.mixed_layers()) return s;
+  const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0 || p.embedding_as_layer || p.loss_as_layer ||
+                      !p.layout_layers.empty();
+  if (!m.mixed_layers() && !uneven) return s;
   const LayerFlops fm = layer_forward_flops(c, true), fd = layer_forward_flops(c, false);
+  const double logits = 2.0 * double(m.hidden_size) * double(estimate::padded_vocab(c));
   double slowest = -1;
   for (std::int64_t r = 0; r < p.pp; ++r) {
     const double moe = double(estimate::stage_moe_layers(c, r)), layers = double(estimate::stage_layers(c, r));
-    const double flops =
-        moe * (fm.linear + fm.attention + fm.replicated) + (layers - moe) * (fd.linear + fd.attention + fd.replicated);
-    if (flops >= slowest) {  // ties: the later stage, as the last one also runs the loss
+    const bool last = r == p.pp - 1;
+    const double flops = moe * (fm.linear + fm.attention + fm.replicated) +
+                         (layers - moe) * (fd.linear + fd.attention + fd.replicated) + (last ? logits : 0.0);
+    if (flops >= slowest) {  // ties: the later stage
       slowest = flops;
-      s = {layers, moe};
+      s = {layers, moe, last};
     }
   }
   return s;
@@ -115,7 +121,7 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   const double vocab = double(estimate::padded_vocab(c));
 
   // One micro-batch through one stage: forward, backward (2× forward: dgrad + wgrad), on the
-  // slower of the first (embedding) and last (output layer) stages.
+  // slowest stage (slow_stage: the last, with the output layer, unless the stages differ).
   const double layer_fwd = T * ((f.linear + f.attention) / t + f.replicated / (p.sequence_parallel ? t : 1.0)) / rate;
   const double logits_fwd = T * 2.0 * h * vocab / t / rate;
   // The last stage also runs the MTP layers, each a layer of the last layer's kind, eh_proj and
@@ -125,13 +131,13 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   const double mtp_layer_fwd =
       T * ((fk.linear + fk.attention + 4.0 * h * h) / t + fk.replicated / (p.sequence_parallel ? t : 1.0)) / rate;
   const double mtp_fwd = mtp * (mtp_layer_fwd + logits_fwd);
-  const double stage_fwd = layers * layer_fwd + logits_fwd + mtp_fwd;  // the last stage is the slowest
+  const double stage_fwd = layers * layer_fwd + (slow.last ? logits_fwd + mtp_fwd : 0.0);
   const double stage_bwd = 2.0 * stage_fwd;
 
   // Recompute: full reruns each recomputed layer's forward; selective reruns core attention;
   // activation-function recompute reruns an elementwise op, bound by HBM (read its input,
   // write its output).
-  const double chunk_layers = double(m.num_layers) / double(p.pp * p.vpp);
+  const double chunk_layers = layers / double(p.vpp);
   double recomputed_layers = 0;
   if (c.recompute.granularity == Recompute::full) {
     const double n = double(c.recompute.num_layers);
