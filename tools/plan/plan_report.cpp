@@ -251,12 +251,14 @@ std::string to_table(const PlanRequest& r, const SearchResult& res) {
       res.stats.candidates, res.stats.layouts, res.stats.evaluations, res.stats.seconds, res.stats.fitting,
       format_bytes(memory_budget(r)), 100 * r.margin);
   if (res.plans.empty()) return out + "no plan fits; add GPUs, memory, or allow stowage's techniques\n";
-  out += fmt::format("{:>2}  {:<34} {:>10} {:>10} {:>8}  {}\n", "#", "layout", "peak", "step (s)", "TFLOP/s",
+  std::size_t width = 34;  // the layout column: as wide as its widest entry (an uneven split is longer)
+  for (const Plan& p : res.plans) width = std::max(width, layout(p.config).size());
+  out += fmt::format("{:>2}  {:<{}} {:>10} {:>10} {:>8}  {}\n", "#", "layout", width, "peak", "step (s)", "TFLOP/s",
                      "memory techniques");
   for (std::size_t i = 0; i < res.plans.size(); ++i) {
     const Plan& p = res.plans[i];
     out +=
-        fmt::format("{:>2}  {:<34} {:>10} {:>10.3f} {:>8.1f}  {}\n", i + 1, layout(p.config),
+        fmt::format("{:>2}  {:<{}} {:>10} {:>10.3f} {:>8.1f}  {}\n", i + 1, layout(p.config), width,
                     format_bytes(p.memory.peak_reserved), p.time.total(), p.model_tflops_per_gpu, techniques(p.config));
   }
   out += "\ntime per step (s)\n";
