@@ -61,6 +61,8 @@ TEST(Mtp, ParametersAreATransformerLayerEhProjAndThreeNorms) {
   plain_pp.parallel.pp = one_pp.parallel.pp = 2;
   EXPECT_EQ(estimate_stage(one_pp, 1).parameters - estimate_stage(plain_pp, 1).parameters, layer + std::int64_t(V * h));
   EXPECT_EQ(estimate_stage(one_pp, 0).peak_allocated, estimate_stage(plain_pp, 0).peak_allocated);
+  EXPECT_EQ(estimate_stage(one_pp, 0).mtp_layers, 0);
+  EXPECT_EQ(estimate_stage(one_pp, 1).mtp_layers, 1);
   // TP 2: the linears, eh_proj and the embedding (padded to a multiple of 128·TP rows: 50432)
   // are split, the norms replicated.
   plain_pp.parallel.tp = one_pp.parallel.tp = 2;

@@ -404,6 +404,7 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   // Model states: dense parameters shard over DP·CP, experts over the expert-data-parallel group.
   // The MTP layers' transformer layers are of the last layer's kind.
   const std::int64_t mtp_layers = mtp_here ? m.mtp_layers : 0, mtp_moe = m.mtp_moe() ? mtp_layers : 0;
+  out.mtp_layers = mtp_layers;
   const std::int64_t param_moe = moe_layers + mtp_moe, param_dense = dense_layers + mtp_layers - mtp_moe;
   const StageParams sp = stage_params(c, param_moe, param_dense, {first, last, stage == norm.rank, mtp_here}, vocab);
   out.parameters = to_bytes(sp.dense + sp.expert, "parameters");

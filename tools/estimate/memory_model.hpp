@@ -17,6 +17,7 @@ struct NamedBytes {
 struct StageMemory {
   std::int64_t stage = 0;             // pipeline rank that is most loaded
   std::int64_t layers = 0;            // transformer layers on it
+  std::int64_t mtp_layers = 0;        // multi-token-prediction layers on it
   double microbatches_in_flight = 1;  // activations held at once (1F1B / interleaved schedule)
   std::int64_t parameters = 0;        // parameters held by this device (after TP/PP/EP split)
   std::int64_t weights = 0;

@@ -11,6 +11,7 @@ nlohmann::json to_json(const StageMemory& m) {
   for (const auto& a : m.activations) acts[a.name] = a.bytes;
   return {{"stage", m.stage},
           {"layers", m.layers},
+          {"mtp_layers", m.mtp_layers},
           {"microbatches_in_flight", m.microbatches_in_flight},
           {"parameters", m.parameters},
           {"weights", m.weights},
@@ -112,8 +113,9 @@ std::string to_table(const EstimateResult& r) {
       c.parallel.vpp > 1 ? fmt::format(" (×{} virtual)", c.parallel.vpp) : "", c.parallel.dp, c.parallel.cp,
       c.parallel.ep, c.parallel.sequence_parallel ? " +SP" : "", c.parallel.zero_stage,
       to_string(c.recompute.granularity));
-  out += fmt::format("per device, pipeline stage {} ({} layers, {:.2f} micro-batches in flight, {} parameters):\n",
-                     m.stage, m.layers, m.microbatches_in_flight, m.parameters);
+  out += fmt::format("per device, pipeline stage {} ({} layers{}, {:.2f} micro-batches in flight, {} parameters):\n",
+                     m.stage, m.layers, m.mtp_layers > 0 ? fmt::format(" + {} MTP", m.mtp_layers) : "",
+                     m.microbatches_in_flight, m.parameters);
   auto row = [&](const std::string& name, std::int64_t a, std::int64_t b) {
     out += fmt::format("  {:<36}{:>14}{:>14}\n", name, format_bytes(a), format_bytes(b));
   };
