@@ -166,3 +166,20 @@ TEST(PipelineLayout, AConfigurationsLayoutIsChecked) {
   c.parallel.layout_layers = {1, 1};
   EXPECT_NO_THROW(estimate_memory(c));
 }
+
+// On the command line, --mtp-layers may not contradict the MTP layers a layout places, and --pp
+// may not leave the layout's stages over.
+TEST(PipelineLayout, CommandLineOptionsDoNotContradictTheLayout) {
+  const std::string line = "estimate --megatron-args \"" + kGpt +
+                           "--num-layers 2 --mtp-num-layers 1 --pipeline-model-parallel-size 2 "
+                           "--pipeline-model-parallel-layout 'Et|tmL'\"";
+  EXPECT_EQ(stowage::testing::run_cli(line).exit_code, 0);
+  const auto mtp = stowage::testing::run_cli(line + " --mtp-layers 2");
+  EXPECT_EQ(mtp.exit_code, 2);
+  EXPECT_NE(mtp.output.find("--mtp-layers 2 differs from the 1 MTP layers the pipeline layout places"),
+            std::string::npos)
+      << mtp.output;
+  const auto pp = stowage::testing::run_cli(line + " --pp 4");
+  EXPECT_EQ(pp.exit_code, 2);
+  EXPECT_NE(pp.output.find("pipeline layout: 2 virtual stages"), std::string::npos) << pp.output;
+}

@@ -61,6 +61,9 @@ RunConfig build_config(const Options& o) {
   // Explicit options win over both files.
   if (o.mtp_layers) {
     if (*o.mtp_layers < 0) throw InvalidArgument(fmt::format("--mtp-layers must be 0 or more, got {}", *o.mtp_layers));
+    if (!c.parallel.layout_layers.empty() && *o.mtp_layers != c.model.mtp_layers)
+      throw InvalidArgument(fmt::format("--mtp-layers {} differs from the {} MTP layers the pipeline layout places",
+                                        *o.mtp_layers, c.model.mtp_layers));
     c.model.mtp_layers = *o.mtp_layers;
   }
   auto& t = c.training;
