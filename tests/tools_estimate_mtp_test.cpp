@@ -207,3 +207,22 @@ TEST(Mtp, MegatronCiRunWithAnMtpLayer) {
   EXPECT_LE(std::abs(double(with.peak_allocated) - largest) / largest, 0.06);
   EXPECT_GE((held - double(plain.peak_allocated)) / held, 0.10);
 }
+
+// A Hugging Face config's MTP layers are named in a warning as not counted; a run that trains them
+// (Megatron's --mtp-num-layers, or --mtp-layers) counts them, and the warning goes.
+TEST(Mtp, TheCheckpointsMtpWarningGoesWhenTheyAreTrained) {
+  const std::string config = stowage::testing::temp_file(
+      "mtp_config.json",
+      R"({"model_type":"deepseek_v3","hidden_size":256,"num_hidden_layers":2,"num_attention_heads":4,
+      "num_key_value_heads":4,"intermediate_size":512,"vocab_size":1024,"kv_lora_rank":64,"q_lora_rank":96,
+      "qk_nope_head_dim":32,"qk_rope_head_dim":16,"v_head_dim":32,"num_nextn_predict_layers":1})");
+  const auto plain = stowage::testing::run_cli("estimate --model-json " + config + " --json");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("num_nextn_predict_layers 1"), std::string::npos);
+  for (const std::string trained : {" --mtp-layers 1", " --megatron-args '--mtp-num-layers 1 --bf16'"}) {
+    const auto run = stowage::testing::run_cli("estimate --model-json " + config + trained + " --json");
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_EQ(run.output.find("num_nextn_predict_layers"), std::string::npos) << trained;
+    EXPECT_NE(run.output.find("\"mtp_layers\": 1"), std::string::npos) << trained;
+  }
+}

@@ -332,9 +332,9 @@ void read_mla(const nlohmann::json& j, const std::string& what, ModelConfig& m, 
   const std::int64_t mtp = get_int_or(j, "num_nextn_predict_layers", 0, what);
   if (mtp > 0 && warnings != nullptr)
     warnings->push_back(fmt::format(
-        "{}: num_nextn_predict_layers {}: the multi-token-prediction layers are not counted (transformers does not "
-        "build them); to train them give --mtp-layers (Megatron-LM: --mtp-num-layers)",
-        what, mtp));
+        "{}: num_nextn_predict_layers {}: {} (transformers does not build them); to train them give --mtp-layers "
+        "(Megatron-LM: --mtp-num-layers)",
+        what, mtp, kMtpNotCounted));
 }
 
 }  // namespace

@@ -141,5 +141,8 @@ ModelConfig preset(std::string_view name);
 // is read as a Llama-style decoder with a line in `warnings` saying so.
 ModelConfig model_from_hf_json(const std::string& text, const std::string& name = "config.json",
                                std::vector<std::string>* warnings = nullptr);
+// What that warning says of a checkpoint's multi-token-prediction layers; a run that trains them
+// (ModelConfig::mtp_layers) drops it (finalize).
+inline constexpr std::string_view kMtpNotCounted = "the multi-token-prediction layers are not counted";
 
 }  // namespace stowage::estimate

@@ -8,7 +8,13 @@
 
 namespace stowage::estimate {
 
+void drop_trained_mtp_warning(RunConfig& c) {
+  if (c.model.mtp_layers > 0)
+    std::erase_if(c.warnings, [](const std::string& w) { return w.find(kMtpNotCounted) != std::string::npos; });
+}
+
 void finalize(RunConfig& c) {
+  drop_trained_mtp_warning(c);
   auto& t = c.training;
   if (t.global_batch < 0) throw InvalidArgument("global-batch must not be negative");
   if (t.global_batch == 0) return;

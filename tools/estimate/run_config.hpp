@@ -186,8 +186,12 @@ struct RunConfig {
 // optimizer offload, or bf16 accumulation (the default) at stage 0 under a pipeline.
 bool deepspeed_bf16_optimizer(const RunConfig& c);
 
+// A Hugging Face config's warning that its MTP layers are not counted, dropped when the run trains
+// MTP layers (they are counted then).
+void drop_trained_mtp_warning(RunConfig& c);
+
 // Derives what follows from the settings once every source is applied (grad accumulation from
-// the global batch). InvalidArgument when the global batch is not a multiple of micro × dp.
+// the global batch; drop_trained_mtp_warning). InvalidArgument when the global batch is not a multiple of micro × dp.
 void finalize(RunConfig& c);
 
 // InvalidArgument naming the setting for zero/negative sizes and parallel sizes that do not

@@ -50,6 +50,7 @@ PlanRequest build_request(const Options& o) {
     c.training = parsed.training;
     c.framework = parsed.framework;
     c.warnings = parsed.warnings;
+    estimate::drop_trained_mtp_warning(c);
   } else {
     c.framework.te_workspace = std::int64_t{32} << 20;  // Megatron with TransformerEngine
   }
