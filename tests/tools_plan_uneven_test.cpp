@@ -24,10 +24,12 @@ namespace {
 // the output layer's 2·h·V (262 M).
 RunConfig gpt(std::int64_t layers) {
   RunConfig c;
-  estimate::apply_megatron_args("--num-layers " + std::to_string(layers) +
-                                    " --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 "
-                                    "--max-position-embeddings 2048 --vocab-size 32000 --bf16 --global-batch-size 64",
-                                c);
+  estimate::apply_megatron_args(
+      "--num-layers " + std::to_string(layers) +
+          " --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 "
+          "--max-position-embeddings 2048 --position-embedding-type rope --vocab-size 32000 --bf16 "
+          "--global-batch-size 64",
+      c);
   return c;
 }
 
@@ -92,8 +94,9 @@ TEST(PlanUneven, TheLaunchLineCarriesTheSplitAndParsesBack) {
 TEST(PlanUneven, TheSlowestStagePacesTheStep) {
   Cluster cl;
   cl.gpus = 4;
-  auto compute = [&](std::int64_t layers, std::int64_t first, std::int64_t last) {
+  auto compute = [&](std::int64_t layers, std::int64_t first, std::int64_t last, std::int64_t mtp = 0) {
     RunConfig c = gpt(layers);
+    c.model.mtp_layers = mtp;
     c.parallel.pp = 4;
     c.parallel.first_stage_layers = first;
     c.parallel.last_stage_layers = last;
@@ -103,7 +106,9 @@ TEST(PlanUneven, TheSlowestStagePacesTheStep) {
   const double uneven = compute(30, 7, 7);
   EXPECT_DOUBLE_EQ(uneven, compute(30, 8, 6));
   EXPECT_LT(uneven, compute(32, 0, 0));
-  // 8|8|8|8 against 8 layers alone: the output layer's 2·h·V per token, 3× for forward and backward.
-  const double layer_share = compute(32, 0, 0) - uneven;
-  EXPECT_GT(layer_share, 0.0);
+  // An MTP layer (a layer, eh_proj, one more output layer) runs on the last stage: with 9|8|8|5
+  // the first stage stays the slowest and the step is unchanged; with 7|8|8|7 it makes the last
+  // stage (7 layers, 2 output layers and the MTP layer: 3805 M) the slowest.
+  EXPECT_DOUBLE_EQ(compute(30, 9, 5, 1), compute(30, 9, 5, 0));
+  EXPECT_GT(compute(30, 7, 7, 1), uneven);
 }

@@ -62,12 +62,17 @@ SlowStage slow_stage(const RunConfig& c) {
   if (!m.mixed_layers() && !uneven) return s;
   const LayerFlops fm = layer_forward_flops(c, true), fd = layer_forward_flops(c, false);
   const double logits = 2.0 * double(m.hidden_size) * double(estimate::padded_vocab(c));
+  // The last stage's own work: the output layer, and each MTP layer with its eh_proj and logits.
+  const LayerFlops& fk = m.mtp_moe() ? fm : fd;
+  const double h = double(m.hidden_size);
+  const double tail =
+      logits + double(m.mtp_layers) * (fk.linear + fk.attention + fk.replicated + 2.0 * 2.0 * h * h + logits);
   double slowest = -1;
   for (std::int64_t r = 0; r < p.pp; ++r) {
     const double moe = double(estimate::stage_moe_layers(c, r)), layers = double(estimate::stage_layers(c, r));
     const bool last = r == p.pp - 1;
     const double flops = moe * (fm.linear + fm.attention + fm.replicated) +
-                         (layers - moe) * (fd.linear + fd.attention + fd.replicated) + (last ? logits : 0.0);
+                         (layers - moe) * (fd.linear + fd.attention + fd.replicated) + (last ? tail : 0.0);
     if (flops >= slowest) {  // ties: the later stage
       slowest = flops;
       s = {layers, moe, last};
@@ -125,9 +130,9 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
   const double layer_fwd = T * ((f.linear + f.attention) / t + f.replicated / (p.sequence_parallel ? t : 1.0)) / rate;
   const double logits_fwd = T * 2.0 * h * vocab / t / rate;
   // The last stage also runs the MTP layers, each a layer of the last layer's kind, eh_proj and
-  // one more output layer.
+  // one more output layer; their terms below count only when the slowest stage is the last.
   const LayerFlops& fk = m.mtp_moe() ? fm : fd;
-  const double mtp = double(m.mtp_layers);
+  const double mtp = slow.last ? double(m.mtp_layers) : 0.0;
   const double mtp_layer_fwd =
       T * ((fk.linear + fk.attention + 4.0 * h * h) / t + fk.replicated / (p.sequence_parallel ? t : 1.0)) / rate;
   const double mtp_fwd = mtp * (mtp_layer_fwd + logits_fwd);
