@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -39,8 +40,6 @@ std::optional<std::pair<std::int64_t, std::int64_t>> uneven_split(std::int64_t l
   if (last < 1 || (pp > 2 && first > q)) return std::nullopt;
   return std::make_pair(first, last);
 }
-
-std::int64_t gcd(std::int64_t a, std::int64_t b) { return b == 0 ? a : gcd(b, a % b); }
 
 // Technique sets tried on every layout; full recompute and swap are refined per layer.
 struct Techniques {
@@ -86,8 +85,8 @@ std::vector<Layout> layouts(const PlanRequest& r) {
           const auto split = uneven_split(m.num_layers, pp);
           if (!split) continue;
           std::tie(first, last) = *split;
-          per_stage = gcd(first, last);
-          if (pp > 2) per_stage = gcd(per_stage, (m.num_layers - first - last) / (pp - 2));
+          per_stage = std::gcd(first, last);
+          if (pp > 2) per_stage = std::gcd(per_stage, (m.num_layers - first - last) / (pp - 2));
         }
         if (cl.gpus % (tp * cp * pp) != 0) continue;
         const std::int64_t dp = cl.gpus / (tp * cp * pp);

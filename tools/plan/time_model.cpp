@@ -16,6 +16,7 @@ namespace {
 struct LayerFlops {
   double linear = 0, attention = 0;
   double replicated = 0;  // MLA's down projections: whole on every TP rank (÷ TP only with SP's token split)
+  double total() const { return linear + attention + replicated; }
 };
 
 // `moe_layer`: an MoE layer's, else a dense layer's (an MoE model's dense layers have a dense MLP).
@@ -53,6 +54,16 @@ struct SlowStage {
   bool last = true;  // it runs the output layer, the loss and the MTP layers
 };
 
+// Forward FLOPs per token of the last stage's work beyond its layers: the output layer (2·h·V) and
+// each MTP layer, a layer of the last layer's kind, eh_proj (2h → h) and one more output layer
+// (training.py num_floating_point_operations).
+double tail_flops(const RunConfig& c, const LayerFlops& fm, const LayerFlops& fd) {
+  const auto& m = c.model;
+  const double h = double(m.hidden_size), logits = 2.0 * h * double(estimate::padded_vocab(c));
+  const LayerFlops& fk = m.mtp_moe() ? fm : fd;
+  return logits + double(m.mtp_layers) * (fk.total() + 2.0 * 2.0 * h * h + logits);
+}
+
 SlowStage slow_stage(const RunConfig& c) {
   const auto& m = c.model;
   const auto& p = c.parallel;
@@ -61,18 +72,12 @@ SlowStage slow_stage(const RunConfig& c) {
                       !p.layout_layers.empty();
   if (!m.mixed_layers() && !uneven) return s;
   const LayerFlops fm = layer_forward_flops(c, true), fd = layer_forward_flops(c, false);
-  const double logits = 2.0 * double(m.hidden_size) * double(estimate::padded_vocab(c));
-  // The last stage's own work: the output layer, and each MTP layer with its eh_proj and logits.
-  const LayerFlops& fk = m.mtp_moe() ? fm : fd;
-  const double h = double(m.hidden_size);
-  const double tail =
-      logits + double(m.mtp_layers) * (fk.linear + fk.attention + fk.replicated + 2.0 * 2.0 * h * h + logits);
+  const double tail = tail_flops(c, fm, fd);
   double slowest = -1;
   for (std::int64_t r = 0; r < p.pp; ++r) {
     const double moe = double(estimate::stage_moe_layers(c, r)), layers = double(estimate::stage_layers(c, r));
     const bool last = r == p.pp - 1;
-    const double flops = moe * (fm.linear + fm.attention + fm.replicated) +
-                         (layers - moe) * (fd.linear + fd.attention + fd.replicated) + (last ? tail : 0.0);
+    const double flops = moe * fm.total() + (layers - moe) * fd.total() + (last ? tail : 0.0);
     if (flops >= slowest) {  // ties: the later stage
       slowest = flops;
       s = {layers, moe, last};
@@ -95,15 +100,7 @@ double model_flops_per_step(const RunConfig& c) {
   const double moe = double(m.moe_layers(0, m.num_layers)), dense = double(m.num_layers) - moe;
   const double tokens = double(c.training.seq_length) * double(c.training.micro_batch) *
                         double(c.training.grad_accumulation) * double(c.parallel.dp);
-  const double logits = 2.0 * double(m.hidden_size) * double(estimate::padded_vocab(c));
-  // MTP layers (training.py num_floating_point_operations): a layer of the last layer's kind, eh_proj
-  // (2h → h) and one more output layer each.
-  const LayerFlops& fk = m.mtp_moe() ? fm : fd;
-  const double h = double(m.hidden_size);
-  const double mtp = double(m.mtp_layers) * (fk.linear + fk.attention + fk.replicated + 2.0 * 2.0 * h * h + logits);
-  return 3.0 * tokens *
-         (moe * (fm.linear + fm.attention + fm.replicated) + dense * (fd.linear + fd.attention + fd.replicated) +
-          logits + mtp);
+  return 3.0 * tokens * (moe * fm.total() + dense * fd.total() + tail_flops(c, fm, fd));
 }
 
 StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageMemory& memory) {
