@@ -56,7 +56,9 @@ TEST(EstimateMegatron, RecomputeActivationsIsSelectiveRecompute) {
                            "--transformer-impl local --recompute-granularity selective"}) {
     const auto out = estimate_line(line);
     ASSERT_EQ(out.exit_code, 0) << out.output;
-    EXPECT_NE(out.output.find("peak allocated                          130.90 GiB"), std::string::npos) << out.output;
+    // The stored activations without the scores, and the last layer's scores rerun in backward
+    // (32 heads · s · 5 B per token, above the loss's 814 MiB).
+    EXPECT_NE(out.output.find("peak allocated                          132.66 GiB"), std::string::npos) << out.output;
     EXPECT_EQ(out.output.find("core_attention"), std::string::npos) << out.output;  // no row left for it
   }
 }

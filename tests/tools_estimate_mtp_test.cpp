@@ -185,12 +185,7 @@ TEST(Mtp, MegatronCiRunWithAnMtpLayer) {
   const double largest = j.at("measured_peak_allocated").get<double>();
   ASSERT_NE(args.find(mtp), std::string::npos);
   auto run = [&](const std::string& line) {
-    RunConfig c;
-    apply_megatron_args(line, c, UnknownArguments::error);
-    c.parallel.dp = j.at("gpus").get<std::int64_t>() / (c.parallel.tp * c.parallel.pp * c.parallel.cp);
-    c.stage = c.parallel.pp - 1;  // Megatron logs the last rank's memory
-    finalize(c);
-    return estimate_memory(c);
+    return stowage::testing::estimate_ci_last_rank(line, j.at("gpus").get<std::int64_t>());
   };
   std::string without = args;
   without.erase(without.find(mtp), mtp.size());

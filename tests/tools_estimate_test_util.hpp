@@ -40,6 +40,17 @@ inline estimate::RunConfig megatron_config(const std::string& args) {
   return c;
 }
 
+// A Megatron-LM CI case's launch line on `gpus` GPUs (DP from the rest), as the case logs its
+// memory: the last pipeline stage (rank world_size − 1). Every argument must be known.
+inline estimate::StageMemory estimate_ci_last_rank(const std::string& args, std::int64_t gpus) {
+  estimate::RunConfig c;
+  estimate::apply_megatron_args(args, c, estimate::UnknownArguments::error);
+  c.parallel.dp = gpus / (c.parallel.tp * c.parallel.pp * c.parallel.cp);
+  c.stage = c.parallel.pp - 1;
+  estimate::finalize(c);
+  return estimate::estimate_memory(c);
+}
+
 // The bytes of one activation kind of a stage's estimate (a failure when the kind is unknown).
 inline double activation_of(const estimate::StageMemory& m, const std::string& kind) {
   for (const auto& a : m.activations)

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <vector>
 
 #include "stowage/byte_size.hpp"
 #include "stowage/error.hpp"
@@ -28,6 +29,7 @@ struct Options {
   std::string precision, optimizer, recompute, recompute_method, accounting, offload, rounding;
   // Optional, so that a value given (0, -1) reaches the checks instead of reading as "not given".
   std::optional<std::int64_t> recompute_layers, zero, grad_bytes, mtp_layers;
+  std::vector<std::string> recompute_modules;
   bool sp = false, no_flash = false, unfused_swiglu = false, dist_opt = false, ignore_unknown = false;
   bool shared = false, act_fn = false, swap = false;
   std::optional<std::int64_t> prefetch_window, stream_window;
@@ -61,7 +63,7 @@ RunConfig build_config(const Options& o) {
   // Explicit options win over both files.
   if (o.mtp_layers) {
     if (*o.mtp_layers < 0) throw InvalidArgument(fmt::format("--mtp-layers must be 0 or more, got {}", *o.mtp_layers));
-    if (!c.parallel.layout_layers.empty() && *o.mtp_layers != c.model.mtp_layers)
+    if (c.parallel.has_layout() && *o.mtp_layers != c.model.mtp_layers)
       throw InvalidArgument(fmt::format("--mtp-layers {} differs from the {} MTP layers the pipeline layout places",
                                         *o.mtp_layers, c.model.mtp_layers));
     c.model.mtp_layers = *o.mtp_layers;
@@ -122,6 +124,12 @@ RunConfig build_config(const Options& o) {
   if (!o.recompute.empty()) c.recompute.granularity = parse_recompute(o.recompute);
   if (!o.recompute_method.empty()) c.recompute.method = parse_recompute_method(o.recompute_method);
   if (o.recompute_layers) c.recompute.num_layers = *o.recompute_layers;
+  if (!o.recompute_modules.empty()) {
+    if (c.recompute.granularity != Recompute::selective)
+      throw InvalidArgument("--recompute-modules needs selective recompute (--recompute selective)");
+    c.recompute.modules = 0;
+    for (const std::string& name : o.recompute_modules) c.recompute.modules |= parse_recompute_module(name);
+  }
   auto& k = c.techniques;
   if (o.shared) k.shared_storage = true;
   if (!o.rounding.empty()) k.rounding = parse_rounding(o.rounding);
@@ -242,6 +250,10 @@ void setup(CLI::App& app, int& exit_code) {
   cmd->add_option("--recompute-num-layers", o->recompute_layers,
                   "block: layers per model chunk recomputed (0 = all, unlike Megatron's 0 = none); uniform: layers per "
                   "chunk (default 0)");
+  cmd->add_option("--recompute-modules", o->recompute_modules,
+                  "selective: the modules recomputed, Megatron's names (core_attn, moe_act, layernorm, mla_up_proj, "
+                  "mlp, moe, shared_experts; default core_attn)")
+      ->delimiter(',');
   cmd->add_flag("--shared-storage", o->shared, "bf16 weights inside the fp32 master");
   cmd->add_option("--rounding", o->rounding, "shared storage rounding: half_up or nearest_even (default half_up)");
   cmd->add_flag("--act-fn-recompute", o->act_fn, "release and recompute the MLP activation output");

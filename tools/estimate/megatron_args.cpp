@@ -12,6 +12,7 @@
 #include "stowage/error.hpp"
 #include "tools/estimate/megatron_arg_names.hpp"
 #include "tools/estimate/megatron_arg_values.hpp"
+#include "tools/estimate/megatron_recompute.hpp"
 #include "tools/estimate/megatron_unmodelled.hpp"
 #include "tools/estimate/mindspeed_arg_names.hpp"
 #include "tools/estimate/moe_layer_freq.hpp"
@@ -64,70 +65,6 @@ std::string_view renamed(std::string_view name) {
   return {};
 }
 
-// Recompute as the launch line spells it; Megatron-LM checks the combination once parsed.
-struct LineRecompute {
-  bool activations = false;  // --recompute-activations
-  std::optional<Recompute> granularity;
-  std::optional<RecomputeMethod> method;
-  std::optional<std::int64_t> num_layers;
-};
-
-void refuse_selective_extras(const LineRecompute& r, std::string_view how) {
-  if (r.method)
-    throw InvalidArgument(
-        fmt::format("megatron-args: --recompute-method {} with {}: Megatron-LM takes no method for selective recompute",
-                    to_string(*r.method), how));
-  if (r.num_layers)
-    throw InvalidArgument(fmt::format(
-        "megatron-args: --recompute-num-layers {} with {}: Megatron-LM takes no layer count for selective recompute",
-        *r.num_layers, how));
-}
-
-// Full recompute needs a method and a layer count (TransformerConfig raises ValueError without).
-// Megatron's block method recomputes layers with index < n (recompute.py), so n = 0 recomputes
-// none; uniform with n = 0 never advances its loop.
-void apply_full_recompute(const LineRecompute& r, RunConfig& c) {
-  if (!r.method)
-    throw InvalidArgument(
-        "megatron-args: --recompute-granularity full needs --recompute-method block or uniform (Megatron-LM refuses "
-        "it without)");
-  if (!r.num_layers)
-    throw InvalidArgument(
-        "megatron-args: --recompute-granularity full needs --recompute-num-layers (Megatron-LM refuses it without)");
-  if (*r.method == RecomputeMethod::uniform && *r.num_layers == 0)
-    throw InvalidArgument(
-        "megatron-args: --recompute-method uniform with --recompute-num-layers 0: a chunk needs at least 1 layer");
-  c.recompute.method = *r.method;
-  c.recompute.num_layers = *r.num_layers;
-  if (*r.method == RecomputeMethod::block && *r.num_layers == 0) {
-    c.recompute.granularity = Recompute::none;  // stowage's own num_layers 0 would mean every layer
-    c.notes.push_back(
-        "megatron-args: --recompute-method block --recompute-num-layers 0 recomputes no layer (Megatron-LM); "
-        "estimated without recompute");
-    return;
-  }
-  c.recompute.granularity = Recompute::full;
-}
-
-void apply_recompute(const LineRecompute& r, RunConfig& c) {
-  if (r.num_layers && *r.num_layers < 0)
-    throw InvalidArgument(
-        fmt::format("megatron-args: --recompute-num-layers must not be negative, got {}", *r.num_layers));
-  // arguments.py: --recompute-activations sets selective granularity, whatever else the line says.
-  const std::optional<Recompute> g = r.activations ? Recompute::selective : r.granularity;
-  if (!g) {  // no granularity: Megatron recomputes nothing; the counts still feed MindSpeed's act-fn recompute
-    if (r.method) c.recompute.method = *r.method;
-    if (r.num_layers) c.recompute.num_layers = *r.num_layers;
-    return;
-  }
-  if (*g == Recompute::selective) {
-    refuse_selective_extras(r, r.activations ? "--recompute-activations" : "--recompute-granularity selective");
-    c.recompute.granularity = Recompute::selective;
-    return;
-  }
-  apply_full_recompute(r, c);
-}
-
 // Virtual pipeline stages (arguments.py): at most one of --num-layers-per-virtual-pipeline-stage,
 // --num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout; layers per virtual
 // stage do not combine with an uneven first or last stage.
@@ -144,7 +81,7 @@ void apply_virtual_stages(const LineVirtualStages& v, RunConfig& c) {
         "and --pipeline-model-parallel-layout (Megatron-LM refuses more than one)");
   if (v.stages) p.vpp = *v.stages;
   if (v.layout) {
-    if (p.first_stage_layers > 0 || p.last_stage_layers > 0 || p.embedding_as_layer || p.loss_as_layer)
+    if (p.uneven_rules())
       throw InvalidArgument(
           "megatron-args: --pipeline-model-parallel-layout places every layer itself; Megatron-LM refuses it with "
           "--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split");
@@ -154,7 +91,7 @@ void apply_virtual_stages(const LineVirtualStages& v, RunConfig& c) {
     p.layout_mtp_rank = l.mtp_rank;
   }
   if (!v.layers_per_stage) return;
-  if (p.first_stage_layers > 0 || p.last_stage_layers > 0)
+  if (p.own_end_stages())
     throw InvalidArgument(
         "megatron-args: --num-layers-per-virtual-pipeline-stage with --decoder-first/last-pipeline-num-layers: "
         "Megatron-LM needs --num-virtual-stages-per-pipeline-rank for an uneven pipeline");
@@ -166,6 +103,26 @@ void apply_virtual_stages(const LineVirtualStages& v, RunConfig& c) {
                     "of {} pipeline stages",
                     *v.layers_per_stage, layers / p.pp, p.pp));
   p.vpp = layers / (p.pp * *v.layers_per_stage);
+}
+
+// --overlap-moe-expert-parallel-comm runs the combined 1F1B schedule; TransformerConfig's
+// requirements (transformer_config.py __post_init__).
+void check_combined_1f1b(const LineRecompute& r, const RunConfig& c) {
+  auto refuse = [](std::string_view why) {
+    throw InvalidArgument(
+        fmt::format("megatron-args: --overlap-moe-expert-parallel-comm {} (Megatron-LM refuses it otherwise)", why));
+  };
+  const auto& p = c.parallel;
+  if (p.ep <= 1) refuse("needs --expert-model-parallel-size above 1");
+  if (c.moe.dispatcher == MoeDispatcher::allgather) refuse("needs the alltoall or flex token dispatcher");
+  if (c.recompute.granularity == Recompute::full || r.method || r.num_layers)
+    refuse("excludes full recompute, --recompute-method and --recompute-num-layers");
+  if (r.modules && std::find(r.modules->begin(), r.modules->end(), "moe") != r.modules->end())
+    refuse("excludes moe in --recompute-modules");
+  if (c.training.precision == Precision::fp32) refuse("needs --bf16 or --fp16");
+  if (c.moe.shared_expert_overlap) refuse("excludes --moe-shared-expert-overlap");
+  if (c.model.mtp_layers > 1) refuse("takes at most one MTP layer");
+  if (p.pp > 1 && p.vpp == 1 && !p.has_layout()) refuse("needs virtual pipeline stages under a pipeline");
 }
 
 // arguments.py asserts max_position_embeddings >= seq_length, and with context parallelism a
@@ -459,6 +416,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--moe-shared-expert-overlap", [&] { c.moe.shared_expert_overlap = true; }},
       {"--account-for-embedding-in-pipeline-split", [&] { p.embedding_as_layer = true; }},
       {"--account-for-loss-in-pipeline-split", [&] { p.loss_as_layer = true; }},
+      {"--overlap-moe-expert-parallel-comm", [&] { p.combined_1f1b = true; }},
   };
   // The values that follow an argument the estimate does not read: everything up to the next "--".
   auto skip_values = [&](std::size_t& i, bool inline_value) {
@@ -476,7 +434,14 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
     }
     if (name.rfind("--", 0) != 0)
       throw InvalidArgument(fmt::format("megatron-args: '{}' is not an argument (arguments start with --)", arg));
-    if (auto it = with_value.find(name); it != with_value.end()) {
+    if (name == "--recompute-modules") {  // nargs '+': the values up to the next argument
+      std::vector<std::string> names;
+      if (inline_value) names.push_back(value);
+      while (!inline_value && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) names.push_back(args[++i]);
+      if (names.empty()) throw InvalidArgument("megatron-args: --recompute-modules needs at least one module");
+      recompute.modules = std::move(names);
+      report.modelled.push_back(name);
+    } else if (auto it = with_value.find(name); it != with_value.end()) {
       if (!inline_value) {
         if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)
           throw InvalidArgument(fmt::format("megatron-args: {} needs a value", name));
@@ -581,7 +546,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
         "attention");
   }
   apply_virtual_stages(virtual_stages, c);
-  apply_recompute(recompute, c);
+  apply_recompute(recompute, grouped_gemm, c);
   apply_experts(m, topk_given, c.notes);
   apply_moe_layer_freq(moe_layer_freq, m, c.notes);
   check_sequence(c, max_positions, seq_given, cp_given);
@@ -611,7 +576,9 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   t.flash_attention = !unfused_backend && (local_impl ? flash : te_fused);
   // TransformerEngine's own cuBLAS workspace (32 MiB on Hopper); the local implementation has none.
   c.framework.te_workspace = local_impl ? 0 : std::int64_t{32} << 20;
+  t.fused_norms = !local_impl;
   apply_moe_runtime(c, grouped_gemm && !local_impl, router_dtype_bytes);
+  if (p.combined_1f1b) check_combined_1f1b(recompute, c);
   if (global_batch > 0) t.global_batch = global_batch;
   if (ce_fusion && ce_impl == "native") t.loss_bytes_per_logit = 10.0;
   else if (ce_fusion)

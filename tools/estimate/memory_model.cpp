@@ -7,6 +7,7 @@
 
 #include "stowage/error.hpp"
 #include "tools/estimate/expert_parallel.hpp"
+#include "tools/estimate/layer_activations.hpp"
 #include "tools/estimate/model_states.hpp"
 #include "tools/estimate/moe_activations.hpp"
 #include "tools/estimate/muon_states.hpp"
@@ -69,76 +70,6 @@ std::int64_t to_bytes(double v, const char* what) {
   if (!(v >= -0x1p62 && v <= 0x1p62))
     throw InvalidArgument(fmt::format("configuration too large: {} would exceed 2^62 bytes", what));
   return std::llround(v);
-}
-
-// Bytes per token of one transformer layer for one micro-batch on this device, by kind.
-// Generalises Korthikanti et al. 2022 (Section 4.1) to GQA, gated MLPs, flash attention, MoE and
-// fp32 training; with 16-bit activations, MHA, GeLU, ffn = 4h, dropout and no flash it is exactly
-// 34·h + 5·a·s (their eq. 1).
-// Activations of activation_bytes() each; dropout masks stay 1 byte.
-
-// Multi-latent attention (Megatron-LM multi_latent_attention.py, default path): the input norm
-// (TENorm) keeps its input and the duplicated down projections share its output as their saved
-// input (the 3h with LN2's input, as for standard attention), on the sequence-parallel shard. Per
-// token of that shard: linear_q_up_proj keeps q_compressed (q_lora_rank) and, with its fused
-// --qk-layernorm norm, the normalised copy; linear_kv_up_proj keeps kv_compressed, a view that
-// holds all of kv_combined (kv_lora_rank + qk_pos_emb_head_dim), and its normalised copy; without
-// q_lora_rank the fused norm of --qk-layernorm on linear_q_proj keeps its output (h). The rotary
-// embedding (apply_rotary_pos_emb, or the fused MLA rope) keeps only cos/sin; the up projections'
-// outputs are consumed by the concatenation (or rotated in place).
-double mla_latent_elements(const ModelConfig& m) {
-  const double qr = double(m.q_lora_rank), kr = double(m.kv_lora_rank), norm = m.qk_layernorm ? 1.0 : 0.0;
-  const double q = m.q_lora_rank > 0 ? qr * (1 + norm) : (m.mla_q_input_norm ? double(m.hidden_size) : 0.0);
-  return q + kr + double(m.qk_rope_head_dim) + norm * kr;
-}
-// Per token on a TP rank (÷ t): the core attention keeps the up-projected query and key (heads ·
-// (qk_head_dim + qk_pos_emb_head_dim) each) and the value (heads · v_head_dim); linear_proj keeps
-// the attention output (heads · v_head_dim).
-double mla_head_elements(const ModelConfig& m) {
-  return double(m.query_width() + m.key_width() + m.value_width() + m.attention_output_width());
-}
-
-struct LayerBytes {
-  double attention = 0, core_attention = 0, mlp = 0, act_output = 0, router = 0;
-  double total() const { return attention + core_attention + mlp + act_output + router; }
-};
-
-// One layer's bytes: an MoE layer's (`moe_layer`) or a dense layer's, whose MLP is ffn_hidden_size wide.
-LayerBytes layer_bytes_per_token(const RunConfig& c, bool moe_layer) {
-  const auto& m = c.model;
-  const auto& p = c.parallel;
-  const double h = double(m.hidden_size), a = double(m.num_heads), d = double(m.head_size());
-  const double kv = double(m.kv_heads()), F = double(m.ffn_hidden_size), t = double(p.tp);
-  // Without sequence parallelism, norm inputs, the QKV/fc1 inputs and dropout masks are
-  // replicated on every TP rank (the "10" of 10 + 24/t); with it they are split too.
-  const double rep = p.sequence_parallel ? t : 1.0;
-  const double mask = m.dropout ? 1.0 : 0.0, A = activation_bytes(c);
-  LayerBytes l;
-  // Attention block incl. both norms (MindSpeed's swap-modules default: input_norm,
-  // self_attention, post_attention_norm), in elements of A bytes: LN1 input h, QKV input h, Q ad,
-  // K and V kv·d each, output-projection input ad, LN2 input h; the dropout mask h bytes.
-  l.attention = (A * 3 * h + mask * h) / rep + A * (2 * a * d + 2 * kv * d) / t;
-  // QK layernorm keeps the normalised queries and keys as well as their inputs: ad + kv·d.
-  if (m.qk_layernorm && !m.mla) l.attention += A * (a * d + kv * d) / t;
-  if (m.mla) l.attention = (A * (3 * h + mla_latent_elements(m)) + mask * h) / rep + A * mla_head_elements(m) / t;
-  // Core attention: softmax a·s elements, its dropout mask a·s bytes and the dropout output a·s
-  // elements per token (5as with 16-bit activations; the softmax alone without attention dropout);
-  // selective recompute drops them, flash attention never stores them (only the fp32 log-sum-exp).
-  const double s = double(c.training.seq_length);
-  if (c.training.flash_attention) l.core_attention = 4 * a / t;
-  else if (c.recompute.granularity != Recompute::selective)
-    l.core_attention = a * s * (m.attention_dropout ? 2 * A + 1 : A) / t;
-  // MLP: fc1 input h, activation input F (2·F gated), dropout mask h bytes.
-  l.mlp = (A * h + mask * h) / rep + A * F * (m.gated_mlp ? 2 : 1) / t;
-  // Activation output (fc2's input) F; unfused SwiGLU also keeps silu(x1) for the product.
-  l.act_output = A * F / t * (m.gated_mlp && !c.training.fused_swiglu ? 2 : 1);
-  if (moe_layer) {  // routed experts, gathered over ETP·EP and kept per copy (moe_activations.cpp)
-    const MoeLayerBytes e = moe_layer_bytes_per_token(c);
-    l.mlp = e.mlp;
-    l.act_output = e.act_output;
-    l.router = e.router;
-  }
-  return l;
 }
 
 struct StageParams {
@@ -205,79 +136,6 @@ StageParams stage_params(const RunConfig& c, std::int64_t moe_layers, std::int64
                             t;
   s.largest_layer = std::max(emb, per_linear);
   return s;
-}
-
-// One micro-batch through one model chunk of `n` layers from `first_layer` on: the MoE and dense
-// layers whose activations stay stored, the layers full recompute rematerialises, the checkpointed
-// inputs it keeps, and the bytes per token it rematerialises at once in backward (Megatron-LM
-// transformer_block.py _checkpointed_forward: `uniform` checkpoints every group of num_layers
-// layers and reruns a group at a time; `block` the first num_layers layers, one at a time).
-struct ChunkActivations {
-  double moe = 0, dense = 0, recomputed = 0, inputs = 0, working = 0;
-};
-
-ChunkActivations chunk_activations(const RunConfig& c, std::int64_t first_layer, std::int64_t n, const LayerBytes& moe,
-                                   const LayerBytes& dense) {
-  const auto& m = c.model;
-  ChunkActivations f;
-  auto bytes = [&](std::int64_t begin, std::int64_t count) {
-    const std::int64_t k = m.moe_layers(begin, count);
-    return double(k) * moe.total() + double(count - k) * dense.total();
-  };
-  std::int64_t recomputed = 0;  // the chunk's first layers
-  if (c.recompute.granularity == Recompute::full) {
-    const std::int64_t r = c.recompute.num_layers;
-    if (c.recompute.method == RecomputeMethod::uniform) {
-      const std::int64_t group = r > 0 ? std::min(r, n) : 1;
-      recomputed = n;
-      const std::int64_t groups = n > 0 ? (n + group - 1) / group : 0;
-      f.inputs = double(groups);
-      for (std::int64_t b = 0; b < n; b += group)
-        f.working = std::max(f.working, bytes(first_layer + b, std::min(group, n - b)));
-    } else {
-      recomputed = r > 0 ? std::min(r, n) : n;
-      f.inputs = double(recomputed);
-      for (std::int64_t b = 0; b < recomputed; ++b) f.working = std::max(f.working, bytes(first_layer + b, 1));
-    }
-  }
-  f.recomputed = double(recomputed);
-  f.moe = double(m.moe_layers(first_layer, n) - m.moe_layers(first_layer, recomputed));
-  f.dense = double(n - recomputed) - f.moe;
-  return f;
-}
-
-// One micro-batch through the k MTP layers, bytes per token (multi_token_prediction.py). Each
-// layer keeps its transformer layer's activations, the shifted token ids (8 B) its embedding
-// keeps and the embedding's dropout mask, enorm's input (h), eh_proj's input (the concatenation,
-// 2h) and its final norm's input (h); each output but the last is the next layer's hnorm input
-// (h). The decoder's normalised output is the first hnorm's input (h), and the output layers read
-// their inputs from the concatenation of it with every MTP output ((1 + k)·h, process_mtp_loss):
-// (6k)·h more than the output layer alone keeps. On a rank of their own before the last (a
-// pipeline layout's), the concatenation is sent on and freed, and the decoder's normalised output
-// is the input the rank received. With sequence parallelism eh_proj's output is
-// gathered whole and scattered as a view (mappings.py _split_along_first_dim), which the layer's
-// input norm keeps: the whole h, not h/t. Full recompute with the uniform method checkpoints each
-// MTP layer (keeping the embedding, h, besides its hidden input) and reruns one in backward, its
-// 4h and the whole input included; Megatron-LM does not recompute them with the block method.
-struct MtpActivations {
-  double stored = 0, working = 0;
-};
-
-MtpActivations mtp_activations(const RunConfig& c, const LayerBytes& layer, bool own_rank) {
-  const auto& m = c.model;
-  const double k = double(m.mtp_layers);
-  if (k == 0) return {};
-  const double rep = c.parallel.sequence_parallel ? double(c.parallel.tp) : 1.0;
-  const double H = activation_bytes(c) * double(m.hidden_size) / rep;  // one hidden state
-  const double ids = 8.0 + (m.dropout ? double(m.hidden_size) / rep : 0.0);
-  // The next hnorm inputs, and the concatenation or (on their own rank) the received input.
-  const double outputs = (k - 1) * H + (own_rank ? H : (1 + k) * H);
-  const double whole_input = H * (rep - 1);  // the scattered view's base beyond its shard
-  const double rerun = layer.total() + 4 * H + whole_input;
-  const bool checkpointed =
-      c.recompute.granularity == Recompute::full && c.recompute.method == RecomputeMethod::uniform;
-  if (checkpointed) return {k * (ids + H) + outputs, rerun};
-  return {k * (ids + rerun) + outputs, 0.0};
 }
 
 StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t vocab) {
@@ -350,6 +208,24 @@ StageMemory evaluate_stage(const RunConfig& c, std::int64_t stage, std::int64_t 
   const MtpActivations mtp =
       mtp_here ? mtp_activations(c, m.mtp_moe() ? moe_per : dense_per, mtp_alone) : MtpActivations{};
   working = std::max(working, T * mtp.working);
+  // The combined 1F1B schedule warms up with one forward more, which is the forward the plain
+  // schedule runs before its first backward: the same chunk-forwards in flight. Then each step runs
+  // a forward beside a backward, layer by layer (model_chunk_schedule_plan.py run): the new
+  // micro-batch holds one layer more than the old one has released, its chunk's layers beyond the
+  // released chunk's when that is smaller, while the loss of neither runs.
+  if (p.combined_1f1b && out.layers > 0) {
+    std::int64_t most = 0, least = out.layers;
+    for (std::int64_t chunk = 0; chunk < p.vpp; ++chunk) {
+      most = std::max(most, chunk_layers(c, stage, chunk));
+      least = std::min(least, chunk_layers(c, stage, chunk));
+    }
+    const double layer = std::max(moe_layers > 0 ? moe_per.total() : 0.0, dense_layers > 0 ? dense_per.total() : 0.0);
+    working = std::max(working, T * double(1 + most - least) * layer);
+  }
+  // Selective recompute reruns its modules one layer at a time, an MTP layer's as the others'.
+  const bool any_moe = moe_layers > 0 || (mtp_here && m.mtp_moe()),
+             any_dense = dense_layers > 0 || (mtp_here && !m.mtp_moe());
+  working = std::max({working, any_moe ? T * moe_per.rerun : 0.0, any_dense ? T * dense_per.rerun : 0.0});
   if (act_fn_units > 0)
     working = std::max(
         {working, moe_layers > 0 ? T * moe_per.act_output : 0.0, dense_layers > 0 ? T * dense_per.act_output : 0.0});
@@ -477,14 +353,14 @@ StageMemory estimate_memory(const RunConfig& config) {
   StageMemory best = evaluate_stage(config, 0, vocab);
   // Dense layers mixed among the MoE layers, or a layout's own split, make any stage the most
   // loaded one: each is evaluated.
-  if (config.model.mixed_layers() || !p.layout_layers.empty()) {
+  if (config.model.mixed_layers() || p.has_layout()) {
     for (std::int64_t r = 1; r < p.pp; ++r) {
       StageMemory m = evaluate_stage(config, r, vocab);
       if (m.peak_reserved > best.peak_reserved) best = std::move(m);
     }
     return best;
   }
-  const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0 || p.embedding_as_layer || p.loss_as_layer;
+  const bool uneven = p.uneven_rules();
   for (std::int64_t r : {uneven && p.pp > 2 ? std::int64_t{1} : std::int64_t{0}, p.pp - 1}) {
     if (r == 0) continue;
     StageMemory m = evaluate_stage(config, r, vocab);

@@ -1,5 +1,7 @@
 #include "tools/estimate/moe_activations.hpp"
 
+#include <algorithm>
+
 namespace stowage::estimate {
 
 namespace {
@@ -32,15 +34,48 @@ MoeLayerBytes moe_layer_bytes_per_token(const RunConfig& c) {
   // product; unfused SwiGLU also keeps silu(x1) for the gate's product (experts.py L1007). The
   // fused weighted SwiGLU (experts.py L966) keeps only its input and fc2's.
   const bool fused = m.gated_mlp && c.training.fused_swiglu;
-  b.act_output = routed * A * F / etp * (fused ? 1.0 : m.gated_mlp ? 3.0 : 2.0);
+  const double routed_act = routed * A * F / etp * (fused ? 1.0 : m.gated_mlp ? 3.0 : 2.0);
+  b.act_output = routed_act;
   // Router probabilities over all experts (the logits' dtype, moe_utils.py L899); per routed copy
   // the int64 index permute sorts by (L475, kept for unpermute) and its probability (kept by the
   // product above; token_dispatcher.py L331).
   b.router = probs * double(m.num_experts) * local + routed * (8 + probs);
-  if (m.shared_experts()) {
-    const SharedExpertBytes s = shared_expert_bytes_per_token(c);
-    b.mlp += s.mlp;
-    b.act_output += s.act_output;
+  const SharedExpertBytes s = shared_expert_bytes_per_token(c);
+  b.mlp += s.mlp;
+  b.act_output += s.act_output;
+
+  // Selective recompute (transformer_config.py recompute_modules). The pre-MLP norm is a module of
+  // its own in an MoE layer (TENorm), so layernorm releases its output, the router's saved input
+  // (transformer_layer.py), recomputed first in the MLP's backward and alive through it.
+  const auto& r = c.recompute;
+  const double norm_output = A * h * local;
+  if (r.recomputes(RecomputeModule::moe)) {
+    // moe: the checkpointed layer keeps its input, the norm's output (moe_layer.py), and
+    // rematerialises the rest at once in its backward.
+    b.rerun = b.mlp - (norm_output + mask * h * local) + b.act_output + b.router;
+    b.mlp = norm_output + mask * h * local;
+    b.act_output = 0;
+    b.router = 0;
+  } else {
+    // moe_act: the weighted activation keeps fc1's output and the probabilities, its inputs, and
+    // releases fc2's input once fc2 has saved it (experts.py); shared_experts: the checkpointed
+    // shared MLP keeps its input, the norm's output (moe_layer.py). Each reruns in its own part
+    // of the backward.
+    double act = 0, shared = 0;
+    if (r.recomputes(RecomputeModule::moe_act)) {
+      act = routed_act;
+      b.act_output -= routed_act;
+    }
+    if (r.recomputes(RecomputeModule::shared_experts)) {
+      shared = s.mlp + s.act_output;
+      b.mlp -= s.mlp;
+      b.act_output -= s.act_output;
+    }
+    b.rerun = std::max(act, shared);
+  }
+  if (r.recomputes(RecomputeModule::layernorm)) {
+    b.mlp -= norm_output;
+    b.rerun += norm_output;
   }
   return b;
 }

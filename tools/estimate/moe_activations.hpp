@@ -10,8 +10,10 @@ namespace stowage::estimate {
 // model's kinds: `mlp` (norm output kept by the router, expert fc1 inputs, the activation's input,
 // the dropout mask), `act_output` (what the activation and the probability scaling keep before
 // fc2), `router` (probabilities, the permutation's indices and the permuted probabilities).
+// Selective recompute's modules (RecomputeModule) take what they rematerialise out of these;
+// `rerun` is the most of it alive at once in the layer's MLP backward.
 struct MoeLayerBytes {
-  double mlp = 0, act_output = 0, router = 0;
+  double mlp = 0, act_output = 0, router = 0, rerun = 0;
 };
 MoeLayerBytes moe_layer_bytes_per_token(const RunConfig& c);
 

@@ -66,6 +66,12 @@ nlohmann::json to_json(const EstimateResult& r) {
   j["recompute"] = {{"granularity", to_string(c.recompute.granularity)},
                     {"method", to_string(c.recompute.method)},
                     {"num_layers", c.recompute.num_layers}};
+  if (c.recompute.granularity == Recompute::selective) {
+    nlohmann::json modules = nlohmann::json::array();
+    for (unsigned bit = 1; bit <= RecomputeModule::shared_experts; bit <<= 1)
+      if ((c.recompute.modules & bit) != 0) modules.push_back(recompute_modules_string(bit));
+    j["recompute"]["modules"] = modules;
+  }
   j["techniques"] = {{"shared_storage", c.techniques.shared_storage},
                      {"rounding", to_string(c.techniques.rounding)},
                      {"act_fn_recompute", c.techniques.act_fn_recompute},
@@ -112,7 +118,9 @@ std::string to_table(const EstimateResult& r) {
       c.training.seq_length, c.training.micro_batch, c.training.grad_accumulation, c.parallel.tp, c.parallel.pp,
       c.parallel.vpp > 1 ? fmt::format(" (×{} virtual)", c.parallel.vpp) : "", c.parallel.dp, c.parallel.cp,
       c.parallel.ep, c.parallel.sequence_parallel ? " +SP" : "", c.parallel.zero_stage,
-      to_string(c.recompute.granularity));
+      c.recompute.granularity == Recompute::selective
+          ? fmt::format("selective ({})", recompute_modules_string(c.recompute.modules))
+          : to_string(c.recompute.granularity));
   out += fmt::format("per device, pipeline stage {} ({} layers{}, {:.2f} micro-batches in flight, {} parameters):\n",
                      m.stage, m.layers, m.mtp_layers > 0 ? fmt::format(" + {} MTP", m.mtp_layers) : "",
                      m.microbatches_in_flight, m.parameters);

@@ -68,9 +68,9 @@ void validate(const RunConfig& c) {
   if (m.ffn_hidden_size % p.tp != 0)
     throw InvalidArgument(
         fmt::format("tensor-parallel ({}) does not divide ffn_hidden_size ({})", p.tp, m.ffn_hidden_size));
-  const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0;
-  const bool layout = !p.layout_layers.empty();
-  if (layout && (uneven || p.embedding_as_layer || p.loss_as_layer))
+  const bool uneven = p.own_end_stages();
+  const bool layout = p.has_layout();
+  if (layout && p.uneven_rules())
     throw InvalidArgument(
         "a pipeline layout places every layer itself: it excludes uneven first/last stages and counting the embedding "
         "or loss as a layer (as in Megatron-LM)");
@@ -198,9 +198,9 @@ void validate(const RunConfig& c) {
 
 std::int64_t chunk_layers(const RunConfig& c, std::int64_t rank, std::int64_t chunk) {
   const auto& p = c.parallel;
-  if (!p.layout_layers.empty()) return p.layout_layers[std::size_t(chunk * p.pp + rank)];
+  if (p.has_layout()) return p.layout_layers[std::size_t(chunk * p.pp + rank)];
   std::int64_t per_rank = 0;
-  if (p.first_stage_layers > 0 || p.last_stage_layers > 0) {
+  if (p.own_end_stages()) {
     std::int64_t left = c.model.num_layers, stages = p.pp;
     if (p.first_stage_layers > 0) left -= p.first_stage_layers, --stages;
     if (p.last_stage_layers > 0) left -= p.last_stage_layers, --stages;
@@ -301,6 +301,28 @@ RecomputeMethod parse_recompute_method(std::string_view s) {
   static const std::pair<const char*, RecomputeMethod> n[] = {{"block", RecomputeMethod::block},
                                                               {"uniform", RecomputeMethod::uniform}};
   return parse_enum(s, "recompute-method", n);
+}
+namespace {
+constexpr std::pair<const char*, RecomputeModule> kRecomputeModules[] = {
+    {"core_attn", RecomputeModule::core_attn},
+    {"moe_act", RecomputeModule::moe_act},
+    {"layernorm", RecomputeModule::layernorm},
+    {"mla_up_proj", RecomputeModule::mla_up_proj},
+    {"mlp", RecomputeModule::mlp},
+    {"moe", RecomputeModule::moe},
+    {"shared_experts", RecomputeModule::shared_experts}};
+}  // namespace
+RecomputeModule parse_recompute_module(std::string_view s) {
+  for (const auto& [name, bit] : kRecomputeModules)  // spelt exactly, as TransformerConfig checks them
+    if (s == name) return bit;
+  throw InvalidArgument(
+      fmt::format("recompute module: unknown value '{}' (expected one of: {})", s, recompute_modules_string(~0u)));
+}
+std::string recompute_modules_string(unsigned modules) {
+  std::string out;
+  for (const auto& [name, bit] : kRecomputeModules)
+    if ((modules & bit) != 0) out += (out.empty() ? "" : " ") + std::string(name);
+  return out;
 }
 Accounting parse_accounting(std::string_view s) {
   static const std::pair<const char*, Accounting> n[] = {

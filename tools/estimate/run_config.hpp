@@ -40,9 +40,14 @@ struct Training {
   // Muon's optimizer for the parameters it does not orthogonalise (--muon-scalar-optimizer): adam,
   // or sgd for Lion's single moment.
   Optimizer muon_scalar = Optimizer::adam;
-  int grad_bytes = 0;                // 0: 2 for bf16/fp16 (ZeRO paper), 4 for fp32 or Megatron accounting
-  bool flash_attention = true;       // no s² attention scores stored (FlashAttention / fused attention)
-  bool fused_swiglu = true;          // fused SwiGLU stores its input only; unfused also keeps silu(x1)
+  int grad_bytes = 0;           // 0: 2 for bf16/fp16 (ZeRO paper), 4 for fp32 or Megatron accounting
+  bool flash_attention = true;  // no s² attention scores stored (FlashAttention / fused attention)
+  bool fused_swiglu = true;     // fused SwiGLU stores its input only; unfused also keeps silu(x1)
+  // TransformerEngine fuses the norm before QKV and the one before a dense MLP's fc1 into those
+  // linears (LayerNormLinear); MLA's input norm and an MoE layer's pre-MLP norm stay modules of
+  // their own, as every norm does with Megatron's --transformer-impl local. Only selective
+  // recompute of "layernorm" tells them apart: it recomputes norms that are modules of their own.
+  bool fused_norms = true;
   std::int64_t vocab_divisor = 128;  // Megatron pads the vocabulary to a multiple of this × TP
   // Bytes per logit alive while the loss runs (16-bit training; fp32 training keeps 4).
   // Megatron's vocab-parallel cross-entropy upcasts the bf16 logits to fp32 and keeps that copy
@@ -100,6 +105,10 @@ struct Parallelism {
   // Interleaved schedule: micro-batches a rank runs through one model chunk before the next
   // (Megatron --microbatch-group-size-per-virtual-pipeline-stage); 0 = pp, Megatron's default.
   std::int64_t microbatch_group = 0;
+  // Megatron --overlap-moe-expert-parallel-comm: the combined 1F1B schedule runs one
+  // micro-batch's forward beside another's backward, layer by layer, to hide the expert
+  // all-to-alls (combined_1f1b.py, model_chunk_schedule_plan.py).
+  bool combined_1f1b = false;
   // Megatron --num-distributed-optimizer-instances: the distributed optimizer shards over
   // DP·CP / instances ranks (one replica per instance).
   std::int64_t optimizer_instances = 1;
@@ -113,6 +122,11 @@ struct Parallelism {
   // layers. Empty: the rules above split the layers, and MTP runs on the last rank.
   std::vector<std::int64_t> layout_layers;
   std::int64_t layout_mtp_rank = -1;
+  bool own_end_stages() const { return first_stage_layers > 0 || last_stage_layers > 0; }
+  // The rules split the layers unevenly: an end stage of its own size, or the embedding or loss
+  // counted as a layer.
+  bool uneven_rules() const { return own_end_stages() || embedding_as_layer || loss_as_layer; }
+  bool has_layout() const { return !layout_layers.empty(); }
   std::int64_t reduce_bucket_elements = 0;  // DeepSpeed reduce_bucket_size (0: not DeepSpeed)
   // ZeRO-1/2 double-buffer the reduce bucket with overlap_comm (stage_1_and_2.py); stage 3 has one.
   std::int64_t reduce_buffers = 1;
@@ -130,12 +144,30 @@ struct DeepSpeedBatch {
   std::string file;
 };
 
+// What selective recompute rematerialises in each layer (Megatron-LM --recompute-modules,
+// transformer_config.py); a set of these bits. `core_attn`, `mlp` (dense layers), `moe` and
+// `shared_experts` checkpoint the module and keep its input; `moe_act`, `layernorm` and
+// `mla_up_proj` release their output once its consumers have saved it and recompute it just
+// before their backward (CheckpointWithoutOutput).
+enum RecomputeModule : unsigned {
+  core_attn = 1u << 0,
+  moe_act = 1u << 1,
+  layernorm = 1u << 2,
+  mla_up_proj = 1u << 3,
+  mlp = 1u << 4,
+  moe = 1u << 5,
+  shared_experts = 1u << 6,
+};
+
 struct RecomputeSettings {
   Recompute granularity = Recompute::none;
   RecomputeMethod method = RecomputeMethod::block;
   // full: block — layers per model chunk recomputed (0 = all); uniform — layers per checkpointed
   // chunk (0 = 1). activation-function: layers per stage (0 = all).
   std::int64_t num_layers = 0;
+  // Selective: the modules recomputed (RecomputeModule bits); core attention, Megatron's default.
+  unsigned modules = RecomputeModule::core_attn;
+  bool recomputes(RecomputeModule m) const { return granularity == Recompute::selective && (modules & m) != 0; }
 };
 
 // stowage's own techniques (DESIGN.md).
@@ -227,6 +259,11 @@ Recompute parse_recompute(std::string_view s);
 OffloadMode parse_offload(std::string_view s);
 Rounding parse_rounding(std::string_view s);
 RecomputeMethod parse_recompute_method(std::string_view s);
+// One of Megatron's module names (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
+// shared_experts); InvalidArgument naming the others.
+RecomputeModule parse_recompute_module(std::string_view s);
+// The modules' names in Megatron's order, space-separated.
+std::string recompute_modules_string(unsigned modules);
 Accounting parse_accounting(std::string_view s);
 const char* to_string(Precision p);
 // Bytes of one saved activation element: the compute dtype (fp32 training keeps 4-byte ones).

@@ -34,8 +34,7 @@ std::string layout(const RunConfig& c) {
   const auto& p = c.parallel;
   std::string s = fmt::format("TP{} PP{}", p.tp, p.pp);
   if (p.vpp > 1) s += fmt::format("x{}", p.vpp);
-  if (p.first_stage_layers > 0 || p.last_stage_layers > 0)
-    s += fmt::format(" first{} last{}", p.first_stage_layers, p.last_stage_layers);
+  if (p.own_end_stages()) s += fmt::format(" first{} last{}", p.first_stage_layers, p.last_stage_layers);
   s += fmt::format(" DP{}", p.dp);
   if (p.cp > 1) s += fmt::format(" CP{}", p.cp);
   if (p.ep > 1) s += fmt::format(" EP{}", p.ep);
@@ -162,11 +161,10 @@ std::string megatron_arguments(const RunConfig& c) {
   a.push_back(fmt::format("--pipeline-model-parallel-size {}", p.pp));
   // Megatron-LM takes an uneven first/last stage with virtual stages per rank, not layers per
   // virtual stage (arguments.py).
-  const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0;
   if (p.first_stage_layers > 0)
     a.push_back(fmt::format("--decoder-first-pipeline-num-layers {}", p.first_stage_layers));
   if (p.last_stage_layers > 0) a.push_back(fmt::format("--decoder-last-pipeline-num-layers {}", p.last_stage_layers));
-  if (p.vpp > 1 && uneven) a.push_back(fmt::format("--num-virtual-stages-per-pipeline-rank {}", p.vpp));
+  if (p.vpp > 1 && p.own_end_stages()) a.push_back(fmt::format("--num-virtual-stages-per-pipeline-rank {}", p.vpp));
   else if (p.vpp > 1)
     a.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", m.num_layers / (p.pp * p.vpp)));
   if (p.cp > 1) a.push_back(fmt::format("--context-parallel-size {}", p.cp));

@@ -68,9 +68,7 @@ SlowStage slow_stage(const RunConfig& c) {
   const auto& m = c.model;
   const auto& p = c.parallel;
   SlowStage s{double(m.num_layers) / double(p.pp), m.moe() ? double(m.num_layers) / double(p.pp) : 0.0};
-  const bool uneven = p.first_stage_layers > 0 || p.last_stage_layers > 0 || p.embedding_as_layer || p.loss_as_layer ||
-                      !p.layout_layers.empty();
-  if (!m.mixed_layers() && !uneven) return s;
+  if (!m.mixed_layers() && !p.uneven_rules() && !p.has_layout()) return s;
   const LayerFlops fm = layer_forward_flops(c, true), fd = layer_forward_flops(c, false);
   const double tail = tail_flops(c, fm, fd);
   double slowest = -1;
@@ -152,7 +150,8 @@ StepTime step_time(const RunConfig& c, const Cluster& cl, const estimate::StageM
       c.recompute.granularity == Recompute::full && c.recompute.method == estimate::RecomputeMethod::uniform ? mtp
                                                                                                              : 0.0;
   double stage_recompute = recomputed_layers * layer_fwd + mtp_rerun * mtp_layer_fwd;
-  if (c.recompute.granularity == Recompute::selective && !tr.flash_attention)
+  // (The plan's search recomputes no other module selectively.)
+  if (c.recompute.recomputes(estimate::RecomputeModule::core_attn) && !tr.flash_attention)
     stage_recompute += layers * T * f.attention / t / rate;
   // It covers the layers full recompute leaves stored (the others rerun their activation in the
   // forward counted above), or the first num_layers without full recompute, as the memory model.
