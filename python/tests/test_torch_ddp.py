@@ -1,6 +1,7 @@
 """Two-process data parallel training (torch.distributed, gloo, DistributedDataParallel) with the
 shared-storage optimizer: every rank's losses are bit-identical to plain PyTorch DDP with fp32
-masters and a bf16 copy, and the masters stay identical across ranks."""
+masters and a bf16 copy (starting from the bf16 weights DDP broadcasts), and the masters stay
+identical across ranks."""
 import json
 
 import pytest
@@ -22,6 +23,13 @@ def worker(rank, port, q):
     out = {}
     for kind in ("shared", "plain"):
         m = model()
+        if kind == "plain":
+            # DDP's broadcast as it wraps the model writes every parameter in place (rank 0's bf16
+            # values, on every rank): the shared-storage masters become those values, as an fp32
+            # model's weights become what is written. The reference starts from them too.
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.copy_(p.to(torch.bfloat16))
         opt = (SharedStorageAdamW(m.parameters(), lr=1e-2, weight_decay=0.01) if kind == "shared"
                else MasterWeightsOptimizer(m.parameters(), lr=1e-2, weight_decay=0.01))
         # DDP after the weights became bf16: a parameter whose dtype changes loses the gradient

@@ -26,6 +26,7 @@ PyTorch's bytes do not drop (as stowage.torch.swap does for CPU tensors there).
 """
 import contextlib
 import numbers
+import weakref
 
 import torch
 
@@ -78,6 +79,7 @@ class StateHomes:
         self._where = {}    # id(param) -> "device" | "mapped" | "streamed"
         self._books = {}    # device -> (budget left, bytes set aside for the scratch, bytes it must hold)
         self._scratch = {}  # device -> one flat fp32 tensor on that device
+        self._made = weakref.WeakValueDictionary()  # address -> an offloaded state tensor new() made there
 
     def state_bytes(self, p):
         return 4 * self.tensors * p.numel()
@@ -141,7 +143,24 @@ class StateHomes:
             t = torch.empty(p.shape, dtype=torch.float32)
         else:
             t = torch.from_dlpack(stowage_memory.empty(tuple(p.shape), "float32"))
+        if where != "device":
+            self._made[t.data_ptr()] = t
         return t.zero_() if value is None else t.copy_(value.detach().to(torch.float32))
+
+    def holds(self, p, t):
+        """t is state the fused kernel may be given by address for p: fp32, contiguous, p's shape,
+        on p's device, or for offloaded state a tensor new() made (a CUDA kernel reaches host
+        memory only where it is mapped)."""
+        if not (isinstance(t, torch.Tensor) and t.layout == torch.strided and t.dtype == torch.float32
+                and t.shape == p.shape and t.is_contiguous()):
+            return False
+        if self._where.get(id(p), "device") == "device":
+            return t.device == p.device
+        return self._made.get(t.data_ptr()) is t
+
+    def home_devices(self, p):
+        """The devices a tensor of values for p's state may come from (new() copies it home)."""
+        return {p.device} if self._where.get(id(p), "device") == "device" else {p.device, torch.device("cpu")}
 
     @contextlib.contextmanager
     def working(self, p, tensors):

@@ -19,8 +19,9 @@ import weakref
 
 import torch
 
-from .. import _lib, memory, precision
+from .. import precision
 from ..errors import InvalidArgumentError, UnsupportedError
+from ._optim_checks import check_group, decoupled_as_torch_says, decoupled_disagree, param_list, state_value
 from .master_loading import route_loads
 from .offload import StateHomes
 from .update_overlap import UpdateOverlap
@@ -126,12 +127,6 @@ def _below_one(value):
     return v is not None and 0 <= v < 1
 
 
-def _param_list(params):
-    if isinstance(params, (set, frozenset)):
-        raise InvalidArgumentError("a parameter group's params must be ordered (a list), not a set")
-    return [params] if isinstance(params, torch.Tensor) else list(params)
-
-
 def _grad_bits(g):
     return 16 if g.dtype == torch.bfloat16 else 32
 
@@ -139,8 +134,8 @@ def _grad_bits(g):
 class _Batch:
     """One multi-tensor call: a param group's parameters on one device whose state stays put. Its
     StepTensor array is kept from step to step (planes and state do not move); each step sets the
-    gradients, and bind() takes a parameter's state addresses and count again only when the state
-    tensors are not the ones it holds (a first step, a loaded state). Each parameter's
+    gradients, and binds a parameter's state addresses and count again only when holds() finds
+    other tensors than the ones bound (a first step, a loaded or replaced state). Each parameter's
     state["step"] is then a view of one `counts` tensor, so an applied step counts with one add."""
 
     def __init__(self, group, device, entries, chunk=0):
@@ -158,16 +153,16 @@ class _Batch:
             t.grad = g.data_ptr()
             t.grad_bits = _grad_bits(g)
 
-    def bind(self, i, state, stepped):
-        """Parameter i's state into the array: again only when its tensors are other objects than
-        the ones held, or their memory moved (`.data` replaced, `set_()`)."""
-        held = (state["step"], *stepped)
-        ptrs = _pointers(stepped)
+    def holds(self, i, state, stepped):
+        """Parameter i's state tensors are the objects bound, at the addresses bound."""
         kept = self._held[i]
-        if len(held) + 2 == len(kept) and all(a is b for a, b in zip(held, kept)) and kept[-2:] == ptrs:
-            return
+        return (len(stepped) + 3 == len(kept) and state["step"] is kept[0]
+                and all(a is b for a, b in zip(stepped, kept[1:])) and kept[-2:] == _pointers(stepped))
+
+    def bind(self, i, state, stepped):
+        """Parameter i's state into the array (stepped: its tensors as the kernel takes them)."""
         t = self.tensors[i]
-        t.state0, t.state1 = ptrs
+        t.state0, t.state1 = ptrs = _pointers(stepped)
         self.counts[i] = float(state["step"].item())
         state["step"] = self.counts[i]
         self._held[i] = (state["step"], *stepped, *ptrs)  # also keeps them alive while the array names them
@@ -226,42 +221,6 @@ def sparse_gradient_error(what, which, outcome):
         f"nn.EmbeddingBag; the default). {outcome}")
 
 
-def _decoupled_as_torch_says(group, peer):
-    """An AdamW group's two names for one switch, made alike where only one is given: `decoupled`
-    (what the Adam step reads) and torch's decoupled_weight_decay (newer torch.optim.Adam's, kept
-    so a state_dict loaded there steps the same way). Only where the peer (the group it updates,
-    or the defaults) has `decoupled`: an AdamW optimizer's. Both given and unlike: refused where
-    it is checked."""
-    if "decoupled" not in peer:
-        return group
-    if "decoupled_weight_decay" in group and "decoupled" not in group:
-        return {**group, "decoupled": bool(group["decoupled_weight_decay"])}
-    if "decoupled" in group and "decoupled_weight_decay" not in group and "decoupled_weight_decay" in peer:
-        return {**group, "decoupled_weight_decay": bool(group["decoupled"])}
-    return group
-
-
-def decoupled_disagree(group):
-    """Both names of the switch given, and unlike."""
-    return "decoupled" in group and "decoupled_weight_decay" in group and bool(group["decoupled"]) != bool(
-        group["decoupled_weight_decay"])
-
-
-def _check_param(p):
-    if not isinstance(p, torch.Tensor) or not p.is_leaf:
-        raise InvalidArgumentError("shared-storage optimizers take leaf parameters (model.parameters())")
-    if p.device.type == "cuda":
-        if not memory.using_cuda():
-            raise UnsupportedError(f"shared-storage optimizers: parameter on {p.device}, but {_lib.path()} is not "
-                                   "using CUDA (built without it, or STOWAGE_DEVICE=emulated)")
-    elif p.device.type != "cpu":
-        raise UnsupportedError(f"shared-storage optimizers: parameter on {p.device}; CPU and CUDA tensors are "
-                               "supported")
-    if p.dtype != torch.float32:
-        raise InvalidArgumentError(f"shared-storage optimizers: parameter of {p.dtype}; give the fp32 model (its "
-                                   "values become the master weights exactly)")
-
-
 class _SharedStorageOptimizer(torch.optim.Optimizer):
     """What AdamW and SGD share: the buckets, the master, the global finite check and clipping."""
 
@@ -290,6 +249,10 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         # step's planes hold. A storage moved in place (share_memory_()) leaves them pointing at freed
         # memory and a replaced .data (model.float()) leaves them updating what the model no longer reads.
         self._views = []
+        # Per _flat entry: the parameter's _version when its master was last written or taken from
+        # it. torch counts in-place writes to the parameter (p.zero_(), nn.init, load_state_dict's
+        # copy); the kernels write the planes through the C ABI and count nothing.
+        self._versions = []
         self._names = {}  # id(param) -> its name in the model, for errors (attach() gives them)
         self._routed = weakref.WeakSet()  # the modules whose load_state_dict writes masters (attach())
         self._models = weakref.WeakSet()  # the models attach() was given
@@ -300,35 +263,35 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         weakref.finalize(self, _finish, homes, overlap).atexit = False
         self._batch_cache = {}  # (id(group), device, chunk) -> _Batch (chunk 0 without overlap_update)
         self._flags = {}  # device -> the finite check's flag
-        # Every parameter is checked before any moves, so a refusal changes nothing.
+        # Every group is checked whole before any parameter moves, so a refusal changes nothing.
         if isinstance(params, (set, frozenset)):
             raise InvalidArgumentError("parameters must be an ordered collection (a list, model.parameters()), "
                                        "not a set: the order names them in state_dict()")
         groups = list(params)
-        if groups and isinstance(groups[0], dict):
-            groups = [{**g, "params": _param_list(g["params"])} for g in groups]
-        else:
-            groups = [{"params": _param_list(groups)}]
-        seen = set()
-        for g in groups:
-            for p in g["params"]:
-                _check_param(p)
-                if id(p) in seen:
-                    raise InvalidArgumentError("some parameters appear in more than one parameter group")
-                seen.add(id(p))
+        if not groups:
+            raise InvalidArgumentError("optimizer got an empty parameter list")  # torch.optim's ValueError
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        held = set()
+        for n, g in enumerate(groups):
+            if not isinstance(g, dict):
+                raise InvalidArgumentError(f"param group {n} is not a dict with 'params'")
+            g["params"] = param_list(g["params"])  # as torch.optim sets it in the dict given
+            held |= check_group(g, defaults, self._check_hyper_parameters, held,
+                                f"{type(self).__name__}(): param group {n}")
         homes.plan_groups([g["params"] for g in groups])
         super().__init__(groups, defaults)
 
     def add_param_group(self, param_group):
-        """torch.optim's, and the group's parameters move into planes of their own."""
-        group = _decoupled_as_torch_says({**param_group, "params": _param_list(param_group["params"])}, self.defaults)
-        self._check_hyper_parameters({**self.defaults, **group}, "add_param_group()")
-        if any(id(p) in self._where for p in group["params"]):
-            raise InvalidArgumentError("some parameters appear in more than one parameter group")
-        for p in group["params"]:
-            _check_param(p)
-        placements, books = self._homes.plan(group["params"])
-        super().add_param_group(group)  # refuses a parameter already in a group, before anything moved
+        """torch.optim's: the dict given becomes the group, its defaults filled in. The group is
+        checked whole, then its parameters move into planes of their own."""
+        if not isinstance(param_group, dict):
+            raise InvalidArgumentError("add_param_group(): a param group is a dict with 'params'")
+        param_group["params"] = param_list(param_group["params"])
+        check_group(param_group, self.defaults, self._check_hyper_parameters, self._where, "add_param_group()")
+        placements, books = self._homes.plan(param_group["params"])
+        decoupled_as_torch_says(param_group, self.defaults)
+        super().add_param_group(param_group)
         group = self.param_groups[-1]
         bucket = _Bucket(group["params"], self.rounding)
         for i, p in enumerate(group["params"]):
@@ -338,6 +301,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             self._where[id(p)] = (bucket, i, p, len(self._flat))
             self._flat.append((group, bucket, i, p))
             self._views.append((p.data_ptr(), p.shape))  # (0 for an empty one, which nothing writes)
+            self._versions.append(p._version)
         self._buckets.append(bucket)
         self._homes.commit(group["params"], placements, books)
         if self._overlap is not None:
@@ -408,21 +372,46 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         # A master written into the planes must reach the model: refused once the parameter is not their view.
         if writes and not self._is_view(k):
             raise self._moved(k, what)
-        return bucket, i
+        return bucket, i, k
+
+    def _take_writes(self, ks):
+        """Each of the _flat entries ks whose parameter was written in place since its master was
+        (p.zero_(), p.mul_(mask), nn.init, model.load_state_dict() without attach()) changed only
+        its bf16 plane; the old residual would make the master neither value (NaN where the new
+        one is 0). Its master becomes the value written, exactly: an fp32 weight would be that value."""
+        for k in ks:
+            _, bucket, i, p = self._flat[k]
+            if p._version != self._versions[k] and self._is_view(k):
+                self.wait_for_update()
+                bucket.split(i, p.detach())  # a bf16 value's master: residual 0x8000, no tie
+                self._versions[k] = p._version
+
+    def _take_write(self, param):
+        """_take_writes for one parameter held as its plane's view (master_loading)."""
+        self._take_writes((self._where[id(param)][3],))
+
+    def _copied_onto_itself(self, param):
+        """model.load_state_dict() copied `param` onto itself after its master was written or taken
+        (master_loading): no bit changed, so the count torch's copy added is no write of the user's."""
+        k = self._where[id(param)][3]
+        if self._is_view(k):
+            self._versions[k] = param._version
 
     def master(self, param):
         """The fp32 master value of `param` (a new tensor, bit-exact)."""
-        bucket, i = self._find(param, "master()")
+        bucket, i, k = self._find(param, "master()")
         self.wait_for_update()
+        self._take_writes((k,))
         return bucket.merge(i, tuple(param.shape))
 
     def load_master(self, param, value):
         """Sets `param`'s fp32 master to `value` exactly (and its bf16 view to value's rounding)."""
-        bucket, i = self._find(param, "load_master()", writes=True)
+        bucket, i, k = self._find(param, "load_master()", writes=True)
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(param.shape):
             raise InvalidArgumentError(f"load_master(): need a tensor of shape {tuple(param.shape)}")
         self.wait_for_update()
         bucket.split(i, value)
+        self._versions[k] = param._version
 
     def master_state_dict(self, model):
         """model.state_dict() with every parameter of this optimizer replaced by its fp32 master:
@@ -513,22 +502,28 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         grads = self._grads()
         if self._overlap is not None:
             self._check_overlap(grads)
+        self._take_writes(range(len(self._flat)))
         batches, streamed = self._batched(grads)
         # One decision for the whole model, as a loss scaler makes it: any Inf/NaN skips every group.
         self.last_step_skipped = self.skip_nonfinite and self._any_nonfinite(batches, streamed)
         if self.last_step_skipped:
             return loss
         clip = self._clip_coef(grads)
+        # The state the kernels take by address, checked for every parameter before any is updated.
+        for group, _, p, _ in streamed:
+            self._fitted(group, p, self._state_for(group, p))
+        for batch, _ in batches:
+            for i, p in enumerate(batch.params):
+                state = self._state_for(batch.group, p)
+                if not batch.holds(i, state, self._stepped(batch.group, state)):
+                    batch.bind(i, state, self._fitted(batch.group, p, state))
         for group, planes, p, g in streamed:
-            self._update(group, planes, p, g, self._state_for(group, p), clip, self._placement(p.device))
+            self._update(group, planes, p, g, self.state[p], clip, self._placement(p.device))
         overlap = self._overlap
         if overlap is not None:
             overlap.begin({batch.device for batch, _ in batches if batch.device.type == "cuda"})
         for batch, entries in batches:
             group = batch.group
-            for i, p in enumerate(batch.params):
-                state = self._state_for(group, p)
-                batch.bind(i, state, self._stepped(group, state))
             batch.load_counts()
             side = overlap is not None and batch.device.type == "cuda"
             self._step_multi(group, batch.tensors, clip,
@@ -633,6 +628,23 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         return {"device": device.index if device.index is not None else torch.cuda.current_device(),
                 "stream": torch.cuda.current_stream(device).cuda_stream}
 
+    def _stepped(self, group, state):
+        return [state[key] for key in self._stepped_keys(group)]
+
+    def _fitted(self, group, p, state):
+        """p's state tensors as the kernel takes them by address: fp32, contiguous, p's shape, in
+        p's home (StateHomes). One put in opt.state by hand (torch.zeros_like(p) is bf16 now) is
+        copied into such a tensor, its values kept, and stored back: the kernel would write 4
+        bytes an element through its address. One with no such values is refused."""
+        out = []
+        for key in self._stepped_keys(group):
+            t = state[key]
+            if not self._homes.holds(p, t):
+                which = lambda: self._which(self._where[id(p)][3])  # noqa: E731 (named only for an error)
+                state[key] = t = self._homes.new(p, state_value(t, p, key, self._homes.home_devices(p), which))
+            out.append(t)
+        return out
+
     def _count_of(self, state):
         return int(state["step"].item()) if "step" in state else 0
 
@@ -669,7 +681,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         masters = state_dict.get("stowage_master")
         if masters is not None:
             self._check_views("load_state_dict()")  # the masters are written last: refuse before the state changes
-        updates = [_decoupled_as_torch_says({k: v for k, v in saved.items() if k != "params"}, group)
+        updates = [decoupled_as_torch_says({k: v for k, v in saved.items() if k != "params"}, group)
                    for saved, group in zip(groups, self.param_groups)]
         for i, update in enumerate(updates):
             if decoupled_disagree({**self.param_groups[i], **update}):
@@ -749,7 +761,8 @@ def checked_entry(entry, p, state_keys, owner, home=None, optional=()):
 class SharedStorageAdamW(_SharedStorageOptimizer):
     """AdamW (decoupled weight decay; Adam's L2 term with decoupled=False) on shared storage.
 
-    Arguments as torch.optim.AdamW's, plus: rounding ("nearest_even": the bf16 weights are IEEE
+    Arguments as torch.optim.AdamW's (by keyword only after weight_decay: torch's next positional
+    one is amsgrad), plus: decoupled, rounding ("nearest_even": the bf16 weights are IEEE
     round-to-nearest-even of the master, as tensor.to(torch.bfloat16) gives; "half_up": MindSpeed's
     encoding, no tie bitmap), max_grad_norm (clips by the global 2-norm inside the fused step),
     skip_nonfinite (an Inf/NaN gradient anywhere skips the step; last_step_skipped says so) and
@@ -758,7 +771,7 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
     (stowage.torch.offload). overlap_update: step() queues the update of CUDA parameters on a side
     stream and the next forward waits for it module by module (stowage.torch.update_overlap)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, decoupled=True,
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, decoupled=True,
                  rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0,
                  state_offload="none", state_device_budget=None, overlap_update=False):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=decoupled)
@@ -806,10 +819,9 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
             state["exp_avg_sq"] = self._homes.new(p)
         return state
 
-    @staticmethod
-    def _stepped(group, state):
-        """The state tensors the kernel updates: state0 and state1 of a StepTensor."""
-        return [state["exp_avg"], state["exp_avg_sq"]]
+    def _stepped_keys(self, group):
+        """The state the kernel updates: state0 and state1 of a StepTensor."""
+        return self._state_keys
 
     def _step_multi(self, group, tensors, clip, where):
         beta1, beta2 = group["betas"]
@@ -819,9 +831,11 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
 
 class SharedStorageSGD(_SharedStorageOptimizer):
     """SGD (PyTorch's formulation: momentum, dampening, nesterov, weight decay) on shared storage;
-    the extra arguments are SharedStorageAdamW's (state_offload moves the momentum buffer)."""
+    positional as far as torch.optim.SGD's (params, lr, momentum, dampening, weight_decay, nesterov);
+    the extra arguments, by keyword only, are SharedStorageAdamW's (state_offload moves the momentum
+    buffer)."""
 
-    def __init__(self, params, lr=1e-2, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+    def __init__(self, params, lr=1e-2, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  rounding="nearest_even", max_grad_norm=None, skip_nonfinite=True, loss_scale=1.0,
                  state_offload="none", state_device_budget=None, overlap_update=False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
@@ -859,7 +873,7 @@ class SharedStorageSGD(_SharedStorageOptimizer):
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.tensor(0.0)
-        if group["momentum"] != 0 and "momentum_buffer" not in state:
+        if group["momentum"] != 0 and state.get("momentum_buffer") is None:  # None: none yet, as torch.optim reads it
             # As torch.optim.SGD, a parameter without a buffer starts it afresh (buf = g), which the
             # kernel does at count 0: a count kept from steps without momentum must not carry over.
             if float(state["step"]) != 0:
@@ -878,9 +892,8 @@ class SharedStorageSGD(_SharedStorageOptimizer):
                         sd["state"][i] = {"momentum_buffer": None, **sd["state"][i]}
         return sd
 
-    @staticmethod
-    def _stepped(group, state):
-        return [state["momentum_buffer"]] if group["momentum"] != 0 else []
+    def _stepped_keys(self, group):
+        return self._state_keys if group["momentum"] != 0 else ()
 
     def _step_multi(self, group, tensors, clip, where):
         precision.sgd_step_multi(tensors, group["lr"], group["momentum"], group["dampening"], group["weight_decay"],
