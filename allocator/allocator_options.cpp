@@ -70,11 +70,15 @@ std::vector<std::string> split_items(std::string_view text) {
   return items;
 }
 
-// PyTorch's keys that have no stowage counterpart: accepted, ignored, and said so.
+// PyTorch's keys that have no stowage counterpart: accepted, ignored, and said so. Every key
+// CUDAAllocatorConfig::parseArgs and AcceleratorAllocatorConfig accept (the ROCm spellings too,
+// which PyTorch takes on CUDA as well).
 constexpr std::string_view kPytorchOnlyKeys[] = {
-    "roundup_power2_divisions",      "max_non_split_rounding_mb",      "backend",
-    "release_lock_on_cudamalloc",    "pinned_use_cuda_host_register",  "pinned_num_register_threads",
-    "pinned_use_background_threads", "pinned_reserve_segment_size_mb", "graph_capture_record_stream_reuse"};
+    "roundup_power2_divisions",       "max_non_split_rounding_mb",   "backend",
+    "release_lock_on_cudamalloc",     "release_lock_on_hipmalloc",   "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",   "pinned_num_register_threads", "pinned_use_background_threads",
+    "pinned_reserve_segment_size_mb", "pinned_free_catch_all",       "graph_capture_record_stream_reuse",
+    "throw_on_cudamalloc_oom",        "expandable_segments_reserve", "expandable_segments_reserve_by_class"};
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "common/fork_generation.hpp"
 #include "common/log.hpp"
 #include "common/thread_exit_key.hpp"
 #include "stowage/allocator.hpp"
@@ -36,7 +37,9 @@ namespace {
 // The message is written only on failure: a call that succeeds touches the code alone (a plain
 // int, no thread-local constructor to run), and stowage_last_error() reads "" while it is OK.
 thread_local int last_error_code = STOWAGE_OK;
-std::atomic<bool> first_error_said{false};
+// The process (fork_generation() + 1) whose first failure reached stderr, 0 before any: a forked
+// child's first failure is its own first, and the child is where a refusal most needs saying.
+std::atomic<unsigned> first_error_said_in{0};
 
 // What a thread keeps between calls: its last error's message and the tags it pushed.
 struct ThreadState {
@@ -186,7 +189,7 @@ void fail(const char* message, int code) noexcept {
   last_error_code = code;
   // Frameworks often drop a NULL without reading stowage_last_error(): the first failure of the
   // process reaches stderr whatever the log level.
-  if (!first_error_said.exchange(true)) {
+  if (const unsigned process = fork_generation() + 1; first_error_said_in.exchange(process) != process) {
     const bool named = std::string_view(message).starts_with("stowage");
     std::fprintf(stderr, "%s%s (the first error of this process; stowage_last_error() has each one)\n",
                  named ? "" : "stowage: ", message);
@@ -261,6 +264,8 @@ int stowage_empty_cache(int device) {
       all.get(device).allocator->empty_cache();
       return 0;
     }
+    // Every device's: refused in a forked child as each device's own call is, allocators made or not.
+    refuse_if_devices_forked("stowage_empty_cache(-1)");
     for (int d = 0; d < all.count; ++d)
       if (DeviceAllocator* a = all.created(d)) a->allocator->empty_cache();
     return 0;

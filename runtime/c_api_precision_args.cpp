@@ -35,14 +35,30 @@ GradScaling scaling_of(const stowage_grad_scaling* s) {
   return GradScaling{s->loss_scale, s->clip_coef, s->skip_nonfinite != 0};
 }
 
+// The hyper-parameters are checked here, before any tensor is looked at: a step that a
+// non-finite gradient skips must refuse them all the same (adam_scalars/sgd_scalars say why).
+template <class Options, class Scalars>
+Options checked_options(Options options, Scalars (*scalars)(const Options&, std::int64_t, const GradScaling&),
+                        const char* what) {
+  try {
+    (void)scalars(options, 1, GradScaling{});
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{}: {}", what, e.what()));
+  }
+  return options;
+}
+
 AdamOptions adam_options_of(const stowage_adam_options* o, const char* what) {
   if (o == nullptr) throw InvalidArgument(fmt::format("{}: null options", what));
-  return AdamOptions{o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->decoupled_weight_decay != 0};
+  return checked_options(
+      AdamOptions{o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->decoupled_weight_decay != 0}, &adam_scalars,
+      what);
 }
 
 SgdOptions sgd_options_of(const stowage_sgd_options* o, const char* what) {
   if (o == nullptr) throw InvalidArgument(fmt::format("{}: null options", what));
-  return SgdOptions{o->lr, o->momentum, o->dampening, o->weight_decay, o->nesterov != 0};
+  return checked_options(SgdOptions{o->lr, o->momentum, o->dampening, o->weight_decay, o->nesterov != 0}, &sgd_scalars,
+                         what);
 }
 
 OptimizerState state_of(std::int64_t step, const char* what) {

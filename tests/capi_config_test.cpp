@@ -137,6 +137,14 @@ TEST(Config, APyTorchAllocConfParsesWithAWarningPerIgnoredKey) {
   EXPECT_NE(c.warnings[1].find("backend:native"), std::string::npos) << c.warnings[1];
   EXPECT_NE(c.warnings[2].find("pinned_use_cuda_host_register:True"), std::string::npos) << c.warnings[2];
   EXPECT_TRUE(load({{"STOWAGE_ALLOC_CONF", "max_split_size_mb:512"}}).warnings.empty());
+  // PyTorch 2.11's newer keys and the ROCm spellings it takes on CUDA too: each ignored, with its warning.
+  const Config newer = load({{"STOWAGE_ALLOC_CONF",
+                              "pinned_use_hip_host_register:True,release_lock_on_hipmalloc:True,"
+                              "throw_on_cudamalloc_oom:True,pinned_free_catch_all:True,expandable_segments_reserve:0.5,"
+                              "expandable_segments_reserve_by_class:[a:0.25,b:8G]"}});
+  ASSERT_EQ(newer.warnings.size(), 6u);
+  EXPECT_NE(newer.warnings[5].find("expandable_segments_reserve_by_class:[a:0.25,b:8G]"), std::string::npos)
+      << newer.warnings[5];
   // Still refused: a key neither knows, and an unclosed list.
   EXPECT_NE(parse_error_of({{"STOWAGE_ALLOC_CONF", "roundup_power2_division:4"}}).find("unknown key"),
             std::string::npos);

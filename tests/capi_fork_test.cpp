@@ -4,6 +4,9 @@
 // crashed the child, or were a private copy of the parent's memory). The parent goes on.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -102,6 +105,33 @@ TEST(CApiFork, ADeviceTheParentNeverUsedIsRefusedToo) {
   void* p = stowage_malloc(4096, 1, nullptr);
   EXPECT_NE(p, nullptr) << stowage_last_error();
   stowage_free(p, 4096, 1, nullptr);
+}
+
+// A parent that opened the devices but made no allocator (it asked for the device count and
+// used a host pool): the child's stowage_empty_cache(-1) is refused as each device's own call is,
+// not a success over no allocators. And the child's first failure reaches stderr though the
+// parent's first failure already did: the line is said once per process.
+TEST(CApiFork, EmptyCacheOfEveryDeviceIsRefusedAndTheChildsFirstErrorIsSaid) {
+  ASSERT_TRUE(env_set);
+  ASSERT_GE(stowage_device_count(), 1);
+  void* host = stowage_host_malloc(4096, 0);
+  ASSERT_NE(host, nullptr) << stowage_last_error();
+  EXPECT_EQ(stowage_malloc(4096, 1000, nullptr), nullptr);  // the parent's first failure, said on stderr
+  EXPECT_NE(stowage_last_error_code(), STOWAGE_OK);
+  const int status = stowage::test::in_child([] {
+    std::FILE* said = std::tmpfile();
+    if (said == nullptr || dup2(fileno(said), 2) < 0) return 20;
+    if (stowage_empty_cache(-1) != -1 || stowage_last_error_code() != STOWAGE_ERROR_DEVICE) return 10;
+    if (std::strstr(stowage_last_error(), "fork()") == nullptr) return 11;
+    std::fflush(stderr);
+    std::rewind(said);
+    char line[1024] = {};
+    if (std::fgets(line, sizeof line, said) == nullptr) return 12;
+    return std::strstr(line, "fork()") != nullptr && std::strstr(line, "first error") != nullptr ? 0 : 13;
+  });
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(stowage_empty_cache(-1), 0) << stowage_last_error();  // the parent's goes on
+  EXPECT_EQ(stowage_host_free(host, 0), 0) << stowage_last_error();
 }
 
 }  // namespace

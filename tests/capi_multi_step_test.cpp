@@ -169,6 +169,32 @@ TEST(CapiMultiStep, ABadTensorAnywhereIsRefusedBeforeAnyIsWritten) {
   EXPECT_STREQ(stowage_last_error(), "");
 }
 
+// Bad hyper-parameters are refused whether or not a non-finite gradient would skip the step, and
+// with no tensors at all: a misconfigured optimizer does not pass as skipped on every overflow.
+TEST(CapiMultiStep, BadHyperParametersAreRefusedEvenWhenTheStepWouldBeSkipped) {
+  std::vector<Tensor> ts = model(4);
+  ts[0].grad32[0] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<Tensor> before = ts;
+  std::vector<stowage_step_tensor> cs = views(ts);
+  const stowage_grad_scaling check{1.0f, 1.0f, 1};
+  stowage_adam_options adam = kAdam;
+  adam.lr = -1.0f;
+  stowage_sgd_options sgd = kSgd;
+  sgd.momentum = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(
+      refused(stowage_adam_step_multi(cs.size(), cs.data(), &adam, &check), "stowage_adam_step_multi: adam: lr"));
+  EXPECT_TRUE(refused(stowage_sgd_step_multi(cs.size(), cs.data(), &sgd, &check), "sgd: momentum"));
+  EXPECT_TRUE(refused(stowage_adam_step_multi(0, nullptr, &adam, nullptr), "lr"));
+  adam = kAdam;
+  adam.beta2 = 1.0f;
+  EXPECT_TRUE(refused(stowage_adam_step_multi_async(0, nullptr, cs.size(), cs.data(), &adam, &check), "beta2"));
+  EXPECT_TRUE(refused(stowage_sgd_step_multi_async(0, nullptr, cs.size(), cs.data(), &sgd, &check), "momentum"));
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    EXPECT_EQ(cs[i].step, 0);
+    EXPECT_TRUE(ts[i] == before[i]) << "tensor " << i << " was written";
+  }
+}
+
 // Queued on a device's stream (an emulated device, or a GPU when the C ABI uses CUDA): the
 // tensors end as the host's one-tensor steps leave them; the decision runs on the stream.
 TEST(CapiMultiStep, QueuedOnADeviceStreamTheyAreTheHostSteps) {
