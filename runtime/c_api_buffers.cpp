@@ -37,11 +37,13 @@ std::size_t tensor_bytes(const std::int64_t* shape, int ndim, DType dtype, const
     empty = empty || shape[i] == 0;
   }
   if (empty) return 0;
+  // A tensor's byte size is an int64 to DLPack's consumers and to torch: past 2^63 - 1 it overflows,
+  // whatever size_t holds (the device and host exports agree on that).
+  constexpr auto kMost = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
   std::size_t bytes = itemsize(dtype);
   for (int i = 0; i < ndim; ++i) {
     const auto d = static_cast<std::size_t>(shape[i]);
-    if (bytes > std::numeric_limits<std::size_t>::max() / d)
-      throw InvalidArgument(fmt::format("{}: the tensor's size overflows", what));
+    if (bytes > kMost / d) throw InvalidArgument(fmt::format("{}: the tensor's size overflows", what));
     bytes *= d;
   }
   return bytes;

@@ -110,6 +110,12 @@ TEST(CApiHost, DlpackExportIsRowMajorHostDataGivenBackByItsDeleter) {
   const std::int64_t huge[] = {std::int64_t{1} << 40, std::int64_t{1} << 40};
   EXPECT_EQ(stowage_dlpack_host_empty(0, huge, 2, kDLFloat, 32), nullptr);
   EXPECT_NE(error().find("overflows"), std::string::npos) << error();
+  // 2^63 bytes fits a size_t but no int64 byte count: an overflow here as on the device, not OOM.
+  const std::int64_t past_int64[] = {std::int64_t{1} << 62, 2};
+  EXPECT_EQ(stowage_dlpack_host_empty(0, past_int64, 2, kDLInt, 8), nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT) << error();
+  EXPECT_EQ(stowage_dlpack_empty(0, past_int64, 2, kDLInt, 8, nullptr), nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT) << error();
   EXPECT_EQ(stowage_dlpack_host_empty(0, nullptr, 1, kDLFloat, 32), nullptr);
   EXPECT_EQ(stowage_dlpack_host_empty(stowage_device_count(), shape, 3, kDLFloat, 32), nullptr);
   EXPECT_EQ(host_stats(0).at("num_allocs"), before.at("num_allocs").get<int>() + 1);
