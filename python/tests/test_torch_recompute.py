@@ -894,3 +894,50 @@ def test_swiglu_through_the_protocol_peaks_one_output_below_the_general_path():
     assert peaks["protocol"][0] == peaks["general"][0] == peaks["plain"][0] - 2 * output + rng
     assert peaks["protocol"][1] == peaks["general"][1] - output
     assert peaks["protocol"][1] <= peaks["plain"][1] + output + rng
+
+
+class _GeluDropout(torch.nn.Module):
+    """An activation with dropout inside: the general path, which replays the generator."""
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(torch.nn.functional.gelu(x), 0.3, self.training)
+
+
+def _gelu_dropout_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), _GeluDropout(), torch.nn.Linear(32, 8))
+
+
+def test_the_rerun_keeps_the_forwards_train_mode_when_eval_comes_before_backward():
+    """model.eval() between forward and backward (an evaluation callback) reran the dropout as the
+    identity: other gradients, silently. The rerun takes the modes the forward had."""
+    grads = []
+    for recompute in (False, True):
+        model = _gelu_dropout_mlp()
+        if recompute:
+            recompute_activations(model, activation_types=(_GeluDropout,))
+        torch.manual_seed(1)
+        loss = model(torch.randn(4, 8)).sum()
+        model.eval()
+        loss.backward()
+        assert not model[1].training  # the mode the caller set stays
+        grads.append(model[0].weight.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_an_empty_batch_through_a_permuted_output_runs_as_without_recompute():
+    """An output with no elements holds no bytes, whatever its strides: nothing to refuse."""
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.act, self.fc2 = torch.nn.Linear(16, 48), torch.nn.GELU(), torch.nn.Linear(48, 16)
+            self.w = torch.nn.Parameter(torch.randn(48))
+
+        def forward(self, x):  # (batch, seq, hidden), the activation in a seq-first layout
+            return self.fc2((self.act(self.fc1(x).transpose(0, 1)) * self.w).transpose(0, 1))
+    model = MLP()
+    recompute_activations(model)
+    for batch in (4, 0):
+        x = torch.randn(batch, 8, 16, requires_grad=True)
+        model(x).sum().backward()
+        assert x.grad.shape == (batch, 8, 16)

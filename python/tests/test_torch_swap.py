@@ -658,3 +658,35 @@ def test_a_loop_that_calls_submodules_swaps_what_one_that_calls_the_model_does(c
     # Each step's two calls, the finished step's dropped: the per-step state does not grow.
     assert [n for n, _ in passes] == [2, 2, 2]
     handle.remove()
+
+
+def test_a_module_used_at_two_places_is_named_by_either_of_its_names():
+    """named_modules() names a shared module once; swap takes each name it answers to, as
+    recompute_activations and model.get_submodule() do, and swaps the module once."""
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(x).softmax(-1)
+
+    class Block(torch.nn.Module):
+        def __init__(self, attention):
+            super().__init__()
+            self.attention = attention
+
+        def forward(self, x):
+            return x + self.attention(x)
+    shared = Attention()
+    model = torch.nn.Sequential(Block(shared), Block(shared))
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    plain = shared.proj.weight.grad.clone()
+    shared.proj.weight.grad = None
+    for name in ("1.attention", "0.attention"):
+        handle = swap_activations(model, names=[name])
+        model(x).sum().backward()
+        assert torch.equal(shared.proj.weight.grad, plain)
+        shared.proj.weight.grad = None
+        handle.remove()

@@ -208,3 +208,14 @@ def check_names(what, option, names):
         raise InvalidArgumentError(f"{what}: {option} must be a list or tuple of module names (str), e.g. "
                                    f"[\"layers.0.mlp.act\"] (got {names!r})")
     return tuple(names)
+
+
+def every_name(module, prefix="", path=()):
+    """(name, module) for every path to every module: named_modules(remove_duplicate=False), which
+    recurses for ever in a module graph with a cycle (a submodule holding its ancestor); a module
+    already on the path is not entered again."""
+    yield prefix, module
+    path = path + (id(module),)
+    for name, child in module._modules.items():
+        if child is not None and id(child) not in path:
+            yield from every_name(child, f"{prefix}.{name}" if prefix else name, path)

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import InvalidArgumentError, StowageError, UnsupportedError
 from ._known_activations import known_activation
-from ._wrapping import WrapHandle, check_names, set_forward, storage_of as _storage, wrapped_as
+from ._wrapping import WrapHandle, check_names, every_name, set_forward, storage_of as _storage, wrapped_as
 
 __all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute_activations",
            "DEFAULT_ACTIVATIONS"]
@@ -40,13 +40,28 @@ _TENSOR = object()  # marks a tensor argument's place among fn's arguments
 
 
 def _dense(t):
-    # Strides are a permutation of a contiguous layout: no gaps, no overlap.
+    # Strides are a permutation of a contiguous layout: no gaps, no overlap. An empty tensor holds
+    # no bytes, whatever its strides.
+    if t.numel() == 0:
+        return True
     expected = 1
     for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
         if size != 1 and stride != expected:
             return False
         expected *= size
     return True
+
+
+@contextlib.contextmanager
+def _in_modes(modes):
+    then = [(m, m.training) for m, _ in modes]
+    for m, training in modes:
+        m.training = training
+    try:
+        yield
+    finally:
+        for m, training in then:
+            m.training = training
 
 
 def _rng_state(device):
@@ -160,6 +175,7 @@ class ReleasedActivation:
         self._storage = None    # the released storage, until restored
         self._pending = None    # (recomputed output, detached args) for the backward node
         self._known = None      # a KnownActivation: restored in place, no graph (_known_activations)
+        self._modes = ()        # (module, training) at the forward (remember_modes)
         self._into = None       # for a known one: the released storage, seen by a tensor of its own
         self._kept = None       # for a known one: what its restore left for its backward
         # The hook keeps the recomputed graph for the backward node (one rerun). Off when several
@@ -260,9 +276,17 @@ class ReleasedActivation:
         if self._storage is not None:
             self._recompute(graph=self.graph_at_restore)
 
+    def remember_modes(self, module):
+        """Reruns in the train/eval modes module and its children have now, whatever they have when
+        the rerun comes: model.eval() between forward and backward (an evaluation callback) would
+        otherwise rerun a dropout inside the activation as the identity."""
+        self._modes = tuple((m, m.training) for m in module.modules())
+
     def _replay_forward_state(self, stack):
-        # The forward's generator state (dropout) and autocast, for as long as the stack is open.
+        # The forward's generator state (dropout), autocast and train/eval modes, for as long as
+        # the stack is open.
         stack.enter_context(_replayed_rng(self._device, self._rng))
+        stack.enter_context(_in_modes(self._modes))
         for dev, on, dtype in self._autocast:
             stack.enter_context(torch.autocast(dev, enabled=on, dtype=dtype))
 
@@ -363,7 +387,7 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     names = check_names("recompute_activations", "names", names)
     # Every name a module is held under: an activation instance shared by several layers (built
     # once, passed to each) is called by each of them, and each one is a parent to wrap.
-    modules = dict(_every_name(model))
+    modules = dict(every_name(model))
     missing = [n for n in names if n not in modules]
     if missing:
         raise InvalidArgumentError(f"recompute_activations: no module named {', '.join(missing)}")
@@ -416,17 +440,6 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
 
     set_forward(model, new_forward, undo)
     return RecomputeHandle(stats, chosen, undo)
-
-
-def _every_name(module, prefix="", path=()):
-    """(name, module) for every path to every module: named_modules(remove_duplicate=False), which
-    recurses for ever in a module graph with a cycle (a submodule holding its ancestor); a module
-    already on the path is not entered again."""
-    yield prefix, module
-    path = path + (id(module),)
-    for name, child in module._modules.items():
-        if child is not None and id(child) not in path:
-            yield from _every_name(child, f"{prefix}.{name}" if prefix else name, path)
 
 
 def _callers_level():
@@ -491,6 +504,7 @@ def _wrap_activation(module, name, frames, stats, undo):
             raise InvalidArgumentError(f"recompute_activations: {name} got a tensor keyword argument; pass tensors "
                                        "positionally (they are what is saved and recomputed from)")
         act = ReleasedActivation(stats)
+        act.remember_modes(module)
         fn = original if not kwargs else (lambda *a: original(*a, **kwargs))
         out = act.checkpoint(fn, *args)
         frames.stack[-1].append((name, act))

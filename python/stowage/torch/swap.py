@@ -30,7 +30,7 @@ from .. import dlpack as stowage_memory
 from .. import memory
 from ..errors import InvalidArgumentError
 from ._pinned import Holds, pinned_empty
-from ._wrapping import WrapHandle, check_names, set_forward, storage_of, wrapped_as
+from ._wrapping import WrapHandle, check_names, every_name, set_forward, storage_of, wrapped_as
 
 __all__ = ["swap_activations", "SwapHandle", "SwapStats"]
 
@@ -436,11 +436,13 @@ def swap_activations(model, prefetch=1, modules=None, names=(), min_bytes=0):
         raise InvalidArgumentError(f"swap_activations: prefetch must be an int >= 0 (got {prefetch!r})")
     names = check_names("swap_activations", "names", names)
     found = dict(model.named_modules())
-    missing = [n for n in names if n not in found]
+    every = dict(every_name(model))  # a module used at several places answers to each of its names
+    missing = [n for n in names if n not in every]
     if missing:
         raise InvalidArgumentError(f"swap_activations: no module named {', '.join(missing)}")
     pick = modules or _is_attention
-    chosen = [n for n, m in found.items() if n in names or (not names and pick(m))]
+    named = {id(every[n]) for n in names}
+    chosen = [n for n, m in found.items() if id(m) in named or (not names and pick(m))]
     if not chosen:
         raise InvalidArgumentError("swap_activations: no module was chosen (no *Attention class; name them)")
     # A chosen module inside another (Hugging Face's BertSelfAttention in BertAttention) would count
