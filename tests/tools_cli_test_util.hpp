@@ -14,11 +14,8 @@ struct CommandResult {
   std::string output;
 };
 
-// Runs `stowage <args>` with the environment variables `env` ("NAME=value ...") added and
-// returns its exit code and its stdout and stderr together (redirections in `args` come after:
-// "... 2>&1 >/dev/null" keeps stderr alone).
-inline CommandResult run_cli(const std::string& args, const std::string& env = "") {
-  const std::string cmd = "env " + env + " '" + std::string(STOWAGE_CLI) + "' 2>&1 " + args;
+// Runs a shell command line; its exit code and its output.
+inline CommandResult run_shell(const std::string& cmd) {
   CommandResult r{-1, {}};
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return r;
@@ -27,6 +24,13 @@ inline CommandResult run_cli(const std::string& args, const std::string& env = "
   const int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Runs `stowage <args>` with the environment variables `env` ("NAME=value ...") added and
+// returns its exit code and its stdout and stderr together (redirections in `args` come after:
+// "... 2>&1 >/dev/null" keeps stderr alone).
+inline CommandResult run_cli(const std::string& args, const std::string& env = "") {
+  return run_shell("env " + env + " '" + std::string(STOWAGE_CLI) + "' 2>&1 " + args);
 }
 
 }  // namespace stowage::testing

@@ -26,21 +26,26 @@ struct Options {
 
 // The snapshot of the device asked for (else the lowest) among a file's, analysed, with the
 // file's devices listed.
-SnapshotAnalysis analyze_device(const std::vector<Snapshot>& snapshots, const std::string& path, const Options& o) {
+SnapshotAnalysis analyze_device(const std::vector<Snapshot>& snapshots, std::vector<int> skipped,
+                                const std::string& path, const Options& o) {
   std::vector<int> devices;
   const Snapshot* chosen = o.device < 0 ? &snapshots.front() : nullptr;
   for (const Snapshot& s : snapshots) {
     devices.push_back(s.device);
     if (s.device == o.device) chosen = &s;
   }
-  if (!chosen) {
-    std::string held;
-    for (int d : devices) held += fmt::format("{}cuda:{}", held.empty() ? "" : ", ", d);
-    throw InvalidArgument(fmt::format("inspect --device {}: {} holds {}", o.device, path, held));
-  }
+  if (!chosen)
+    throw InvalidArgument(fmt::format("inspect --device {}: {} holds {}{}", o.device, path, device_list(devices),
+                                      skipped.empty() ? "" : "; " + skipped_note(skipped)));
   SnapshotAnalysis a = analyze(*chosen, o.top);
   a.devices = std::move(devices);
+  a.skipped_devices = std::move(skipped);
   return a;
+}
+SnapshotAnalysis analyze_device(const std::string& path, const Options& o) {
+  std::vector<int> skipped;
+  const std::vector<Snapshot> snapshots = load_snapshots(path, &skipped);
+  return analyze_device(snapshots, std::move(skipped), path, o);
 }
 
 void write_file(const std::string& path, const std::string& text, const char* option = "--svg") {
@@ -50,8 +55,8 @@ void write_file(const std::string& path, const std::string& text, const char* op
 
 int run(const Options& o) {
   if (!o.compare.empty()) {
-    const SnapshotAnalysis a = analyze_device(load_snapshots(o.compare[0]), o.compare[0], o);
-    const SnapshotAnalysis b = analyze_device(load_snapshots(o.compare[1]), o.compare[1], o);
+    const SnapshotAnalysis a = analyze_device(o.compare[0], o);
+    const SnapshotAnalysis b = analyze_device(o.compare[1], o);
     if (o.json) std::cout << compare_json(a, b).dump(2) << "\n";
     else std::cout << fmt::format("A = {}\nB = {}\n", o.compare[0], o.compare[1]) << compare_table(a, b);
     return 0;
@@ -64,8 +69,9 @@ int run(const Options& o) {
     else std::cout << to_table(a);
     return 0;
   }
-  const std::vector<Snapshot> snapshots = load_snapshots(o.file);
-  const SnapshotAnalysis a = analyze_device(snapshots, o.file, o);
+  std::vector<int> skipped;
+  const std::vector<Snapshot> snapshots = load_snapshots(o.file, &skipped);
+  const SnapshotAnalysis a = analyze_device(snapshots, std::move(skipped), o.file, o);
   if (!o.memory_viz.empty()) write_file(o.memory_viz, write_pickle(to_pytorch(snapshots)), "--to-memory-viz");
   if (!o.svg.empty()) write_file(o.svg, timeline_svg(a, o.file));
   if (o.json) std::cout << to_json(a).dump(2) << "\n";
@@ -88,7 +94,7 @@ void setup(CLI::App& app, int& exit_code) {
                   "(tags as frames and categories)");
   cmd->add_option("--device", o->device,
                   "the device to analyse in a snapshot of several (PyTorch's); default: the lowest that has "
-                  "segments or trace entries")
+                  "segments or trace entries that change memory")
       ->check(CLI::Range(0, kMaxDevice));
   cmd->add_option("--top", o->top, "how many blocks and tags to list")
       ->check(CLI::Range(1, 100000))

@@ -137,6 +137,19 @@ std::string chart(const std::string& title, const std::string& x_label, const st
 
 }  // namespace
 
+std::string device_list(const std::vector<int>& devices) {
+  std::string out;
+  for (int d : devices) out += fmt::format("{}cuda:{}", out.empty() ? "" : ", ", d);
+  return out;
+}
+
+std::string skipped_note(const std::vector<int>& skipped) {
+  return fmt::format(
+      "{} skipped: no segments, and no trace entry that changes memory (PyTorch marks each snapshot in every "
+      "device's trace)",
+      device_list(skipped));
+}
+
 nlohmann::json to_json(const SnapshotAnalysis& a) {
   nlohmann::json blocks = nlohmann::json::array();
   for (const auto& b : a.largest_blocks)
@@ -152,6 +165,13 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
                         {"allocated", p.allocated},
                         {"reserved", p.reserved},
                         {"fragmentation", p.fragmentation()}});
+  nlohmann::json ooms = nlohmann::json::array();
+  for (const auto& o : a.ooms)
+    ooms.push_back({{"time_ns", o.time_ns},
+                    {"events", o.events},
+                    {"requested", o.requested},
+                    {"device_free", o.device_free},
+                    {"tag", o.tag}});
   // Step marks, at most about 2000 (evenly chosen when a trace has more).
   nlohmann::json steps = nlohmann::json::array();
   const std::size_t stride = a.steps.size() / 2000 + 1;
@@ -161,6 +181,7 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
           {"kind", "snapshot"},
           {"device_name", a.device_name},
           {"devices", a.devices},
+          {"skipped_devices", a.skipped_devices},
           {"capacity", a.capacity > 0 ? nlohmann::json(a.capacity) : nlohmann::json()},  // null: unknown
           {"allocated", a.allocated},
           {"reserved", a.reserved},
@@ -170,6 +191,7 @@ nlohmann::json to_json(const SnapshotAnalysis& a) {
           {"largest_free_block", a.largest_free},
           {"segments", a.segments},
           {"num_ooms", a.num_ooms},
+          {"ooms", ooms},
           {"largest_blocks", blocks},
           {"tags_now", tags_json(a.tags_now)},
           {"tags_at_peak", tags_json(a.tags_at_peak)},
@@ -186,15 +208,20 @@ std::string to_table(const SnapshotAnalysis& a) {
   std::string out = fmt::format("device {} (capacity {})\n", a.device_name,
                                 a.capacity > 0 ? format_bytes(a.capacity) : std::string("unknown"));
   if (a.devices.size() > 1) {
-    std::string others;
+    std::vector<int> others;
     for (int d : a.devices)
-      if (d != a.device) others += fmt::format("{}cuda:{}", others.empty() ? "" : ", ", d);
-    out += fmt::format("  note: the file also holds {} (select one with --device N)\n", others);
+      if (d != a.device) others.push_back(d);
+    out += fmt::format("  note: the file also holds {} (select one with --device N)\n", device_list(others));
   }
+  if (!a.skipped_devices.empty()) out += fmt::format("  note: {}\n", skipped_note(a.skipped_devices));
   out += fmt::format("  allocated {:>14}   peak {:>14}\n", format_bytes(a.allocated), format_bytes(a.peak_allocated));
   out += fmt::format("  reserved  {:>14}   peak {:>14}\n", format_bytes(a.reserved), format_bytes(a.peak_reserved));
   out += fmt::format("  fragmentation {:.1f}% (reserved but free), largest free block {}, {} segments, {} OOMs\n",
                      100.0 * a.fragmentation, format_bytes(a.largest_free), a.segments, a.num_ooms);
+  for (const auto& o : a.ooms)
+    out += fmt::format("  OOM: asked for {}{}{}\n", format_bytes(o.requested),
+                       o.device_free > 0 ? fmt::format(" ({} free on the device)", format_bytes(o.device_free)) : "",
+                       o.tag.empty() ? "" : ": " + o.tag);
   if (!a.timeline.empty()) {
     out += fmt::format(
         "  trace: {} events, allocated peak {} with {:.1f}% of reserved free; largest reserved-but-free gap {}\n",

@@ -4,11 +4,16 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 #include "tools/inspect/event_log_analysis.hpp"
 #include "tools/inspect/snapshot_analysis.hpp"
 
 namespace stowage::inspect {
+
+// "cuda:0, cuda:2"; and why devices were skipped (pytorch_devices), for notes and errors.
+std::string device_list(const std::vector<int>& devices);
+std::string skipped_note(const std::vector<int>& skipped);
 
 std::string to_table(const SnapshotAnalysis& a);
 nlohmann::json to_json(const SnapshotAnalysis& a);

@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <unordered_map>
 #include <vector>
 
@@ -15,19 +15,28 @@ namespace stowage::inspect {
 
 namespace {
 
-// Values live in an arena and are referred to by index, so a memoized dict or list that is
-// filled after it was memoized is the same value wherever the memo hands it out.
+// The arena holds each value once, 16 bytes, referred to by index: a memo reference costs an
+// index, and a dict or list filled after it was memoized is the same value wherever the memo
+// hands it out. Strings are views of the input; None, True and False are shared; a list's or
+// dict's items (a dict's: key, value, key, ...) are a chain of links, one per item.
 struct Value {
-  enum class Kind { scalar, list, dict } kind = Kind::scalar;
-  nlohmann::json scalar;
-  std::vector<std::size_t> items;                          // list and tuple
-  std::vector<std::pair<std::string, std::size_t>> pairs;  // dict
+  enum class Kind : std::uint8_t { none, boolean, integer, unsigned_integer, real, string, list, dict };
+  Kind kind = Kind::none;
+  std::uint32_t count = 0;    // string: bytes; list, dict: links
+  std::uint64_t payload = 0;  // the bits of a number; a string's offset; a list's first and last link
 };
+struct Link {
+  std::uint32_t value, next;
+};
+constexpr std::uint32_t kNone = UINT32_MAX;  // no link, no memo entry
+constexpr std::uint32_t kNull = 0, kFalse = 1, kTrue = 2;
 
 class Reader {
  public:
   Reader(std::string_view data, const std::string& what, const ListSelector* selector)
-      : d_(data), what_(what), selector_(selector) {}
+      : d_(data), what_(what), selector_(selector), limit_(pickle_budget(data.size())) {
+    values_ = {{Value::Kind::none}, {Value::Kind::boolean, 0, 0}, {Value::Kind::boolean, 0, 1}};
+  }
 
   nlohmann::json run() {
     while (true) {
@@ -37,7 +46,7 @@ class Reader {
       if (!step(op, at)) break;
     }
     if (stack_.size() != 1) fail(fmt::format("STOP with {} values on the stack (one expected)", stack_.size()));
-    std::size_t budget = kMaxPickleValues;
+    PickleBudget budget = limit_;
     return to_json(stack_.back(), 0, budget);
   }
 
@@ -59,72 +68,95 @@ class Reader {
     return v;
   }
 
-  std::size_t push_value(Value v) {
-    if (values_.size() >= kMaxPickleValues) fail("more values than the reader's limit");
-    values_.push_back(std::move(v));
-    stack_.push_back(values_.size() - 1);
-    return values_.size() - 1;
+  // Every table is bounded by kMaxPickleValues entries: at most 16 bytes an entry.
+  void room(std::size_t size, const char* what) const {
+    if (size >= kMaxPickleValues) fail(fmt::format("more {} than the reader's limit ({})", what, kMaxPickleValues));
   }
-  void push_scalar(nlohmann::json j) { push_value(Value{Value::Kind::scalar, std::move(j), {}, {}}); }
-  std::size_t pop() {
+  void push(std::uint32_t index) {
+    room(stack_.size(), "values on the stack");
+    stack_.push_back(index);
+  }
+  std::uint32_t push_value(Value::Kind kind, std::uint64_t payload, std::uint32_t count = 0) {
+    room(values_.size(), "values");
+    values_.push_back({kind, count, payload});
+    const auto index = static_cast<std::uint32_t>(values_.size() - 1);
+    push(index);
+    return index;
+  }
+  std::uint32_t pop() {
     if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back()))
       fail("a value is missing (stack underflow)");
-    const std::size_t v = stack_.back();
+    const std::uint32_t v = stack_.back();
     stack_.pop_back();
     return v;
   }
-  std::vector<std::size_t> pop_to_mark() {
+  std::vector<std::uint32_t> pop_to_mark() {
     if (marks_.empty()) fail("no MARK for this opcode");
-    const std::size_t m = marks_.back();
+    const std::uint32_t m = marks_.back();
     marks_.pop_back();
-    std::vector<std::size_t> out(stack_.begin() + static_cast<std::ptrdiff_t>(m), stack_.end());
+    std::vector<std::uint32_t> out(stack_.begin() + m, stack_.end());
     stack_.resize(m);
     return out;
   }
-  Value& top(Value::Kind kind, const char* op) {
+  std::uint32_t top(Value::Kind kind, const char* op) const {
     if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back()))
       fail(fmt::format("{} with nothing to add to", op));
-    Value& v = values_[stack_.back()];
-    if (v.kind != kind)
+    if (values_[stack_.back()].kind != kind)
       fail(fmt::format("{} on a value that is not a {}", op, kind == Value::Kind::dict ? "dict" : "list"));
-    return v;
+    return stack_.back();
   }
-  std::string key_of(std::size_t index) {
-    const Value& k = values_[index];
-    if (k.kind == Value::Kind::scalar && k.scalar.is_string()) return k.scalar.get<std::string>();
-    if (k.kind == Value::Kind::scalar && k.scalar.is_number_integer()) return k.scalar.dump();
-    fail("a dict key that is not a string or an integer");
+  void append(std::uint32_t container, std::uint32_t item) {
+    room(links_.size(), "items");
+    links_.push_back({item, kNone});
+    const auto link = static_cast<std::uint32_t>(links_.size() - 1);
+    Value& c = values_[container];
+    if (c.count++ == 0) c.payload = std::uint64_t{link} << 32 | link;
+    else {
+      links_[c.payload >> 32].next = link;
+      c.payload = std::uint64_t{link} << 32 | (c.payload & UINT32_MAX);
+    }
   }
-  void set_items(const std::vector<std::size_t>& kv, const char* op) {
+  std::uint32_t push_list(const std::vector<std::uint32_t>& items) {
+    const std::uint32_t list = push_value(Value::Kind::list, 0);
+    for (std::uint32_t i : items) append(list, i);
+    return list;
+  }
+  void set_items(const std::vector<std::uint32_t>& kv, const char* op) {
     if (kv.size() % 2 != 0) fail(fmt::format("{} with an odd number of keys and values", op));
-    top(Value::Kind::dict, op);  // checks there is one
-    const std::size_t dict_index = stack_.back();
+    const std::uint32_t dict = top(Value::Kind::dict, op);
     for (std::size_t i = 0; i < kv.size(); i += 2) {
-      std::string key = key_of(kv[i]);
-      values_[dict_index].pairs.emplace_back(std::move(key), kv[i + 1]);
+      const Value::Kind k = values_[kv[i]].kind;
+      if (k != Value::Kind::string && k != Value::Kind::integer && k != Value::Kind::unsigned_integer)
+        fail("a dict key that is not a string or an integer");
+      append(dict, kv[i]);
+      append(dict, kv[i + 1]);
     }
   }
   void memo_put(std::uint64_t id) {
     if (stack_.empty()) fail("memo store with an empty stack");
+    if (id >= kMaxPickleValues) fail(fmt::format("memo {} is beyond the reader's limit ({})", id, kMaxPickleValues));
+    if (id >= memo_.size()) memo_.resize(id + 1, kNone);
+    if (memo_[id] == kNone) ++memo_count_;
     memo_[id] = stack_.back();
   }
   void memo_get(std::uint64_t id) {
-    const auto it = memo_.find(id);
-    if (it == memo_.end()) fail(fmt::format("memo {} was never stored", id));
-    stack_.push_back(it->second);
+    if (id >= memo_.size() || memo_[id] == kNone) fail(fmt::format("memo {} was never stored", id));
+    push(memo_[id]);
   }
-  void push_text(std::size_t n) {
+  void push_text(std::uint64_t n) {
+    const std::size_t offset = pos_;
     const std::string_view s = take(n);
+    if (n > UINT32_MAX) fail(fmt::format("a string of {} bytes (the reader's limit is 4 GiB)", n));
     try {
-      nlohmann::json j = std::string(s);
-      (void)j.dump();  // refuses text that is not UTF-8
-      push_scalar(std::move(j));
+      (void)nlohmann::json(std::string(s)).dump();  // refuses text that is not UTF-8
     } catch (const nlohmann::json::exception&) {
       fail("a string that is not UTF-8");
     }
+    push_value(Value::Kind::string, offset, static_cast<std::uint32_t>(n));
   }
+  void push_int(std::int64_t v) { push_value(Value::Kind::integer, static_cast<std::uint64_t>(v)); }
   void push_long(std::size_t n) {
-    if (n == 0) return push_scalar(0);
+    if (n == 0) return push_int(0);
     if (n > 9) fail(fmt::format("an integer of {} bytes (wider than 64 bits)", n));
     const std::string_view s = take(n);
     const bool negative = (static_cast<unsigned char>(s[n - 1]) & 0x80) != 0;
@@ -132,14 +164,15 @@ class Reader {
       if (s[8] != 0) fail("an integer wider than 64 bits");
       std::uint64_t v = 0;
       for (std::size_t i = 0; i < 8; ++i) v |= std::uint64_t(static_cast<unsigned char>(s[i])) << (8 * i);
-      return push_scalar(v);
+      push_value(Value::Kind::unsigned_integer, v);
+      return;
     }
     std::uint64_t v = negative ? ~std::uint64_t{0} : 0;
     for (std::size_t i = 0; i < n; ++i) {
       v &= ~(std::uint64_t{0xff} << (8 * i));
       v |= std::uint64_t(static_cast<unsigned char>(s[i])) << (8 * i);
     }
-    push_scalar(static_cast<std::int64_t>(v));
+    push_int(static_cast<std::int64_t>(v));
   }
 
   // One opcode; false after STOP.
@@ -151,67 +184,66 @@ class Reader {
         return true;
       }
       case 0x95: take(8); return true;  // FRAME: a length hint
-      case '}': push_value(Value{Value::Kind::dict, {}, {}, {}}); return true;
+      case '}': push_value(Value::Kind::dict, 0); return true;
       case ']':
-      case ')': push_value(Value{Value::Kind::list, {}, {}, {}}); return true;
-      case '(': marks_.push_back(stack_.size()); return true;
+      case ')': push_value(Value::Kind::list, 0); return true;
+      case '(':
+        room(marks_.size(), "MARKs");
+        marks_.push_back(static_cast<std::uint32_t>(stack_.size()));
+        return true;
       case 's': {  // SETITEM
-        const std::size_t v = pop(), k = pop();
+        const std::uint32_t v = pop(), k = pop();
         set_items({k, v}, "SETITEM");
         return true;
       }
       case 'u': set_items(pop_to_mark(), "SETITEMS"); return true;
       case 'a': {  // APPEND
-        const std::size_t v = pop();
-        top(Value::Kind::list, "APPEND").items.push_back(v);
+        const std::uint32_t v = pop();
+        append(top(Value::Kind::list, "APPEND"), v);
         return true;
       }
       case 'e': {  // APPENDS
         const auto items = pop_to_mark();
-        auto& list = top(Value::Kind::list, "APPENDS").items;
-        list.insert(list.end(), items.begin(), items.end());
+        const std::uint32_t list = top(Value::Kind::list, "APPENDS");
+        for (std::uint32_t i : items) append(list, i);
         return true;
       }
-      case 't': {  // TUPLE
-        auto items = pop_to_mark();
-        push_value(Value{Value::Kind::list, {}, std::move(items), {}});
-        return true;
-      }
+      case 't': push_list(pop_to_mark()); return true;  // TUPLE
       case 0x85:
       case 0x86:
       case 0x87: {  // TUPLE1..3
-        std::vector<std::size_t> items(op - 0x84);
+        std::vector<std::uint32_t> items(op - 0x84);
         for (std::size_t i = items.size(); i-- > 0;) items[i] = pop();
-        push_value(Value{Value::Kind::list, {}, std::move(items), {}});
+        push_list(items);
         return true;
       }
-      case 'J': push_scalar(static_cast<std::int32_t>(static_cast<std::uint32_t>(le(4)))); return true;
-      case 'K': push_scalar(le(1)); return true;
-      case 'M': push_scalar(le(2)); return true;
+      case 'J': push_int(static_cast<std::int32_t>(static_cast<std::uint32_t>(le(4)))); return true;
+      case 'K': push_value(Value::Kind::unsigned_integer, le(1)); return true;
+      case 'M': push_value(Value::Kind::unsigned_integer, le(2)); return true;
       case 0x8a: push_long(le(1)); return true;  // LONG1
       case 0x8b: push_long(le(4)); return true;  // LONG4
       case 'G': {                                // BINFLOAT: big-endian double
         const std::string_view s = take(8);
         std::uint64_t bits = 0;
         for (int i = 0; i < 8; ++i) bits = bits << 8 | static_cast<unsigned char>(s[i]);
-        const double d = std::bit_cast<double>(bits);
-        push_scalar(std::isfinite(d) ? nlohmann::json(d) : nlohmann::json(nullptr));
+        if (std::isfinite(std::bit_cast<double>(bits))) push_value(Value::Kind::real, bits);
+        else push(kNull);
         return true;
       }
       case 0x8c: push_text(le(1)); return true;  // SHORT_BINUNICODE
       case 'X': push_text(le(4)); return true;   // BINUNICODE
       case 0x8d: push_text(le(8)); return true;  // BINUNICODE8
-      case 'N': push_scalar(nullptr); return true;
-      case 0x88: push_scalar(true); return true;
-      case 0x89: push_scalar(false); return true;
-      case 0x94: memo_put(memo_.size()); return true;  // MEMOIZE
-      case 'q': memo_put(le(1)); return true;          // BINPUT
-      case 'r': memo_put(le(4)); return true;          // LONG_BINPUT
-      case 'h': memo_get(le(1)); return true;          // BINGET
-      case 'j': memo_get(le(4)); return true;          // LONG_BINGET
-      case '0': pop(); return true;                    // POP
-      case '1': pop_to_mark(); return true;            // POP_MARK
-      case '.': return false;                          // STOP
+      case 'N': push(kNull); return true;
+      case 0x88: push(kTrue); return true;
+      case 0x89: push(kFalse); return true;
+      case 0x94: memo_put(memo_count_); return true;  // MEMOIZE
+      case 'q': memo_put(le(1)); return true;         // BINPUT
+      case 'r': memo_put(le(4)); return true;         // LONG_BINPUT
+      case 'h': memo_get(le(1)); return true;         // BINGET
+      case 'j': memo_get(le(4)); return true;         // LONG_BINGET
+      case '0': pop(); return true;                   // POP
+      case '1': pop_to_mark(); return true;           // POP_MARK
+      case '.': return false;                         // STOP
       default: break;
     }
     fail(fmt::format("opcode {} is not read (it is not part of a memory snapshot: only dicts, lists, tuples, "
@@ -250,68 +282,128 @@ class Reader {
     }
   }
 
-  nlohmann::json to_json(std::size_t index, int depth, std::size_t& budget) const {
+  std::string_view text(const Value& v) const { return d_.substr(v.payload, v.count); }
+  // The first link of a list or dict (kNone when empty); links_[l].next the one after l.
+  static std::uint32_t first(const Value& v) { return v.count ? std::uint32_t(v.payload) : kNone; }
+  std::vector<std::uint32_t> items(const Value& v) const {
+    std::vector<std::uint32_t> out;
+    out.reserve(v.count);
+    for (std::uint32_t l = first(v); l != kNone; l = links_[l].next) out.push_back(links_[l].value);
+    return out;
+  }
+
+  void charge(PickleBudget& budget, std::size_t values, std::size_t text) const {
+    if (budget.values < values)
+      fail(fmt::format("a value that expands beyond the reader's limit ({} values for a file of {} bytes)",
+                       limit_.values, d_.size()));
+    if (budget.text < text)
+      fail(
+          fmt::format("strings that expand beyond the reader's limit ({} bytes of text for a file of {} bytes; "
+                      "each reference to a string counts)",
+                      limit_.text, d_.size()));
+    budget.values -= values;
+    budget.text -= text;
+  }
+  void check_depth(int depth) const {
     if (depth > kMaxPickleDepth)
       fail(fmt::format("nesting deeper than {} levels (or a value that contains itself)", kMaxPickleDepth));
-    if (budget-- == 0) fail("a value that expands beyond the reader's limit");
+  }
+
+  nlohmann::json to_json(std::uint32_t index, int depth, PickleBudget& budget) const {
+    check_depth(depth);
     const Value& v = values_[index];
+    charge(budget, 1, v.kind == Value::Kind::string ? v.count : 0);
     switch (v.kind) {
-      case Value::Kind::scalar: return v.scalar;
+      case Value::Kind::none: return nullptr;
+      case Value::Kind::boolean: return v.payload != 0;
+      case Value::Kind::integer: return static_cast<std::int64_t>(v.payload);
+      case Value::Kind::unsigned_integer: return v.payload;
+      case Value::Kind::real: return std::bit_cast<double>(v.payload);
+      case Value::Kind::string: return std::string(text(v));
       case Value::Kind::list: {
         nlohmann::json out = nlohmann::json::array();
-        for (std::size_t i : v.items) out.push_back(to_json(i, depth + 1, budget));
+        for (std::uint32_t l = first(v); l != kNone; l = links_[l].next)
+          out.push_back(to_json(links_[l].value, depth + 1, budget));
         return out;
       }
       case Value::Kind::dict: {
         nlohmann::json out = nlohmann::json::object();
-        for (const auto& [k, i] : v.pairs)
-          out[k] = selector_ && k == selector_->key && values_[i].kind == Value::Kind::list
-                       ? selected(i, depth + 1, budget)
-                       : to_json(i, depth + 1, budget);
+        for (std::uint32_t l = first(v); l != kNone; l = links_[links_[l].next].next) {
+          const Value& k = values_[links_[l].value];
+          const std::uint32_t value = links_[links_[l].next].value;  // keys and values come in pairs
+          std::string key = k.kind == Value::Kind::string    ? std::string(text(k))
+                            : k.kind == Value::Kind::integer ? std::to_string(static_cast<std::int64_t>(k.payload))
+                                                             : std::to_string(k.payload);
+          charge(budget, 0, key.size());
+          const bool select = selector_ && key == selector_->key && values_[value].kind == Value::Kind::list;
+          out[std::move(key)] = select ? selected(value, depth + 1, budget) : to_json(value, depth + 1, budget);
+        }
         return out;
       }
     }
     return nullptr;
   }
 
-  // The kept items of a list under the selector's key: chosen once per distinct list (the memo
-  // shares one among many dicts), then copied. Every copy is charged to the budget as if it had
-  // been expanded, so a selector that keeps everything is bounded as before.
-  nlohmann::json selected(std::size_t index, int depth, std::size_t& budget) const {
-    if (depth > kMaxPickleDepth)
-      fail(fmt::format("nesting deeper than {} levels (or a value that contains itself)", kMaxPickleDepth));
-    auto it = selected_.find(index);
-    if (it == selected_.end()) {
-      const std::vector<std::size_t>& items = values_[index].items;
-      const std::function<nlohmann::json(std::size_t)> item = [&](std::size_t i) {
-        if (i >= items.size()) fail(fmt::format("the selector asked for item {} of {}", i, items.size()));
-        return to_json(items[i], depth + 1, budget);
-      };
-      Selected s{nlohmann::json::array(), 1};
-      for (std::size_t i : selector_->select(items.size(), item)) {
-        std::size_t before = budget;
-        s.value.push_back(item(i));
-        s.values += before - budget;
-      }
-      it = selected_.emplace(index, std::move(s)).first;
+  // A value the selector looks at: expanded once (charged in full), then shared by reference
+  // (charged one value): PyTorch's stacks share their frames among thousands of lists.
+  const nlohmann::json& inspected(std::uint32_t index, int depth, PickleBudget& budget) const {
+    auto it = inspected_.find(index);
+    if (it == inspected_.end() || it->second.depth < depth) {
+      nlohmann::json value = to_json(index, depth, budget);
+      it = inspected_.insert_or_assign(index, Cached{std::move(value), depth, 0, 0}).first;
+    } else {
+      charge(budget, 1, 0);
     }
-    if (budget < it->second.values) fail("a value that expands beyond the reader's limit");
-    budget -= it->second.values;
     return it->second.value;
+  }
+
+  // The kept items of a list under the selector's key: chosen once per distinct list (the memo
+  // shares one among many dicts), then copied. Every copy is charged as if it had been expanded.
+  nlohmann::json selected(std::uint32_t index, int depth, PickleBudget& budget) const {
+    check_depth(depth);
+    auto it = selected_.find(index);
+    if (it == selected_.end() || it->second.depth < depth) {
+      const std::vector<std::uint32_t> list = items(values_[index]);
+      const std::function<const nlohmann::json&(std::size_t)> item = [&](std::size_t i) -> const nlohmann::json& {
+        if (i >= list.size()) fail(fmt::format("the selector asked for item {} of {}", i, list.size()));
+        return inspected(list[i], depth + 1, budget);
+      };
+      Cached s{nlohmann::json::array(), depth, 1, 0};
+      for (std::size_t i : selector_->select(list.size(), item)) {
+        s.value.push_back(item(i));
+        count(s.value.back(), s.values, s.text);
+      }
+      it = selected_.insert_or_assign(index, std::move(s)).first;
+    }
+    charge(budget, it->second.values, it->second.text);
+    return it->second.value;
+  }
+  // What a copy of `j` is charged: its values and the bytes of its strings and keys.
+  static void count(const nlohmann::json& j, std::size_t& values, std::size_t& text) {
+    ++values;
+    if (j.is_string()) text += j.get_ref<const std::string&>().size();
+    if (j.is_object())
+      for (const auto& [k, v] : j.items()) text += k.size();
+    if (j.is_structured())
+      for (const auto& v : j) count(v, values, text);
   }
 
   std::string_view d_;
   const std::string& what_;
   std::size_t pos_ = 0;
   std::vector<Value> values_;
-  std::vector<std::size_t> stack_, marks_;
-  std::unordered_map<std::uint64_t, std::size_t> memo_;
+  std::vector<Link> links_;
+  std::vector<std::uint32_t> stack_, marks_;
+  std::vector<std::uint32_t> memo_;  // by id: a value's index, or kNone
+  std::size_t memo_count_ = 0;       // ids stored: MEMOIZE's next id (Python's len(memo))
   const ListSelector* selector_;
-  struct Selected {
+  const PickleBudget limit_;
+  struct Cached {
     nlohmann::json value;
-    std::size_t values;  // how many values a copy counts for
+    int depth;                 // where it was expanded: deeper references expand it again
+    std::size_t values, text;  // what a copy is charged (selected_)
   };
-  mutable std::unordered_map<std::size_t, Selected> selected_;  // by arena index
+  mutable std::unordered_map<std::uint32_t, Cached> selected_, inspected_;  // by arena index
 };
 
 void put_le(std::string& out, std::uint64_t v, int n) {
@@ -390,6 +482,11 @@ void write(std::string& out, const nlohmann::json& v) {
 }
 
 }  // namespace
+
+PickleBudget pickle_budget(std::size_t file_bytes) {
+  const std::size_t n = std::min(file_bytes, std::size_t{1} << 40);
+  return {std::min(kMaxPickleValues, (std::size_t{1} << 20) + n), (std::size_t{64} << 20) + 16 * n};
+}
 
 nlohmann::json read_pickle(std::string_view data, const std::string& what, const ListSelector* selector) {
   return Reader(data, what, selector).run();

@@ -6,10 +6,10 @@
 #include <optional>
 #include <set>
 #include <string_view>
-#include <unordered_map>
 
 #include "stowage/error.hpp"
 #include "tools/common/json_input.hpp"
+#include "tools/inspect/pytorch_blocks.hpp"
 #include "tools/inspect/snapshot_analysis.hpp"
 
 namespace stowage::inspect {
@@ -50,6 +50,12 @@ std::uint64_t bytes_at(const nlohmann::json& j, const char* key, const std::stri
   if (v > kMaxBytes) throw ParseError(fmt::format("{}: field '{}' is {} bytes, more than 256 TiB", where, key, v));
   return v;
 }
+// An OOM's size is the request that failed (torch.empty(2**47) asks for 512 TiB): reported, never
+// summed, so any size_t PyTorch writes is taken.
+std::uint64_t request_at(const nlohmann::json& j, const char* key, const std::string& where) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : unsigned_at(j, key, where);
+}
 
 // Frames only label a block: a field of the wrong type reads as absent, never as an error.
 std::string frame_string(const nlohmann::json& f, const char* key, const char* fallback) {
@@ -89,11 +95,11 @@ bool frame_shown(const std::string& name, const std::string& filename) {
 // The frame that names a block (innermost first, as PyTorch lists them): stowage's tag frame
 // anywhere; else the first Python frame memory_viz shows; else the first frame it shows; else
 // the innermost. With stacks="all" the innermost is always the unwinder itself.
-std::optional<std::size_t> tag_frame(std::size_t count, const std::function<nlohmann::json(std::size_t)>& item) {
+std::optional<std::size_t> tag_frame(std::size_t count, const std::function<const nlohmann::json&(std::size_t)>& item) {
   if (count == 0) return std::nullopt;
   std::optional<std::size_t> python, shown;
   for (std::size_t i = 0; i < count; ++i) {
-    const nlohmann::json f = item(i);
+    const nlohmann::json& f = item(i);
     if (!f.is_object()) continue;
     const std::string file = frame_string(f, "filename", "");
     if (file == kTagFrameFile) return i;
@@ -107,7 +113,7 @@ std::optional<std::size_t> tag_frame(std::size_t count, const std::function<nloh
 std::string tag_of(const nlohmann::json& entry) {
   const auto it = entry.find("frames");
   if (it == entry.end() || !it->is_array() || it->empty()) return "";
-  const auto i = tag_frame(it->size(), [&](std::size_t k) { return (*it)[k]; });
+  const auto i = tag_frame(it->size(), [&](std::size_t k) -> const nlohmann::json& { return (*it)[k]; });
   const auto& f = (*it)[*i];
   if (!f.is_object()) return "";
   if (frame_string(f, "filename", "") == kTagFrameFile) return frame_string(f, "name", "");
@@ -130,6 +136,15 @@ bool trace_action(const std::string& s, TraceAction& out) {
   else if (s == "oom") out = TraceAction::oom;
   else return false;  // "snapshot" and what later versions add: not memory changes
   return true;
+}
+
+// Whether the reader takes a trace entry: one that changes memory, or one it refuses (so that a
+// malformed entry is reported, not skipped with its device).
+bool entry_read(const nlohmann::json& e) {
+  if (!e.is_object()) return true;
+  const auto it = e.find("action");
+  TraceAction action{};
+  return it != e.end() && !it->is_null() && (!it->is_string() || trace_action(it->get<std::string>(), action));
 }
 
 // history[0] of a block in PyTorch 2.0's and 1.13's form (no "frames", a "history" list), else null.
@@ -164,52 +179,9 @@ nlohmann::json read_pytorch_pickle(std::string_view data, const std::string& wha
   return read_pickle(data, what, &pytorch_frames_selector());
 }
 
-namespace {
-
-// The bytes PyTorch's allocator accounts for a request it traced (CUDACachingAllocator.cpp
-// round_size: at least 512, a multiple of 512; roundup_power2_divisions is not applied).
-std::uint64_t rounded(std::uint64_t requested) {
-  return requested == 0 ? 0 : requested < 512 ? 512 : (requested + 511) / 512 * 512;
-}
-
-// PyTorch's trace holds the requested size of an allocation and of its frees; stowage's, like
-// allocated_bytes, the block's. An allocation that is live now takes its block's size, one freed
-// in the trace the rounded request, its frees the size of their allocation.
-void to_block_sizes(Snapshot& s, const std::vector<std::size_t>& requested) {
-  std::unordered_map<std::uintptr_t, std::uint64_t> active;  // block address → size, live blocks
-  for (const auto& seg : s.segments)
-    for (const auto& b : seg.blocks)
-      if (b.state != BlockState::inactive) active[b.address] = b.size;
-  struct Open {
-    std::vector<std::size_t> entries;  // its alloc and free_requested, in the trace
-  };
-  std::unordered_map<std::uintptr_t, Open> open;
-  for (std::size_t i = 0; i < s.trace.size(); ++i) {
-    TraceEntry& t = s.trace[i];
-    if (t.action == TraceAction::alloc) {
-      t.size = rounded(requested[i]);
-      open[t.address] = Open{{i}};
-    } else if (t.action == TraceAction::free_requested || t.action == TraceAction::free_completed) {
-      auto it = open.find(t.address);
-      t.size = it != open.end() ? s.trace[it->second.entries.front()].size : rounded(requested[i]);
-      if (t.action == TraceAction::free_completed) {
-        if (it != open.end()) open.erase(it);
-      } else if (it != open.end()) {
-        it->second.entries.push_back(i);
-      } else {
-        open[t.address] = Open{{i}};
-      }
-    }
-  }
-  for (const auto& [address, o] : open)
-    if (const auto b = active.find(address); b != active.end())
-      for (std::size_t i : o.entries) s.trace[i].size = b->second;
-}
-
-}  // namespace
-
-std::vector<int> pytorch_devices(const nlohmann::json& j, const std::string& what) {
-  if (j.is_array()) return pytorch_devices({{"segments", j}, {"device_traces", nlohmann::json::array()}}, what);
+std::vector<int> pytorch_devices(const nlohmann::json& j, const std::string& what, std::vector<int>* skipped) {
+  if (j.is_array())
+    return pytorch_devices({{"segments", j}, {"device_traces", nlohmann::json::array()}}, what, skipped);
   if (!j.is_object())
     throw ParseError(
         fmt::format("{}: expected a dict with \"segments\" and \"device_traces\" (or a list of segments)", what));
@@ -222,8 +194,11 @@ std::vector<int> pytorch_devices(const nlohmann::json& j, const std::string& wha
     if (d < 0 || d > kMaxDevice) throw ParseError(fmt::format("{}: device {} is out of range", where, d));
     devices.insert(int(d));
   }
-  for (std::size_t d = 0; d < traces.size() && d <= std::size_t(kMaxDevice); ++d)
-    if (traces[d].is_array() && !traces[d].empty()) devices.insert(int(d));
+  for (std::size_t d = 0; d < traces.size() && d <= std::size_t(kMaxDevice); ++d) {
+    if (!traces[d].is_array() || traces[d].empty() || devices.contains(int(d))) continue;
+    if (std::any_of(traces[d].begin(), traces[d].end(), entry_read)) devices.insert(int(d));
+    else if (skipped) skipped->push_back(int(d));
+  }
   return {devices.begin(), devices.end()};
 }
 
@@ -233,8 +208,9 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what,
   if (j.is_array())
     return snapshot_from_pytorch({{"segments", j}, {"device_traces", nlohmann::json::array()}}, what, device);
   if (device < 0) {
-    const std::vector<int> devices = pytorch_devices(j, what);
-    device = devices.empty() ? 0 : devices.front();
+    std::vector<int> skipped;
+    const std::vector<int> devices = pytorch_devices(j, what, &skipped);
+    device = !devices.empty() ? devices.front() : !skipped.empty() ? skipped.front() : 0;
   }
   const nlohmann::json& segments = array_at(j, "segments", what);
   const nlohmann::json& traces = array_at(j, "device_traces", what);
@@ -288,16 +264,19 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what,
     add(s.stats.segment, info.pool, 1);
     s.segments.push_back(std::move(info));
   }
-  std::vector<std::size_t> requested;  // the trace's sizes as PyTorch wrote them
+  PyTorchBlockRules rules = pytorch_block_rules(j);
+  std::vector<std::uint64_t> requested;  // the trace's sizes as PyTorch wrote them
   if (std::size_t(device) < traces.size() && traces[std::size_t(device)].is_array()) {
     const nlohmann::json& trace = traces[std::size_t(device)];
     for (std::size_t i = 0; i < trace.size(); ++i) {
       const std::string where = fmt::format("{}.device_traces[{}][{}]", what, device, i);
       TraceEntry t;
-      if (!trace_action(tools::get_string_or(trace[i], "action", "", where), t.action)) continue;
+      const std::string action = tools::get_string_or(trace[i], "action", "", where);
+      if (!trace_action(action, t.action)) continue;
+      rules.expandable |= action == "segment_map" || action == "segment_unmap";
       // An OOM has no address: PyTorch writes the device's free bytes in its place.
       t.address = unsigned_at(trace[i], t.action == TraceAction::oom ? "device_free" : "addr", where);
-      t.size = bytes_at(trace[i], "size", where);
+      t.size = t.action == TraceAction::oom ? request_at(trace[i], "size", where) : bytes_at(trace[i], "size", where);
       t.stream = Stream{static_cast<std::uintptr_t>(int_or(trace[i], "stream", 0, where))};
       const std::int64_t us = int_or(trace[i], "time_us", 0, where);
       t.time_ns = us > INT64_MAX / 1000 ? INT64_MAX : us < INT64_MIN / 1000 ? INT64_MIN : us * 1000;
@@ -307,7 +286,7 @@ Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what,
       s.trace.push_back(std::move(t));
     }
   }
-  to_block_sizes(s, requested);
+  to_block_sizes(s, requested, rules);
   // No counters in PyTorch's snapshot: a peak is the trace's highest point (shifted so the
   // trace ends at now), at least now.
   const std::vector<std::int64_t> along = allocated_along(s.trace);

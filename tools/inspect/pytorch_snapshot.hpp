@@ -29,21 +29,24 @@ nlohmann::json read_pytorch_pickle(std::string_view data, const std::string& wha
 // Devices beyond this one are refused as malformed.
 inline constexpr int kMaxDevice = 1024;
 
-// The devices that have segments or trace entries, lowest first (empty when none has).
+// The devices that have segments or trace entries that change memory, lowest first (empty when
+// none has). `skipped` gets those whose traces hold only other entries: PyTorch marks each
+// snapshot() in every device's trace, used or not (a dump shows the earlier calls' marks).
 // ParseError for a dict without "segments" and "device_traces" lists, or a device out of range.
-std::vector<int> pytorch_devices(const nlohmann::json& j, const std::string& what);
+std::vector<int> pytorch_devices(const nlohmann::json& j, const std::string& what, std::vector<int>* skipped = nullptr);
 
-// One device's memory (`device`; -1: the lowest that has segments or trace entries); a bare list
-// of segments (an older form) reads as segments without a trace. Statistics are what the
-// segments say now; peaks come from replaying the trace, shifted to end at now (PyTorch's
-// snapshot keeps no counters). Trace sizes become block sizes (PyTorch traces the requested
-// size): a live block's size, else the request rounded up to 512 bytes. An OOM entry's address
-// is the device_free PyTorch wrote there. A block's frames and requested size are its own, else
-// (PyTorch 2.0 and 1.13) those of history[0] (`real_size`); a free block's requested size is 0
-// (PyTorch's is left over from an earlier allocation). A block's tag is its stowage tag frame
-// when it has one, else the first frame that memory_viz shows (its _frame_filter) from a .py
-// file, else the first it shows, else the innermost ("name (file:line)"), else empty.
-// ParseError naming the field and the entry otherwise, floats in integer fields included.
+// One device's memory (`device`; -1: the lowest pytorch_devices gives, else the lowest it
+// skipped, else 0); a bare list of segments (an older form) reads as segments without a trace.
+// Statistics are what the segments say now; peaks come from replaying the trace, shifted to end
+// at now (PyTorch's snapshot keeps no counters). Trace sizes become block sizes (PyTorch traces
+// the requested size; pytorch_blocks.hpp). An OOM entry's address is the device_free PyTorch
+// wrote there, its size the request, any up to 2^64 - 1 (other sizes above 256 TiB are refused).
+// A block's frames and requested size are its own, else (PyTorch 2.0 and 1.13) those of
+// history[0] (`real_size`); a free block's requested size is 0 (PyTorch's is left over from an
+// earlier allocation). A block's tag is its stowage tag frame when it has one, else the first
+// frame that memory_viz shows (its _frame_filter) from a .py file, else the first it shows, else
+// the innermost ("name (file:line)"), else empty. ParseError naming the field and the entry
+// otherwise, floats in integer fields included.
 Snapshot snapshot_from_pytorch(const nlohmann::json& j, const std::string& what, int device = -1);
 
 }  // namespace stowage::inspect

@@ -141,6 +141,7 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
       step = n;
     }
     a.trace_timed |= t.time_ns != 0;
+    if (t.action == TraceAction::oom) a.ooms.push_back({t.time_ns, events, t.size, t.address, t.tag});
     const std::int64_t size = as_bytes(t.size);
     if (t.action == TraceAction::segment_map) reserved += size;
     if (t.action == TraceAction::segment_unmap) reserved -= size;
@@ -148,6 +149,7 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
     a.timeline.push_back({t.time_ns, events, replay.bytes(), reserved});
     if (replay.bytes() > a.timeline[peak_index].allocated) peak_index = a.timeline.size() - 1;
   }
+  if (a.ooms.size() > top) a.ooms.erase(a.ooms.begin(), a.ooms.end() - static_cast<std::ptrdiff_t>(top));
   std::map<std::string, std::int64_t> at_peak;
   AllocatedReplay to_peak;
   for (std::size_t i = 0; i < peak_index; ++i) to_peak.step(s.trace[i], &at_peak);
@@ -166,7 +168,7 @@ SnapshotAnalysis analyze(const Snapshot& s, std::size_t top) {
   return a;
 }
 
-std::vector<Snapshot> load_snapshots(const std::string& path) {
+std::vector<Snapshot> load_snapshots(const std::string& path, std::vector<int>* skipped) {
   const std::string text = tools::read_file(path);  // bounded size; each reader bounds the depth
   auto stowage_snapshot = [&] {
     try {
@@ -176,8 +178,13 @@ std::vector<Snapshot> load_snapshots(const std::string& path) {
     }
   };
   auto pytorch = [&](const nlohmann::json& j) {
-    std::vector<int> devices = pytorch_devices(j, path);
-    if (devices.empty()) devices.push_back(0);
+    std::vector<int> others;
+    std::vector<int> devices = pytorch_devices(j, path, &others);
+    if (devices.empty()) {  // none holds memory: the lowest stands for the file
+      devices.push_back(others.empty() ? 0 : others.front());
+      if (!others.empty()) others.erase(others.begin());
+    }
+    if (skipped) *skipped = std::move(others);
     std::vector<Snapshot> out;
     out.reserve(devices.size());
     for (int d : devices) out.push_back(snapshot_from_pytorch(j, path, d));

@@ -40,6 +40,15 @@ struct StepMark {
   std::int64_t step = 0;
 };
 
+// An allocation that failed: the request is reported only (it may exceed any device).
+struct OomSummary {
+  std::int64_t time_ns = 0;
+  std::int64_t events = 0;        // as TimelinePoint::events: the point after it
+  std::uint64_t requested = 0;    // bytes asked for
+  std::uint64_t device_free = 0;  // PyTorch's device_free; 0 in stowage's snapshots
+  std::string tag;
+};
+
 struct SnapshotAnalysis {
   int device = 0;
   std::string device_name;
@@ -54,6 +63,7 @@ struct SnapshotAnalysis {
   std::vector<TagBytes> tags_now;            // allocated bytes per tag now, most first (add up to allocated)
   std::vector<TagBytes> tags_at_peak;        // per tag at the trace's allocated peak
   std::vector<int> devices;                  // devices in the snapshot's file (set by the command)
+  std::vector<int> skipped_devices;          // in the file without memory (set by the command)
   std::vector<TimelinePoint> timeline;       // from the trace: its start, then after each event
   std::int64_t trace_events = 0;
   bool trace_timed = false;               // a trace event has a time (PyTorch's before ~2.1: none)
@@ -61,6 +71,7 @@ struct SnapshotAnalysis {
   double fragmentation_at_peak = 0;       // 1 − allocated / reserved there
   std::int64_t largest_gap = 0;           // most reserved − allocated bytes along the trace
   std::vector<StepMark> steps;            // step marks along the trace, oldest first
+  std::vector<OomSummary> ooms;           // the trace's last `top` OOMs, oldest first
 };
 
 // The step a tag names, or -1: "step" in any case, then optionally one of ' ', '_', '-', ':', '=',
@@ -74,14 +85,14 @@ std::int64_t step_of_tag(std::string_view tag);
 // trace lacks. A free_requested for a block allocated before the trace counts too.
 std::vector<std::int64_t> allocated_along(const std::vector<TraceEntry>& trace);
 
-// `top` bounds largest_blocks and the tag lists.
+// `top` bounds largest_blocks, the tag lists and ooms.
 SnapshotAnalysis analyze(const Snapshot& snapshot, std::size_t top = 10);
 
 // Reads a snapshot file, one Snapshot per device it holds, lowest first (stowage's holds one; a
-// PyTorch snapshot those with segments or trace entries, at least one): bounded in size and
-// nesting, then checked for consistency (snapshot_consistency.hpp). ParseError naming the file
-// (and the device, when several) and the position, field or problem.
-std::vector<Snapshot> load_snapshots(const std::string& path);
+// PyTorch snapshot those pytorch_devices gives, at least one; the others go to `skipped`): bounded
+// in size and nesting, then checked for consistency (snapshot_consistency.hpp). ParseError naming
+// the file (and the device, when several) and the position, field or problem.
+std::vector<Snapshot> load_snapshots(const std::string& path, std::vector<int>* skipped = nullptr);
 // The lowest device's.
 Snapshot load_snapshot(const std::string& path);
 
