@@ -1,7 +1,7 @@
 """model.load_state_dict() on a model under shared storage writes each loaded value into the fp32
 master, bit for bit, as the fp32 model it replaced would take it as its weight: a resume that loads
 the model's weights, a pretrained checkpoint loaded after apply(), a load through a wrapper module
-or into a submodule. Values compared as bits (stowage.torch.optim, docs/pytorch.md)."""
+or into a submodule. Values compared as bits (stowage.torch.optim, docs/pytorch_optimizers.md)."""
 import copy
 import inspect
 

@@ -1,7 +1,7 @@
 """What the user writes into a shared-storage optimizer's parameters and state by hand: an in-place
 write to a parameter (p.zero_(), a pruning mask, nn.init, model.load_state_dict() without attach())
 becomes its fp32 master exactly, and a state tensor put in opt.state is stepped from its values
-without the kernel writing past it. Values compared as bits (stowage.torch.optim, docs/pytorch.md)."""
+without the kernel writing past it. Values compared as bits (stowage.torch.optim, docs/pytorch_optimizers.md)."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -27,7 +27,7 @@ def _pruned(model):
 
 
 # Each writes in place into the parameters of the bf16 model and names those it wrote (a mask
-# writes the whole parameter: the elements it keeps lose their low bits too, docs/pytorch.md).
+# writes the whole parameter: the elements it keeps lose their low bits too, docs/pytorch_optimizers.md).
 WRITES = {
     "zero_": lambda model: (model[0].weight.zero_(), ["0.weight"])[1],
     "nn.init.constant_": lambda model: (torch.nn.init.constant_(model[2].weight, -1.5), ["2.weight"])[1],

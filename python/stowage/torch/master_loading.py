@@ -1,6 +1,6 @@
 """model.load_state_dict() on a model whose parameters a shared-storage optimizer holds: each
 value loaded into such a parameter becomes its fp32 master, bit for bit, as it becomes the weight
-of the fp32 model the optimizer replaced (docs/pytorch.md, "Loading weights into the model").
+of the fp32 model the optimizer replaced (docs/pytorch_optimizers.md, "Loading weights into the model").
 
 torch copies a loaded value into the parameter itself, which is the bf16 view of the plane: the
 residual would stay from the old master, and the master would be neither the old weight nor the

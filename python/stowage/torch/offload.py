@@ -1,5 +1,5 @@
 """Where the shared-storage optimizers keep their state (m and v, or SGD's momentum buffer):
-state_offload and state_device_budget of SharedStorageAdamW / SharedStorageSGD (docs/pytorch.md,
+state_offload and state_device_budget of SharedStorageAdamW / SharedStorageSGD (docs/pytorch_optimizers.md,
 "Optimizer-state offload").
 
 "device"    the state is a tensor on the parameter's device (what torch.optim does).

@@ -1,4 +1,4 @@
-"""Optimizers on BF16/FP32 shared storage (docs/pytorch.md, "Shared-storage weights").
+"""Optimizers on BF16/FP32 shared storage (docs/pytorch_optimizers.md, "Shared-storage weights").
 
 SharedStorageAdamW(model.parameters(), ...) moves each fp32 parameter into split storage: a bf16
 plane, a residual plane and (nearest_even) a tie bitmap, one set per param group. The parameter
@@ -349,7 +349,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         """Ties this optimizer to `model`, the module its parameters came from: errors name each
         parameter by its name in the model, and model.load_state_dict() (or that of any module in
         it or around it) writes each loaded value into the fp32 master, bit for bit, as it would
-        become the weight of the fp32 model (docs/pytorch.md). apply() calls it."""
+        become the weight of the fp32 model (docs/pytorch_optimizers.md). apply() calls it."""
         self._names.update({id(p): name for name, p in model.named_parameters()})
         self._models.add(model)
         route_loads(model, self, self._routed)

@@ -1,5 +1,5 @@
 """The shared-storage optimizers' update overlapped with the next forward (overlap_update=True of
-SharedStorageAdamW / SharedStorageSGD and apply(); docs/pytorch.md, "Overlapping the update").
+SharedStorageAdamW / SharedStorageSGD and apply(); docs/pytorch_optimizers.md, "Overlapping the update").
 
 step() queues the fused update of CUDA parameters on a side stream of their device, in CHUNKS
 chunks of about equal size that follow the order of the attached model's parameters, and records
