@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "stowage/error.hpp"
+#include "tools/estimate/layer_activations.hpp"
 #include "tools/estimate/megatron_args.hpp"
 #include "tools/estimate/model_config.hpp"
 
@@ -172,3 +173,29 @@ TEST(EstimateInput, AnUnknownModelTypeIsReadWithAWarningThatSaysHow) {
 }
 
 }  // namespace
+
+// GPT-2's config names its dropouts attn_pdrop and resid_pdrop (transformers' modeling_gpt2.py),
+// Phi's attention_dropout and resid_pdrop: read, a GPT-2 layer without flash attention keeps
+// Korthikanti's sbh(34 + 5as/h) (12 heads, h 768, ffn 4h, GeLU, LayerNorm, biases).
+TEST(EstimateInput, Gpt2AndPhiDropoutNamesAreRead) {
+  for (const auto& c : hf_configs().at("counted")) {
+    const std::string name = c.at("name").get<std::string>();
+    if (name != "gpt2" && name != "phi-2") continue;
+    const ModelConfig m = model_from_hf_json(c.at("config").dump(), name);
+    EXPECT_EQ(m.attention_dropout, name == "gpt2") << name;  // phi-2: attention_dropout 0.0
+    EXPECT_TRUE(m.dropout) << name;                          // resid_pdrop 0.1 in both
+    if (name != "gpt2") continue;
+    RunConfig r;
+    r.model = m;
+    r.training.seq_length = 1024;
+    r.training.flash_attention = false;
+    const double s = 1024, h = 768, a = 12;
+    EXPECT_NEAR(layer_bytes_per_token(r, false).total() * s, s * h * (34 + 5 * a * s / h), 1.0);
+    std::string zeroed = c.at("config").dump();
+    for (const char* key : {"\"attn_pdrop\":0.1", "\"resid_pdrop\":0.1"})
+      zeroed.replace(zeroed.find(key), std::string(key).size(),
+                     std::string(key).substr(0, std::string(key).size() - 3) + "0.0");
+    const ModelConfig none = model_from_hf_json(zeroed, name);
+    EXPECT_FALSE(none.attention_dropout || none.dropout);
+  }
+}

@@ -163,6 +163,14 @@ TEST(EstimateModelStates, DeepSpeedZero2KeepsOnlyItsGradientPartition) {
   c.parallel.zero_stage = 2;
   EXPECT_EQ(estimate_memory(c).gradients, 2 * P / 8);
   EXPECT_EQ(estimate_memory(c).model_states(), 2 * P + 14 * P / 8);
+  // Offloaded, stage 2 sends its partition to the host as backward reduces it; stage 1 reduces
+  // only after backward (reduce_gradients), when every 16-bit gradient exists.
+  c.parallel.offload_optimizer_deepspeed = true;
+  EXPECT_EQ(estimate_memory(c).gradients, 0);
+  EXPECT_EQ(estimate_memory(c).model_states(), 2 * P);
+  c.parallel.zero_stage = 1;
+  EXPECT_EQ(estimate_memory(c).gradients, 2 * P);
+  EXPECT_EQ(estimate_memory(c).model_states(), 4 * P);
 }
 
 // step() flattens its partition's 16-bit gradients and converts them to fp32 (both alive at once,

@@ -374,8 +374,14 @@ ModelConfig model_from_hf_json(const std::string& text, const std::string& name,
   read_moe_layers(j, what, m);
   m.experts_per_token = get_int_or(j, "num_experts_per_tok", m.num_experts > 0 ? 2 : 0, what);
   const std::string act = get_string_or(j, "hidden_act", "silu", what);
-  m.attention_dropout = tools::get_number_or(j, "attention_dropout", 0.0, what) > 0.0;
-  m.dropout = tools::get_number_or(j, "hidden_dropout", 0.0, what) > 0.0;
+  // GPT-2 and GPT-J name their dropouts attn_pdrop / resid_pdrop, Phi attention_dropout /
+  // resid_pdrop (transformers' modeling_gpt2.py, modeling_phi.py: the residual dropout follows
+  // the attention and the MLP, as hidden_dropout does elsewhere).
+  auto rate = [&](const char* key, const char* other) {
+    return std::max(tools::get_number_or(j, key, 0.0, what), tools::get_number_or(j, other, 0.0, what));
+  };
+  m.attention_dropout = rate("attention_dropout", "attn_pdrop") > 0.0;
+  m.dropout = rate("hidden_dropout", "resid_pdrop") > 0.0;
   const bool attention_bias = get_bool_or(j, "attention_bias", false, what);
   m.qkv_bias = attention_bias;  // transformers' attention_bias: q, k, v and the output projection
   m.proj_bias = attention_bias;

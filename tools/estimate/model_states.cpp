@@ -39,9 +39,12 @@ States model_states(const RunConfig& c, double params, double n, double largest_
       s.gradients = (p.offload_optimizer_deepspeed ? 0 : 4 * params / n) + W * largest_layer;
     } else {
       s.weights = W * params;
-      // Stage 2 keeps only its own partition of the 16-bit gradients (clear_grad_attribute).
+      // Stage 2 keeps only its own partition of the 16-bit gradients (clear_grad_attribute);
+      // with offload_optimizer it copies that partition to the host as it is reduced, in
+      // backward. Stage 1 reduces after backward (reduce_gradients), offloaded or not, so every
+      // 16-bit gradient is alive at the end of backward (stage_1_and_2.py process_gradients).
       const double grads16 = z == 2 ? W * params / n : W * params;
-      s.gradients = p.offload_optimizer_deepspeed ? 0 : grads16;
+      s.gradients = p.offload_optimizer_deepspeed && z == 2 ? 0 : grads16;
       // The fp32 gradients the optimizer steps on exist only inside step(), after backward has
       // freed the activations. ZeRO-1/2 flatten the partition's gradients, then .to(fp32) (both
       // alive at once; the same tensor in fp32 training) (stage_1_and_2.py step()). At stage 0
