@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "common/log.hpp"
+#include "offload/host_memory.hpp"
 
 namespace stowage::offload {
 namespace {
@@ -26,13 +27,24 @@ bool bind_to_node(void* ptr, std::size_t bytes, int node) {
   return ::mbind(ptr, bytes, MPOL_BIND, mask.data(), mask.size() * kBits + 1, 0) == 0;
 }
 
-// Faults every page in now (on the bound node), so pinning and first use do not.
-void populate(void* ptr, std::size_t bytes) {
+// Faults every page in now (on the bound node), so pinning and first use do not; false when the
+// kernel could not (out of memory). Touched page by page only where the kernel lacks the advice.
+bool populate(void* ptr, std::size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
-  if (::madvise(ptr, bytes, MADV_POPULATE_WRITE) == 0) return;
+  if (::madvise(ptr, bytes, MADV_POPULATE_WRITE) == 0) return true;
+  if (errno != EINVAL) return false;
 #endif
   auto* p = static_cast<volatile char*>(ptr);
   for (std::size_t off = 0; off < bytes; off += page_size()) p[off] = 0;
+  return true;
+}
+
+// Whether `bytes` more can be faulted in (on `node`, when bound) without the OOM killer: a
+// request beyond what the host has left is refused before any page is touched.
+bool host_has_room(std::size_t bytes, int node) {
+  if (bytes > host_memory_available()) return false;
+  return node < 0 || numa_available() < 0 || numa_node_size64(node, nullptr) < 0 ||
+         bytes <= static_cast<std::size_t>(numa_node_size64(node, nullptr));
 }
 
 }  // namespace
@@ -79,6 +91,11 @@ void* ExtentSource::map(std::size_t bytes, std::size_t alignment) {
     std::lock_guard lock(mutex_);
     pending_ -= bytes;
   };
+  if (!host_has_room(bytes, node)) {
+    log().debug("host pool: {} bytes asked for; the host has {} bytes available", bytes, host_memory_available());
+    undo_pending();
+    return nullptr;
+  }
   // Over-map by the alignment and trim, so any power-of-two alignment is honoured.
   const std::size_t span = bytes + alignment - page;
   void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -94,7 +111,12 @@ void* ExtentSource::map(std::size_t bytes, std::size_t alignment) {
 
   if (node >= 0 && !bind_to_node(ptr, bytes, node))
     log().warn("host pool: mbind to node {} failed (errno {}); pages follow the default policy", node, errno);
-  populate(ptr, bytes);
+  if (!populate(ptr, bytes)) {
+    log().warn("host pool: faulting in {} bytes failed (errno {})", bytes, errno);
+    ::munmap(ptr, bytes);
+    undo_pending();
+    return nullptr;
+  }
   if (pin_) {
     try {
       device_.pin_host(ptr, bytes);

@@ -13,6 +13,7 @@
 #include "common/log.hpp"
 #include "offload/extent_hooks.hpp"
 #include "offload/host_backend.hpp"
+#include "offload/host_memory.hpp"
 
 namespace stowage {
 namespace {
@@ -160,6 +161,7 @@ void* HostPool::allocate(std::size_t bytes) {
     ++m.num_ooms;
     std::string message = m.oom_message(bytes, rounded);
     if (!cause.empty()) message += fmt::format(" Cause: {}", cause);
+    message += fmt::format(" The host has {} bytes available.", offload::host_memory_available());
     throw OutOfMemory(message);
   }
   const int node = m.source.node_of(p);

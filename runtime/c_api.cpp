@@ -287,6 +287,15 @@ int stowage_record_stream(void* ptr, int device, void* stream) {
   });
 }
 
+int stowage_block_device(const void* ptr) {
+  return guarded(-1, [&] {
+    if (ptr == nullptr) return -1;
+    Allocators& all = allocators();
+    refuse_if_devices_forked("stowage_block_device");
+    return owner_of(all, ptr);
+  });
+}
+
 ssize_t stowage_get_stats(int device, char* buf, size_t len) {
   return guarded<ssize_t>(-1, [&]() -> ssize_t {
     check_buffer(buf, len, "stowage_get_stats");

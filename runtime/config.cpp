@@ -126,10 +126,12 @@ std::vector<std::string> unknown_variable_warnings(const std::vector<std::string
 }
 
 const Config& config() {
-  // Parsed once; a failure is kept and rethrown, so every caller sees the same answer.
+  // Parsed once; a failure is kept and rethrown, so every caller sees the same answer. Never
+  // destroyed, as the allocators and devices are not: a static destructor or a thread still
+  // running at exit may make the first allocation then.
   static std::once_flag once;
-  static Config parsed;
-  static std::string failure;
+  static Config& parsed = *new Config;             // NOLINT(cppcoreguidelines-owning-memory)
+  static std::string& failure = *new std::string;  // NOLINT(cppcoreguidelines-owning-memory)
   std::call_once(once, [] {
     // A misspelt variable would be ignored without a word: say so once, even with logging off.
     std::vector<std::string> names;

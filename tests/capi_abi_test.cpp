@@ -212,6 +212,28 @@ TEST_F(CApiTest, FreeOnDeviceMinusOneFindsTheOwner) {
   EXPECT_EQ(stats(0)["allocation.all.current"], 0);
 }
 
+// stowage_block_device names the device whose allocator gave a live block; NULL, foreign
+// memory, an interior pointer and a freed block are -1 with no error (the drop-in's
+// record_stream hook skips them, as PyTorch's allocator does), and nothing changes.
+TEST_F(CApiTest, BlockDeviceNamesTheOwnerAndMinusOneForAnythingElse) {
+  const int last = stowage_device_count() - 1;
+  void* p = stowage_malloc(8192, last, nullptr);
+  ASSERT_NE(p, nullptr) << error();
+  const nlohmann::json before = state_of(last);
+  EXPECT_EQ(stowage_block_device(p), last);
+  EXPECT_EQ(error(), "");
+  int on_stack = 0;
+  for (const void* other : {static_cast<const void*>(nullptr), static_cast<const void*>(&on_stack),
+                            static_cast<const void*>(static_cast<char*>(p) + 512)}) {
+    EXPECT_EQ(stowage_block_device(other), -1);
+    EXPECT_EQ(stowage_last_error_code(), STOWAGE_OK) << error();
+  }
+  EXPECT_EQ(state_of(last), before);
+  stowage_free(p, 8192, last, nullptr);
+  EXPECT_EQ(stowage_block_device(p), -1);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_OK) << error();
+}
+
 // A stream made and destroyed through stowage's device while blocks were freed on it: malloc on
 // it is refused, changing nothing, and what was freed on it serves the default stream without
 // growing (its work finished when it was destroyed).

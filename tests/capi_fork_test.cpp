@@ -60,6 +60,7 @@ TEST(CApiFork, EveryAllocatorEntryPointIsRefusedInAForkedChild) {
         },
         [&] { return stowage_record_stream(keep, 0, nullptr) == -1; },
         [&] { return stowage_record_stream(keep, -1, nullptr) == -1; },  // looks for the owner
+        [&] { return stowage_block_device(keep) == -1; },
         [] { return stowage_empty_cache(0) == -1; },
         [] { return stowage_empty_cache(-1) == -1; },
         [&] { return stowage_get_stats(0, buf, sizeof buf) == -1; },

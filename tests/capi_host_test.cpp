@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <dlpack/dlpack.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -74,6 +75,25 @@ TEST(CApiHost, BadInputIsRefusedAndChangesNothing) {
   EXPECT_NE(error().find("double free"), std::string::npos) << error();
   EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(host_stats(0).at("live_buffers"), before.at("live_buffers").get<int>() - 1);
+}
+
+// A size below the pool's limit that this host still lacks (twice its physical memory) is refused
+// before a page is touched: faulting it in would bring the kernel's OOM killer.
+TEST(CApiHost, MoreThanTheHostHasIsOutOfMemoryNotAKill) {
+  const auto physical = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  ASSERT_LT(2 * physical, std::int64_t{1} << 46);  // below the 64 TiB no host has
+  const nlohmann::json before = host_stats(0);
+  EXPECT_EQ(stowage_host_malloc(2 * physical, 0), nullptr);
+  EXPECT_EQ(stowage_last_error_code(), STOWAGE_ERROR_OUT_OF_MEMORY) << error();
+  EXPECT_NE(error().find("bytes available"), std::string::npos) << error();
+  // Counted as a refusal; nothing handed out (the retry may have given cached pages back first).
+  const nlohmann::json now = host_stats(0);
+  EXPECT_EQ(now.at("num_ooms"), before.at("num_ooms").get<int>() + 1);
+  for (const char* key : {"live_buffers", "in_use_bytes", "requested_bytes", "num_allocs"})
+    EXPECT_EQ(now.at(key), before.at(key)) << key;
+  void* p = stowage_host_malloc(kMiB, 0);  // the pool goes on
+  ASSERT_NE(p, nullptr) << error();
+  EXPECT_EQ(stowage_host_free(p, 0), 0) << error();
 }
 
 TEST(CApiHost, DlpackExportIsRowMajorHostDataGivenBackByItsDeleter) {

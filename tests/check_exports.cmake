@@ -28,7 +28,7 @@ endif()
 foreach(fn stowage_malloc stowage_free stowage_record_stream stowage_empty_cache stowage_get_stats
            stowage_snapshot_json stowage_set_memory_fraction stowage_push_tag stowage_pop_tag stowage_dlpack_empty
            stowage_host_malloc stowage_host_free stowage_dlpack_host_empty stowage_host_stats
-           stowage_host_release_unused stowage_host_device_pointer stowage_last_error stowage_last_error_code
+           stowage_host_release_unused stowage_host_device_pointer stowage_block_device stowage_last_error stowage_last_error_code
            stowage_dlpack_capsule_destructor)
   if(NOT out MATCHES "[ \n]${fn}\n")
     message(FATAL_ERROR "${fn} is not exported")

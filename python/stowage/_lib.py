@@ -59,6 +59,7 @@ def _declare(lib):
         "stowage_host_device_pointer": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int]),
         "stowage_host_stats": (c_ssize, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
         "stowage_host_release_unused": (c_ssize, [ctypes.c_int]),
+        "stowage_block_device": (ctypes.c_int, [ctypes.c_void_p]),
         "stowage_device_count": (ctypes.c_int, []),
         "stowage_using_cuda": (ctypes.c_int, []),
         "stowage_split": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
@@ -170,9 +171,33 @@ def library():
         raise StowageError("cannot load libstowage: tried " + "; ".join(tried) + f" ({hint})")
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _loaded_file(lib):
+    """The file the loader mapped for `lib`: its name may be a bare soname found through the
+    system's search path (find_library gives "libstowage.so.0"), which names no file."""
+    for libc in (None, "libdl.so.2"):
+        try:
+            dladdr = ctypes.CDLL(libc).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        dladdr.restype = ctypes.c_int
+        info = _DlInfo()
+        if dladdr(ctypes.cast(lib.stowage_device_count, ctypes.c_void_p), ctypes.byref(info)) and info.dli_fname:
+            return os.path.abspath(os.fsdecode(info.dli_fname))
+    raise StowageError(f"cannot find the file {lib._name} was loaded from (dladdr is missing)")
+
+
 def path():
-    """The file the library was loaded from."""
-    return library()._name
+    """The file the library was loaded from (an absolute path)."""
+    lib = library()
+    if os.path.isabs(lib._name):
+        return lib._name
+    return _loaded_file(lib)
 
 
 def check(result, failed):

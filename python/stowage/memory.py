@@ -36,8 +36,9 @@ def raw_alloc(size, device=0, stream=0):
 
 
 def raw_free(ptr, size, device=0):
-    """Returns a block from raw_alloc; `size` must be the size it was asked with (or the rounded
-    size the allocator gave it, or 0 for "unknown"): another size changes nothing and is refused."""
+    """Returns a block from raw_alloc; `size` must be the size it was asked with (or the size of the
+    block the allocator gave, larger than the rounded request when a cached block was reused whole,
+    or 0 for "unknown"): another size changes nothing and is refused."""
     lib = _lib.library()
     lib.stowage_free(ptr or None, size, device, None)
     _lib.check(None, lambda _: lib.stowage_last_error_code() != 0)

@@ -40,3 +40,22 @@ def test_pip_installs_the_package(python, tmp_path):
                "p = stowage.raw_alloc(4096); stowage.raw_free(p, 4096); print('ok')"
                % (str(tmp_path / "site"), str(tmp_path / "site")))
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_the_library_path_is_a_file_when_the_loader_found_it_by_name(python, tmp_path):
+    """After `cmake --install`, find_library gives a bare soname: path() (what the drop-in's shim
+    links and PyTorch's pluggable allocator loads) is still the file the loader mapped."""
+    import os
+    import stowage
+    real = os.path.realpath(stowage._lib.path())
+    os.symlink(real, tmp_path / "libstowage.so.0")
+    r = python("import os, stowage\n"
+               "from stowage import _lib\n"
+               "print(_lib.library()._name)\n"
+               "print(_lib.path())\n",
+               env={"STOWAGE_LIBRARY": "libstowage.so.0", "LD_LIBRARY_PATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    name, path = r.stdout.split()
+    assert name == "libstowage.so.0"
+    assert path == str(tmp_path / "libstowage.so.0")
+    assert os.path.realpath(path) == real

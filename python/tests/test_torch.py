@@ -1,5 +1,7 @@
 """stowage.torch, the drop-in. On a machine without CUDA only its refusals are tested; the GPU
 tests (test_torch_gpu.py) run where PyTorch sees a GPU."""
+import types
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -119,3 +121,20 @@ def test_the_shim_is_compiled_optimised_and_a_flag_change_is_a_new_build(monkeyp
     second = st.build_shim()
     assert calls[1]["extra_cflags"] == ["-O3"]
     assert first != second and calls[0]["build_directory"] != calls[1]["build_directory"]
+
+
+def test_a_device_without_an_index_is_torchs_current_one(monkeypatch):
+    """memory_stats("cuda") reads the current device, as torch.cuda.memory_stats("cuda") does: a
+    stand-in torch whose current device is 1."""
+    class Device:
+        def __init__(self, spec):
+            kind, _, index = str(spec).partition(":")
+            self.type, self.index = kind, int(index) if index else None
+
+    fake = types.SimpleNamespace(device=Device, cuda=types.SimpleNamespace(is_available=lambda: True,
+                                                                           current_device=lambda: 1))
+    monkeypatch.setattr(st, "_torch", lambda: fake)
+    assert st._device("cuda") == 1
+    assert st._device("cuda:0") == 0
+    assert st._device(None) == 1
+    assert st._device(3) == 3

@@ -1,12 +1,12 @@
 #include "tools/demo/fit_check.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <climits>
 #include <cstdio>
 #include <cstring>
 
+#include "offload/host_memory.hpp"
 #include "stowage/byte_size.hpp"
 #include "stowage/error.hpp"
 
@@ -23,18 +23,7 @@ FitFloor fit_floor(const ModelShape& s) {
   return f;
 }
 
-double host_available_bytes() {
-  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
-    char line[256];
-    unsigned long long kib = 0;
-    bool found = false;
-    while (!found && std::fgets(line, sizeof line, f) != nullptr)
-      found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
-    std::fclose(f);
-    if (found) return static_cast<double>(kib) * 1024.0;
-  }
-  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-}
+double host_available_bytes() { return static_cast<double>(offload::host_memory_available()); }
 
 namespace {
 

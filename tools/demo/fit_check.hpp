@@ -24,7 +24,7 @@ FitFloor fit_floor(const ModelShape& shape);
 // kernels' int indexing.
 void check_fits(const ModelShape& shape, const Device& device);
 
-// The host's available memory (MemAvailable; else physical memory), bytes.
+// The host's available memory (offload::host_memory_available), bytes.
 double host_available_bytes();
 
 }  // namespace stowage::demo

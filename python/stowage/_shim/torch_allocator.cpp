@@ -110,8 +110,14 @@ void install() {
   auto allocator = std::make_shared<StowageAllocator>(
       allocate_or_throw, [](void* p, size_t size, int device, cudaStream_t) { release(p, size, device); });
   allocator->init(0);  // as createCustomAllocator does (PyTorch calls init again when CUDA starts)
+  // As PyTorch's own allocator: nothing to record for an empty tensor (NULL) or memory another
+  // allocator gave (from_dlpack, CUDA IPC); NCCL records every input and output.
   allocator->set_record_stream_fn([](void* ptr, cudaStream_t stream) {
-    TORCH_CHECK(stowage_record_stream(ptr, -1, stream) == 0, "stowage: record_stream: ", last_error());
+    if (ptr == nullptr) return;
+    const int device = stowage_block_device(ptr);
+    TORCH_CHECK(device >= 0 || stowage_last_error_code() == STOWAGE_OK, "stowage: record_stream: ", last_error());
+    if (device < 0) return;
+    TORCH_CHECK(stowage_record_stream(ptr, device, stream) == 0, "stowage: record_stream: ", last_error());
   });
   allocator->set_reset_fn([] { TORCH_CHECK(stowage_empty_cache(-1) == 0, "stowage: empty_cache: ", last_error()); });
   allocator->set_memory_fraction_fn([](double fraction, int device) {

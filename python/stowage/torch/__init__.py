@@ -134,7 +134,7 @@ def _device(device):
     if isinstance(device, int):
         return device
     index = getattr(_torch().device(device), "index", None)
-    return 0 if index is None else index
+    return _device(None) if index is None else index  # "cuda": the current device, as torch reads it
 
 
 # PyTorch-style readers (torch.cuda.memory_stats() raises under a pluggable allocator).

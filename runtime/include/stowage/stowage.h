@@ -39,8 +39,9 @@ struct DLManagedTensor; /* <dlpack/dlpack.h>; declared here so this header needs
  * held, and the memory is the parent's): use stowage in a child only after exec(). */
 void* stowage_malloc(ssize_t size, int device, void* stream);
 
-/* Returns a block from stowage_malloc; `size` must be the size it was asked with (or the rounded
- * size the allocator gave it, or 0 for "unknown") and `device` the device it came from (-1: the
+/* Returns a block from stowage_malloc; `size` must be the size it was asked with (or the size of
+ * the block the allocator gave, which a block reused whole may make larger than the rounded
+ * request, or 0 for "unknown") and `device` the device it came from (-1: the
  * device whose allocator gave `ptr`, found by a lookup in each). The block's own stream orders
  * the free (`stream` is accepted for the PyTorch prototype). NULL is a no-op. A foreign pointer,
  * double free, wrong size or wrong device changes nothing and sets stowage_last_error(). */
@@ -54,6 +55,13 @@ int stowage_empty_cache(int device);
  * reaches this point. `device` -1: the device whose allocator gave `ptr`. 0, or -1 on error
  * (a pointer this allocator did not give; a stream that was never created or was destroyed). */
 int stowage_record_stream(void* ptr, int device, void* stream);
+
+/* The device whose allocator gave the live block at `ptr` (its start), or -1 when none did: NULL,
+ * memory stowage did not give, a block already freed. -1 is no error then (stowage_last_error_code()
+ * is STOWAGE_OK); it is one where every allocator entry point fails (a forked child, a malformed
+ * STOWAGE_* variable). PyTorch's allocator ignores record_stream on memory it did not give; the
+ * drop-in asks this first to do the same. */
+int stowage_block_device(const void* ptr);
 
 /* The allocator's statistics as flat JSON ("allocated_bytes.all.current": ...), written into
  * buf (at most len bytes including the terminating NUL; buf may be NULL when len is 0).
