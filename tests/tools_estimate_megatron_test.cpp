@@ -260,4 +260,55 @@ TEST(EstimateMegatron, QueryGroupsWithoutGroupedQueryAttentionAreNoted) {
   EXPECT_EQ(g.model.kv_heads(), 4);
 }
 
+// Megatron-LM's assertions between arguments (arguments.py, optimizer/__init__.py): a line it
+// would not launch is refused, naming both arguments; a store_true flag takes no value.
+TEST(EstimateMegatron, LinesMegatronRefusesAreRefused) {
+  const std::string refused = " (Megatron-LM refuses it too)";
+  EXPECT_EQ(refusal("--use-distributed-optimizer --optimizer-cpu-offload --optimizer-offload-fraction 1.0"),
+            "megatron-args: --optimizer-cpu-offload needs --use-precision-aware-optimizer (the hybrid device "
+            "optimizer runs through its code path)" +
+                refused);
+  EXPECT_EQ(refusal("--use-precision-aware-optimizer"),
+            "megatron-args: --use-precision-aware-optimizer needs --use-distributed-optimizer" + refused);
+  EXPECT_EQ(
+      refusal("--overlap-param-gather --overlap-grad-reduce"),
+      "megatron-args: --overlap-param-gather needs --use-distributed-optimizer, Megatron-FSDP or dist_muon" + refused);
+  EXPECT_EQ(refusal("--use-distributed-optimizer --overlap-param-gather"),
+            "megatron-args: --overlap-param-gather needs --overlap-grad-reduce" + refused);
+  EXPECT_EQ(refusal("--tensor-model-parallel-size 2 --tp-comm-overlap"),
+            "megatron-args: --tp-comm-overlap needs --sequence-parallel with TP > 1 (TP is 2)" + refused);
+  EXPECT_EQ(refusal("--sequence-parallel --tp-comm-overlap"),
+            "megatron-args: --tp-comm-overlap needs --sequence-parallel with TP > 1 (TP is 1)" + refused);
+  EXPECT_EQ(refusal("--bf16=true"),
+            "megatron-args: --bf16 is a flag and takes no value (got '--bf16=true'); Megatron-LM's parser refuses it "
+            "too");
+  // What Megatron-LM takes is taken.
+  EXPECT_EQ(refusal("--use-distributed-optimizer --overlap-param-gather --overlap-grad-reduce"), "accepted");
+  EXPECT_EQ(refusal("--use-megatron-fsdp --use-precision-aware-optimizer"), "accepted");
+  EXPECT_EQ(refusal("--optimizer dist_muon --overlap-param-gather --overlap-grad-reduce"), "accepted");
+}
+
+// --optimizer-cpu-offload steps --optimizer-offload-fraction of the parameters on the host with
+// their fp32 master and moments (the hybrid device optimizer): all of them is stowage's mapped
+// offload; the default fraction, 0, offloads nothing; a part is warned about.
+TEST(EstimateMegatron, OptimizerCpuOffloadIsTheMappedOffloadAtFractionOne) {
+  const std::string line = kSmallGpt + "--num-layers 4 --use-distributed-optimizer --use-precision-aware-optimizer ";
+  const RunConfig plain = megatron_config(line),
+                  all = megatron_config(line + "--optimizer-cpu-offload --optimizer-offload-fraction 1.0"),
+                  none = megatron_config(line + "--optimizer-cpu-offload"),
+                  part = megatron_config(line + "--optimizer-cpu-offload --optimizer-offload-fraction 0.5");
+  EXPECT_TRUE(plain.warnings.empty());
+  EXPECT_EQ(all.techniques.optimizer_offload, OffloadMode::mapped);
+  EXPECT_TRUE(all.warnings.empty());
+  EXPECT_EQ(none.techniques.optimizer_offload, OffloadMode::none);
+  EXPECT_EQ(part.techniques.optimizer_offload, OffloadMode::none);
+  ASSERT_EQ(part.warnings.size(), 1u);
+  EXPECT_NE(part.warnings[0].find("--optimizer-offload-fraction 0.5"), std::string::npos);
+  const StageMemory on = estimate_memory(plain), off = estimate_memory(all);
+  EXPECT_EQ(off.optimizer_states, 0);
+  EXPECT_EQ(off.weights, on.weights);
+  EXPECT_EQ(off.gradients, on.gradients);
+  EXPECT_EQ(off.host_bytes, on.optimizer_states);
+}
+
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "stowage/error.hpp"
 #include "tools/estimate/megatron_arg_names.hpp"
+#include "tools/estimate/megatron_arg_rules.hpp"
 #include "tools/estimate/megatron_arg_values.hpp"
 #include "tools/estimate/megatron_recompute.hpp"
 #include "tools/estimate/megatron_unmodelled.hpp"
@@ -223,6 +224,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   bool ce_fusion = false, defer_wgrad = false;
   std::int64_t wgrad_limit = 0;
   std::optional<double> attn_dropout, hidden_dropout;
+  bool cpu_offload = false;     // --optimizer-cpu-offload
+  double offload_fraction = 0;  // --optimizer-offload-fraction (OptimizerConfig's default 0.0)
   std::optional<std::int64_t> max_positions;
   std::int64_t query_groups = 0, global_batch = 0;
   std::optional<std::string> moe_layer_freq;
@@ -294,6 +297,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
        }},
       {"--micro-batch-size", [&](auto& a, auto& v) { t.micro_batch = to_positive(a, v); }},
       {"--global-batch-size", [&](auto& a, auto& v) { global_batch = to_positive(a, v); }},
+      {"--optimizer-offload-fraction", [&](auto& a, auto& v) { offload_fraction = to_double(a, v); }},
       {"--tensor-model-parallel-size", [&](auto& a, auto& v) { p.tp = to_positive(a, v); }},
       {"--pipeline-model-parallel-size", [&](auto& a, auto& v) { p.pp = to_positive(a, v); }},
       {"--num-virtual-stages-per-pipeline-rank", [&](auto& a, auto& v) { virtual_stages.stages = to_positive(a, v); }},
@@ -396,6 +400,8 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--use-rotary-position-embeddings", [&] { rope = true; }},
       {"--sequence-parallel", [&] { p.sequence_parallel = true; }},
       {"--use-distributed-optimizer", [&] { p.zero_stage = std::max(p.zero_stage, 1); }},
+      {"--optimizer-cpu-offload", [&] { cpu_offload = true; }},
+      {"--use-precision-aware-optimizer", [] {}},  // fp32 states unless the *-dtype arguments say otherwise
       {"--bf16", [&] { bf16 = true; }},
       {"--fp16", [&] { fp16 = true; }},
       {"--accumulate-allreduce-grads-in-fp32", [&] { fp32_grads = true; }},
@@ -450,6 +456,11 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       it->second(name, value);
       report.modelled.push_back(name);
     } else if (auto f = flags.find(name); f != flags.end()) {
+      if (inline_value)  // argparse's store_true takes no value
+        throw InvalidArgument(
+            fmt::format("megatron-args: {} is a flag and takes no value (got '{}'); "
+                        "Megatron-LM's parser refuses it too",
+                        name, arg));
       f->second();
       report.modelled.push_back(name);
     } else if (const auto why = unmodelled_argument(name); !why.empty()) {
@@ -470,6 +481,22 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
                       : near.empty() ? ""
                                      : fmt::format(" (did you mean '{}'?)", near)));
     }
+  }
+  check_megatron_rules(args, p.tp);
+  // The hybrid device optimizer (optimizer/__init__.py) steps that fraction of the parameters on the
+  // host, their fp32 master and moments there: all of them is stowage's mapped offload (the
+  // device keeps the 16-bit weights and the main gradients).
+  if (cpu_offload && offload_fraction == 1.0) {
+    c.techniques.optimizer_offload = OffloadMode::mapped;
+  } else if (cpu_offload && offload_fraction > 0.0) {
+    c.warnings.push_back(
+        fmt::format("--optimizer-offload-fraction {} changes memory (part of the optimizer states "
+                    "on the host); the estimate models 0 and 1 only",
+                    offload_fraction));
+  } else if (cpu_offload) {
+    c.notes.push_back(
+        "megatron-args: --optimizer-cpu-offload with --optimizer-offload-fraction 0 (the default) "
+        "keeps every optimizer state on the device");
   }
   if (gqa) m.num_kv_heads = query_groups > 0 ? query_groups : 1;  // arguments.py: --num-query-groups defaults to 1
   else if (query_groups > 0)  // Megatron-LM reads it only with --group-query-attention

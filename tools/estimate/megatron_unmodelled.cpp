@@ -17,8 +17,6 @@ constexpr std::pair<std::string_view, std::string_view> kUnmodelled[] = {
     {"--experimental-attention-variant", "another attention (DSA's indexer and its scores, gated delta net)"},
     {"--cpu-offloading", "activation offload to host memory"},
     {"--fine-grained-activation-offloading", "activation offload to host memory"},
-    {"--optimizer-cpu-offload", "optimizer states on the host"},
-    {"--use-precision-aware-optimizer", "reduced-precision optimizer states"},
     {"--main-grads-dtype", "reduced-precision main gradients"},
     {"--main-params-dtype", "reduced-precision main parameters"},
     {"--exp-avg-dtype", "reduced-precision Adam moments"},

@@ -171,7 +171,9 @@ std::string megatron_arguments(const RunConfig& c) {
   if (p.ep > 1) a.push_back(fmt::format("--expert-model-parallel-size {}", p.ep));
   if (p.etp > 0) a.push_back(fmt::format("--expert-tensor-parallel-size {}", p.etp));
   if (p.zero_stage == 3) a.push_back("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params");
-  else if (p.zero_stage >= 1) a.push_back("--use-distributed-optimizer --overlap-param-gather");
+  // --overlap-param-gather needs --overlap-grad-reduce, which needs data parallelism to reduce over.
+  else if (p.zero_stage >= 1)
+    a.push_back(p.dp * p.cp > 1 ? "--use-distributed-optimizer --overlap-param-gather" : "--use-distributed-optimizer");
   if (p.dp * p.cp > 1) a.push_back("--overlap-grad-reduce");
   if (c.recompute.granularity == Recompute::full)
     a.push_back(fmt::format("--recompute-granularity full --recompute-method {} --recompute-num-layers {}",
@@ -182,7 +184,7 @@ std::string megatron_arguments(const RunConfig& c) {
   if (c.techniques.swap_attention) a.push_back("--swap-attention");
   if (c.techniques.shared_storage) a.push_back("--reuse-fp32-param");
   if (c.techniques.optimizer_offload != OffloadMode::none)
-    a.push_back("--optimizer-cpu-offload --optimizer-offload-fraction 1.0");
+    a.push_back("--use-precision-aware-optimizer --optimizer-cpu-offload --optimizer-offload-fraction 1.0");
   std::string out;
   for (const auto& x : a)
     if (!x.empty()) out += (out.empty() ? "" : " ") + x;

@@ -135,7 +135,9 @@ RunConfig configure(const PlanRequest& r, const Layout& l, const Techniques& t) 
   p.ep = l.ep;
   p.dp = l.dp;
   p.sequence_parallel = l.tp > 1;
-  p.zero_stage = l.zero;
+  // Megatron-LM offloads the optimizer only as the distributed optimizer's precision-aware form
+  // (arguments.py, optimizer/__init__.py): a layout without data parallelism takes it at stage 1.
+  p.zero_stage = t.offload && l.zero == 0 ? 1 : l.zero;
   c.training.micro_batch = l.micro_batch;
   c.training.grad_accumulation = c.training.global_batch / (l.micro_batch * l.dp);
   c.recompute = {};
@@ -229,12 +231,17 @@ auto order_key(const Plan& p) {
 }
 bool faster(const Plan& a, const Plan& b) { return order_key(a) < order_key(b); }
 
+// Offload on a layout without the distributed optimizer is the same plan as on its stage-1 twin
+// (configure), which data parallelism makes a layout of its own: tried there only.
+bool tried(const Layout& l, const Techniques& t) { return !(t.offload && l.zero == 0 && l.dp * l.cp > 1); }
+
 }  // namespace
 
 void for_each_candidate(const PlanRequest& r, const std::function<void(const RunConfig&)>& visit) {
   const std::vector<Techniques> sets = technique_sets(r.space, r.base.training.flash_attention);
   for (const Layout& l : layouts(r))
-    for (const Techniques& t : sets) visit(configure(r, l, t));
+    for (const Techniques& t : sets)
+      if (tried(l, t)) visit(configure(r, l, t));
 }
 
 std::int64_t memory_budget(const PlanRequest& r) {
@@ -262,7 +269,8 @@ SearchResult search(const PlanRequest& r, const std::function<void(std::int64_t,
   const std::vector<Techniques> sets = technique_sets(r.space, r.base.training.flash_attention);
   SearchResult result;
   result.stats.layouts = std::int64_t(all.size());
-  result.stats.candidates = std::int64_t(all.size() * sets.size());
+  for (const Layout& l : all)
+    for (const Techniques& t : sets) result.stats.candidates += tried(l, t) ? 1 : 0;
   const std::int64_t budget = memory_budget(r);
   const int threads = std::max(1, std::min<int>(r.threads, 64));
   std::atomic<std::size_t> next{0};
@@ -276,6 +284,7 @@ SearchResult search(const PlanRequest& r, const std::function<void(std::int64_t,
       // Each layout enters the ranking once, with its best technique set.
       std::optional<Plan> layout_best;
       for (const Techniques& t : sets) {
+        if (!tried(all[i], t)) continue;
         RunConfig c = configure(r, all[i], t);
         StageMemory m;
         bool ok = false;

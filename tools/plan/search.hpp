@@ -41,7 +41,7 @@ struct Plan {
 
 struct SearchStats {
   std::int64_t layouts = 0;      // parallel layouts (TP, PP, VPP, CP, EP, ZeRO, micro-batch)
-  std::int64_t candidates = 0;   // layouts × technique sets
+  std::int64_t candidates = 0;   // layouts × technique sets (offload at stage 0 only without DP)
   std::int64_t evaluations = 0;  // estimator calls, fine-grained choices included
   std::int64_t fitting = 0;
   double seconds = 0;
