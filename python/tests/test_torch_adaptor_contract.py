@@ -144,6 +144,29 @@ def test_a_refused_apply_leaves_the_optimizer_steppable_and_the_model_fp32():
     assert not torch.equal(w, m[0].weight) and old.state[m[0].weight]["exp_avg"].dtype == torch.float32
 
 
+@pytest.mark.parametrize("kind, missing", [(torch.optim.AdamW, "exp_avg_sq"), (torch.optim.Adam, "exp_avg")])
+def test_an_incomplete_resumed_state_is_refused_before_any_parameter_moves(kind, missing):
+    """A resumed state entry without one of AdamW's moments was refused only by the new optimizer's
+    load_state_dict(), after the parameters had become bf16 views (their low bits gone)."""
+    m = mlp()
+    before = [(p, bits(p).clone()) for p in m.parameters()]
+    old = kind(m.parameters(), lr=1e-2)
+    w = m[0].weight
+    entry = {"step": torch.tensor(3.0), "exp_avg": torch.ones_like(w), "exp_avg_sq": torch.ones_like(w)}
+    del entry[missing]
+    saved = dict(entry)
+    old.state[w] = entry
+    groups = [dict(g) for g in old.param_groups]
+    with pytest.raises(InvalidArgumentError, match=f"^load_state_dict\\(\\): the state has no {missing}$"):
+        apply(m, old, recompute=True)
+    assert [(p, p.dtype) for p in m.parameters()] == [(p, torch.float32) for p, _ in before]
+    assert all(torch.equal(bits(p), b) for p, b in before)
+    assert all("forward" not in mod.__dict__ for mod in m.modules())
+    assert type(old) is kind and not any(k in old.__dict__ for k in ("step", "state_dict", "_stowage_replaced_by"))
+    assert list(old.state) == [w] and old.state[w] is entry and entry.keys() == saved.keys()
+    assert all(entry[k] is v for k, v in saved.items()) and old.param_groups == groups
+
+
 def run_with_scheduler(made_before):
     model = make_model()
     base = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -941,3 +941,26 @@ def test_an_empty_batch_through_a_permuted_output_runs_as_without_recompute():
         x = torch.randn(batch, 8, 16, requires_grad=True)
         model(x).sum().backward()
         assert x.grad.shape == (batch, 8, 16)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # gpt.py's own, as for the plain model
+def test_torch_jit_trace_of_a_recomputing_model_records_the_plain_graph():
+    """Under torch.jit.trace (grad enabled, train mode) the wrapped activations run as they are:
+    the trace recorded each rerun's checkpoint before, and its check failed ("Graphs differed
+    across invocations"). The traced code is the plain model's, and its output the eager one."""
+    torch.manual_seed(0)
+    plain = gpt.GPT(20, 8)
+    wrapped = copy.deepcopy(plain)
+    handle = recompute_activations(wrapped)
+    x = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(1))
+    traced, traced_plain = torch.jit.trace(wrapped, x), torch.jit.trace(plain, x)  # each checks its trace by rerunning
+    assert handle.stats.activations_released == 0  # nothing released while tracing
+    names = [name for name, _ in wrapped.named_modules()]
+    code = {name: getattr(m, "code", None) for name, m in traced.named_modules()}  # None: no forward (ModuleList)
+    assert code == {name: getattr(m, "code", None) for name, m in traced_plain.named_modules()}
+    assert list(code) == names and code["blocks.0.mlp.act"] is not None
+    out = traced(x)
+    eager = wrapped(x)  # a training forward: the activations are released
+    assert handle.stats.activations_released == len(handle.modules) > 0
+    assert torch.equal(out, eager) and torch.equal(out, plain(x))
+    handle.remove()

@@ -187,10 +187,11 @@ def _check_options(shared_storage, rounding, max_grad_norm, skip_nonfinite, reco
 
 
 def _check_resumable(optimizer, kind):
-    """A resumed optimizer's state must fit before any parameter moves (a refusal changes nothing)."""
+    """A resumed optimizer's state must fit before any parameter moves (a refusal changes nothing):
+    each entry as load_state_dict() will check it, complete (AdamW: exp_avg and exp_avg_sq) included."""
     for p, entry in optimizer.state.items():  # checked only: no copy (the state may be meant to leave the device)
-        checked_entry(entry, p, kind._state_keys, kind.__name__, home=lambda value: value,
-                      optional=kind._optional_keys)
+        kind._completed(checked_entry(entry, p, kind._state_keys, kind.__name__, home=lambda value: value,
+                                      optional=kind._optional_keys))
 
 
 def _check_covered(model, optimizer):

@@ -22,6 +22,7 @@ import torch
 from .. import precision
 from ..errors import InvalidArgumentError, UnsupportedError
 from ._optim_checks import check_group, decoupled_as_torch_says, decoupled_disagree, param_list, state_value
+from .embedding_renorm import unhook, watch_renorms
 from .master_loading import route_loads
 from .offload import StateHomes
 from .update_overlap import UpdateOverlap
@@ -91,6 +92,22 @@ class _Bucket:
         host = [t.cpu() for t in self._slices(index, numel)]
         precision.merge(self._planes(*host, numel), out.data_ptr())
         return out.to(self.device)
+
+    def take_bf16_rows(self, index, row_numel, rows):
+        """Rows `rows` (ascending row indices, a long tensor on the bucket's device) of parameter
+        `index`, rows of row_numel elements, take their bf16 values as their master, exactly: residual
+        0x8000 and tie bit 0, what split() of those values writes (docs/precision.md), written in place
+        on the planes' device instead of merging and splitting the whole parameter."""
+        elements = (rows[:, None] * row_numel + torch.arange(row_numel, device=rows.device)).flatten()
+        elements += self.offsets[index]
+        self.residual[elements] = -0x8000  # 0x8000 as int16
+        if self.rounding == "nearest_even":
+            # Element i's tie is bit i % 8 of byte i // 8. The elements ascend, so each byte's come together.
+            byte, which = torch.unique_consecutive(elements // 8, return_inverse=True)
+            keep = torch.ones(byte.numel(), 8, dtype=torch.bool, device=rows.device)
+            keep[which, elements % 8] = False
+            shifts = torch.arange(8, dtype=torch.uint8, device=rows.device)
+            self.ties[byte] &= (keep.to(torch.uint8) << shifts).sum(1, dtype=torch.uint8)
 
     def view(self, index, shape):
         off = self.offsets[index]
@@ -178,11 +195,12 @@ class _Batch:
         self.counts.add_(1.0)
 
 
-def _finish(homes, overlap):
+def _finish(homes, overlap, renorms):
     """When an optimizer goes: the updates queued on its state and planes end, and its hooks go."""
     if overlap is not None:
         overlap.synchronize()
         overlap.detach()
+    unhook(renorms)
     homes.synchronize()
 
 
@@ -254,13 +272,15 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         # copy); the kernels write the planes through the C ABI and count nothing.
         self._versions = []
         self._names = {}  # id(param) -> its name in the model, for errors (attach() gives them)
+        # Embedding modules with max_norm -> their hooks' handles (attach(); embedding_renorm).
+        renorms = self._renorms = weakref.WeakKeyDictionary()
         self._routed = weakref.WeakSet()  # the modules whose load_state_dict writes masters (attach())
         self._models = weakref.WeakSet()  # the models attach() was given
         # Offloaded state sits in stowage's host pool, which hands freed bytes out again at once:
         # before the state goes with the optimizer, the steps queued on it end. (Weak references'
         # callbacks run before the optimizer's attributes are cleared.)
         # At exit nothing allocates any more (and a failed device would only say so again).
-        weakref.finalize(self, _finish, homes, overlap).atexit = False
+        weakref.finalize(self, _finish, homes, overlap, renorms).atexit = False
         self._batch_cache = {}  # (id(group), device, chunk) -> _Batch (chunk 0 without overlap_update)
         self._flags = {}  # device -> the finite check's flag
         # Every group is checked whole before any parameter moves, so a refusal changes nothing.
@@ -311,6 +331,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             route_loads(model, self, self._routed)
             if self._overlap is not None:
                 self._overlap.attach(model)
+            watch_renorms(model, self, self._renorms)
 
     # --- each parameter must stay the bf16 view of its plane ---
     def _which(self, k):
@@ -349,13 +370,16 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         """Ties this optimizer to `model`, the module its parameters came from: errors name each
         parameter by its name in the model, and model.load_state_dict() (or that of any module in
         it or around it) writes each loaded value into the fp32 master, bit for bit, as it would
-        become the weight of the fp32 model (docs/pytorch_optimizers.md). apply() calls it."""
+        become the weight of the fp32 model (docs/pytorch_optimizers.md), and the in-place renorm of an
+        nn.Embedding / nn.EmbeddingBag with max_norm counts only the rows it changed as written
+        (embedding_renorm). Again on the same model: hooks only what is new. apply() calls it."""
         self._names.update({id(p): name for name, p in model.named_parameters()})
         self._models.add(model)
         route_loads(model, self, self._routed)
         if self._overlap is not None:
             self._overlap.attach(model)
             self._batch_cache.clear()  # keyed by the old chunks
+        watch_renorms(model, self, self._renorms)  # after the overlap's hooks: its pre-hook runs first
 
     def _check_views(self, what):
         """Every parameter still views its plane (before a call writes through the planes)."""
@@ -385,6 +409,34 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
                 self.wait_for_update()
                 bucket.split(i, p.detach())  # a bf16 value's master: residual 0x8000, no tie
                 self._versions[k] = p._version
+
+    def _unwritten_version(self, param):
+        """param's _version, when it is one of this optimizer's parameters, still its plane's view,
+        and no in-place write to it is pending (embedding_renorm's pre-hook); else None."""
+        found = self._where.get(id(param))
+        if found is None or found[2] is not param or not self._is_view(found[3]):
+            return None
+        return param._version if param._version == self._versions[found[3]] else None
+
+    def _take_renorm(self, param, version, rows, saved):
+        """After a forward that renormalised rows of `param` in place (embedding_renorm): when that
+        was the only write since the pre-hook saw `version` (torch counts the renorm as one, whether
+        or not a row changed), the rows whose bits changed (of `rows`, None: all, whose bf16 values
+        before were `saved`) take their bf16 values as their master; the others keep theirs, bit for
+        bit. Any other write with it leaves the count moved: the whole parameter is taken, as ever."""
+        found = self._where.get(id(param))
+        if found is None or found[2] is not param:
+            return
+        bucket, i, _, k = found
+        if param._version != version + 1 or self._versions[k] != version or not self._is_view(k):
+            return
+        with torch.no_grad():
+            now = param.detach() if rows is None else param.detach().index_select(0, rows)
+            changed = (now.view(torch.int16) != saved.view(torch.int16)).flatten(1).any(1)
+            changed = changed.nonzero().flatten() if rows is None else rows[changed]
+            if changed.numel():
+                bucket.take_bf16_rows(i, math.prod(param.shape[1:]), changed.to(torch.long))
+        self._versions[k] = param._version
 
     def _take_write(self, param):
         """_take_writes for one parameter held as its plane's view (master_loading)."""
@@ -804,8 +856,10 @@ class SharedStorageAdamW(_SharedStorageOptimizer):
                                        f"decoupled={group['decoupled']!r} disagree (the step "
                                        "reads decoupled): give them the same value")
 
-    def _completed(self, state):
-        missing = [k for k in self._state_keys if k not in state]
+    @classmethod
+    def _completed(cls, state):
+        # A classmethod: apply() checks a resumed torch.optim state with it before any parameter moves.
+        missing = [k for k in cls._state_keys if k not in state]
         if missing:
             raise InvalidArgumentError(f"load_state_dict(): the state has no {', '.join(missing)}")
         state.setdefault("step", torch.tensor(0.0))
@@ -862,7 +916,8 @@ class SharedStorageSGD(_SharedStorageOptimizer):
     # as "no buffer yet".
     _optional_keys = ("momentum_buffer",)
 
-    def _completed(self, state):
+    @classmethod
+    def _completed(cls, state):
         # torch.optim.SGD keeps no step: a saved momentum buffer means at least one step was taken,
         # so the next one must not start the buffer afresh.
         if "step" not in state:

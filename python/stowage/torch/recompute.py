@@ -484,6 +484,10 @@ def _wrap_activation(module, name, frames, stats, undo):
     warned = []
 
     def forward(*args, **kwargs):
+        # Under torch.jit.trace the plain activation: the trace records the graph the model computes
+        # (a checkpoint would be recorded as its own ops, and differ between the tracer's runs).
+        if torch.jit.is_tracing():
+            return original(*args, **kwargs)
         # Nothing to save under no_grad; outside its parent's forward nobody would release it.
         if not torch.is_grad_enabled() or not frames.stack:
             if torch.is_grad_enabled() and not warned:
