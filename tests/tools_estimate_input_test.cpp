@@ -229,7 +229,7 @@ TEST(EstimateInput, MegatronArgumentsModelledOrWarned) {
   RunConfig c;
   const auto r = apply_megatron_args(
       "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --fp8-format hybrid "
-      "--tp-comm-overlap --lr 1e-4",
+      "--tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap --lr 1e-4",
       c);
   ASSERT_EQ(r.unmodelled.size(), 2u);
   EXPECT_EQ(r.unmodelled[0], "--fp8-format hybrid");
@@ -355,3 +355,59 @@ TEST(EstimateInput, IntegersFrom2To63UpAreTooLargeNotNegative) {
 }
 
 }  // namespace
+
+// Each option that contradicts another source, or a line Megatron-LM would not run, is an error
+// (exit 2) naming both; a default that would not hold is adjusted with a note.
+TEST(EstimateCommand, ContradictionsAndLimitsOfTheModelAreRefused) {
+  auto refused = [](const std::string& args, const std::string& what) {
+    const auto r = run_cli("estimate " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(what), std::string::npos) << args << ": " << r.output;
+  };
+  // GPT-3's learned position table has 2048 rows: the default 4096 is shortened, a longer --seq refused.
+  const auto gpt3 = run_cli("estimate --model gpt3-175b --tp 8 --pp 8 --json");
+  ASSERT_EQ(gpt3.exit_code, 0) << gpt3.output;
+  EXPECT_EQ(nlohmann::json::parse(gpt3.output).at("training").at("seq_length"), 2048);
+  refused("--model gpt3-175b --seq 4096",
+          "the model's learned position embedding has 2048 rows, fewer than the sequence length 4096; give --seq "
+          "2048 or less");
+  // --fit --fit-dim seq stops at the table and says so.
+  const auto fit = run_cli("estimate --model gpt3-175b --tp 8 --pp 8 --seq 2048 --fit 1000TiB --fit-dim seq --json");
+  ASSERT_EQ(fit.exit_code, 0) << fit.output;
+  const auto f = nlohmann::json::parse(fit.output);
+  EXPECT_EQ(f.at("limit"), 2048);
+  EXPECT_EQ(f.at("with_stowage"), 2048);
+  // The interleaved schedule needs a group of PP..M micro-batches and no short last group.
+  refused("--model llama2-7b --pp 4 --vpp 2 --grad-accum 2",
+          "interleaved pipeline: 2 micro-batches a step in groups of 4 per model chunk");
+  refused("--model llama2-7b --pp 4 --vpp 2 --grad-accum 6",
+          "interleaved pipeline: 6 micro-batches in groups of 4 leave a last group of 2, fewer than "
+          "pipeline-parallel (4)");
+  EXPECT_EQ(run_cli("estimate --model llama2-7b --pp 4 --vpp 2 --grad-accum 8").exit_code, 0);
+  // A global batch from --megatron-args fixes the accumulation.
+  refused(
+      "--model llama2-7b --megatron-args \"--global-batch-size 64 --micro-batch-size 1 "
+      "--pipeline-model-parallel-size 4\" --dp 4 --grad-accum 2",
+      "--megatron-args' --global-batch-size 64 is 16 micro-batches of 1 on 4 data-parallel ranks, not "
+      "--grad-accum 2");
+  // --distributed-optimizer is ZeRO-1: a DeepSpeed config at another stage contradicts it.
+  const std::string z2 =
+      temp_file("ds_dist_opt_z2.json", R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
+  refused("--model llama2-7b --dp 8 --deepspeed-config " + z2 + " --distributed-optimizer",
+          "--distributed-optimizer is ZeRO-1 (optimizer states sharded, gradients kept whole), but " + z2 +
+              " asks for zero_optimization.stage 2");
+  // An uneven stage needs a pipeline.
+  refused(
+      "--megatron-args \"--num-layers 8 --hidden-size 512 --num-attention-heads 8 --pipeline-model-parallel-size 1 "
+      "--decoder-first-pipeline-num-layers 5\"",
+      "needs at least 2 pipeline stages, got 1");
+  // A tokenizer's vocabulary the estimate cannot read is a warning, not a note.
+  const auto tok = run_cli(
+      "estimate --megatron-args \"--num-layers 2 --hidden-size 512 --num-attention-heads 8 --tokenizer-type "
+      "HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-8B\" --json");
+  ASSERT_EQ(tok.exit_code, 0) << tok.output;
+  const auto warnings = nlohmann::json::parse(tok.output).at("warnings");
+  ASSERT_EQ(warnings.size(), 1u) << tok.output;
+  EXPECT_NE(warnings[0].get<std::string>().find("--tokenizer-type HuggingFaceTokenizer gives the vocabulary"),
+            std::string::npos);
+}

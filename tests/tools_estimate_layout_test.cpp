@@ -145,9 +145,10 @@ TEST(PipelineLayout, MtpOnARankOfItsOwn) {
 // MTP in the first rank's last virtual stage ("Et|t|m|L" on 2 ranks): that model chunk is a model
 // of its own and builds its own embedding beside the first chunk's.
 TEST(PipelineLayout, MtpInTheFirstRanksLastVirtualStageBuildsAnEmbedding) {
-  const RunConfig c = megatron_config(kGpt +
-                                      "--num-layers 2 --mtp-num-layers 1 --pipeline-model-parallel-size 2 "
-                                      "--pipeline-model-parallel-layout 'Et|t|m|L'");
+  RunConfig c = megatron_config(kGpt +
+                                "--num-layers 2 --mtp-num-layers 1 --pipeline-model-parallel-size 2 "
+                                "--pipeline-model-parallel-layout 'Et|t|m|L'");
+  c.training.grad_accumulation = 2;  // the interleaved schedule runs at least PP micro-batches
   EXPECT_EQ(c.parallel.vpp, 2);
   EXPECT_EQ(mtp_rank(c), 0);
   const ParameterCounts pc = count_parameters(c.model, c.model.vocab_size);

@@ -421,11 +421,12 @@ TEST(MoeLayerFreq, AStageWithoutMoeLayersHasNoMoeBuffers) {
 // under the interleaved schedule and when the embedding counts as a layer: 7 layers, PP 2 × VPP 2,
 // chunks of 2 with one fewer in the first: rank 0 holds layers 0 and 3-4, rank 1 layers 1-2 and 5-6.
 TEST(MoeLayerFreq, InterleavedChunksTakeTheirLayersInOrder) {
-  const RunConfig c = megatron(kMoe +
-                                   "--num-layers 7 --moe-router-topk 1 --pipeline-model-parallel-size 2 "
-                                   "--num-virtual-stages-per-pipeline-rank 2 "
-                                   "--account-for-embedding-in-pipeline-split --moe-layer-freq ([0]*3+[1]*4)",
-                               1);
+  RunConfig c = megatron(kMoe +
+                             "--num-layers 7 --moe-router-topk 1 --pipeline-model-parallel-size 2 "
+                             "--num-virtual-stages-per-pipeline-rank 2 "
+                             "--account-for-embedding-in-pipeline-split --moe-layer-freq ([0]*3+[1]*4)",
+                         1);
+  c.training.grad_accumulation = 2;  // the interleaved schedule runs at least PP micro-batches
   EXPECT_NO_THROW(estimate_memory(c));
   EXPECT_EQ(chunk_first_layer(c, 0, 0), 0);
   EXPECT_EQ(chunk_first_layer(c, 1, 0), 1);

@@ -71,6 +71,18 @@ RunConfig build_config(const Options& o) {
   auto& t = c.training;
   auto& p = c.parallel;
   if (o.seq) t.seq_length = positive(o.seq, "--seq");
+  // A learned position table sizes the longest sequence the model takes (Megatron-LM asserts it;
+  // GPT-2 and GPT-3 have one): an explicit longer sequence is refused, the default one shortened.
+  if (const std::int64_t rows = c.model.learned_positions; rows > 0 && rows < t.seq_length) {
+    if (o.seq || t.seq_length != Training{}.seq_length)
+      throw InvalidArgument(fmt::format(
+          "the model's learned position embedding has {} rows, fewer than the sequence length {}; give --seq {} or "
+          "less",
+          rows, t.seq_length, rows));
+    c.notes.push_back(fmt::format(
+        "sequence length {}: the model's learned position embedding (the default {} is longer)", rows, t.seq_length));
+    t.seq_length = rows;
+  }
   if (o.micro_batch) t.micro_batch = positive(o.micro_batch, "--micro-batch");
   if (o.grad_accum) t.grad_accumulation = positive(o.grad_accum, "--grad-accum");
   if (o.global_batch) t.global_batch = positive(o.global_batch, "--global-batch");
@@ -102,6 +114,11 @@ RunConfig build_config(const Options& o) {
         "for stage {}; give one of the two",
         *o.zero, *o.zero));
   if (o.dist_opt) p.zero_stage = std::max(p.zero_stage, 1);
+  if (o.dist_opt && !o.deepspeed_config.empty() && config_stage != 1)
+    throw InvalidArgument(fmt::format(
+        "--distributed-optimizer is ZeRO-1 (optimizer states sharded, gradients kept whole), but {} asks for "
+        "zero_optimization.stage {}; give one of the two",
+        o.deepspeed_config, config_stage));
   if (!o.deepspeed_config.empty()) {
     // The config's buckets and offloads are its stage's: another stage would mix two setups.
     if (p.zero_stage != config_stage)
@@ -166,11 +183,13 @@ RunConfig build_config(const Options& o) {
     t.global_batch = 0;
   }
   finalize(c);
-  if (o.global_batch && o.grad_accum && t.grad_accumulation != *o.grad_accum)
+  // A global batch from --megatron-args fixes the accumulation as one from the options does.
+  if (o.grad_accum && t.global_batch > 0 && t.grad_accumulation != *o.grad_accum)
     throw InvalidArgument(
-        fmt::format("--global-batch {} is {} micro-batches of {} on {} data-parallel ranks, not "
+        fmt::format("{} {} is {} micro-batches of {} on {} data-parallel ranks, not "
                     "--grad-accum {}: give one of the two",
-                    t.global_batch, t.grad_accumulation, t.micro_batch, p.dp, *o.grad_accum));
+                    o.global_batch ? "--global-batch" : "--megatron-args' --global-batch-size", t.global_batch,
+                    t.grad_accumulation, t.micro_batch, p.dp, *o.grad_accum));
   validate(c);
   return c;
 }
@@ -190,15 +209,19 @@ int run(const Options& o) {
                        {"dimension", what},
                        {"budget", f.budget},
                        {"step", f.step},
+                       {"limit", f.limit},
                        {"without_stowage", f.without_stowage},
                        {"with_stowage", f.with_stowage}};
       if (f.without_stowage) j["peak_reserved_without"] = f.memory_without.peak_reserved;
       if (f.with_stowage) j["peak_reserved_with"] = f.memory_with.peak_reserved;
       std::cout << j.dump(2) << "\n";
     } else {
+      auto value = [&](std::int64_t v) {
+        return v == f.limit ? fmt::format("{} (the largest searched; more may fit)", v) : std::to_string(v);
+      };
       std::cout << fmt::format(
           "largest {} that fits {}:\n  without stowage's techniques: {}\n  with all of them:            {}\n", what,
-          format_bytes(f.budget), f.without_stowage, f.with_stowage);
+          format_bytes(f.budget), value(f.without_stowage), value(f.with_stowage));
     }
     return 0;
   }

@@ -1,5 +1,6 @@
 #include "tools/estimate/fit.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 #include "stowage/error.hpp"
@@ -49,7 +50,11 @@ FitResult fit(const RunConfig& config, std::int64_t budget, FitDim dim) {
   r.budget = budget;
   const auto& p = config.parallel;
   r.step = dim == FitDim::micro_batch ? 1 : std::lcm<std::int64_t>(128, p.cp * (p.sequence_parallel ? p.tp : 1));
-  const std::int64_t max_k = dim == FitDim::micro_batch ? (std::int64_t{1} << 20) : (std::int64_t{1} << 24) / r.step;
+  std::int64_t max_k = dim == FitDim::micro_batch ? (std::int64_t{1} << 20) : (std::int64_t{1} << 24) / r.step;
+  // A learned position table is the longest sequence the model takes.
+  if (dim == FitDim::seq_length && config.model.learned_positions > 0)
+    max_k = std::min(max_k, config.model.learned_positions / r.step);
+  r.limit = max_k * r.step;
   RunConfig base = without_techniques(config);
   RunConfig all = with_all_techniques(config);
   if (dim == FitDim::micro_batch) base.training.global_batch = all.training.global_batch = 0;

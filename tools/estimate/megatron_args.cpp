@@ -218,6 +218,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   std::string position_type;  // as given; empty: not given
   bool bf16 = false, fp16 = false, fp32_grads = false, bf16_grads = false, local_impl = false, flash = false;
   bool gpt2_bpe = false, seq_given = false, cp_given = false, topk_given = false;
+  std::string tokenizer;  // --tokenizer-type
   std::string attention_backend = "auto", ce_impl = "native";
   bool grouped_gemm = false;              // --moe-grouped-gemm
   std::optional<int> router_dtype_bytes;  // --moe-router-dtype
@@ -264,7 +265,11 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
          t.vocab_divisor = 1;
        }},
       {"--make-vocab-size-divisible-by", [&](auto& a, auto& v) { t.vocab_divisor = to_positive(a, v); }},
-      {"--tokenizer-type", [&](auto&, auto& v) { gpt2_bpe = v == "GPT2BPETokenizer"; }},
+      {"--tokenizer-type",
+       [&](auto&, auto& v) {
+         gpt2_bpe = v == "GPT2BPETokenizer";
+         tokenizer = v;
+       }},
       {"--vocab-file", [&](auto&, auto&) { gpt2_bpe = true; }},
       {"--max-position-embeddings", [&](auto& a, auto& v) { max_positions = to_positive(a, v); }},
       // learned_absolute adds a table of positions; the rotary kinds, relative and none do not.
@@ -617,6 +622,13 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
   if (m.vocab_size == 0 && gpt2_bpe) {
     m.vocab_size = 50257;  // GPT-2's byte-pair vocabulary (Radford et al. 2019)
     c.notes.push_back("megatron-args: GPT-2 BPE tokenizer, vocabulary 50257");
+  } else if (m.vocab_size == 0 && !tokenizer.empty()) {
+    // A tokenizer's vocabulary (Llama 3's 128256, Qwen's 151936 ...) sizes the embedding, the output
+    // layer and the loss's logits: a guess there is a memory the estimate does not know.
+    m.vocab_size = 32000;
+    c.warnings.push_back(fmt::format(
+        "--tokenizer-type {} gives the vocabulary, which the estimate cannot read; assumed 32000 (pass --vocab-size)",
+        tokenizer));
   } else if (m.vocab_size == 0) {
     m.vocab_size = 32000;
     c.notes.push_back("megatron-args give no vocabulary size; assumed 32000 (pass --vocab-size)");

@@ -102,9 +102,9 @@ void validate(const RunConfig& c) {
     std::int64_t left = m.num_layers, stages = p.pp;
     if (p.first_stage_layers > 0) left -= p.first_stage_layers, --stages;
     if (p.last_stage_layers > 0) left -= p.last_stage_layers, --stages;
-    if (stages < 0)
+    if (stages < 0 || p.pp == 1)
       throw InvalidArgument(fmt::format(
-          "uneven pipeline: a first ({}) and a last ({}) stage of their own need at least 2 pipeline stages, got {}",
+          "uneven pipeline: a first ({}) or a last ({}) stage of its own needs at least 2 pipeline stages, got {}",
           p.first_stage_layers, p.last_stage_layers, p.pp));
     if (left < 0 || (stages > 0 && left % stages != 0) || (stages == 0 && left != 0))
       throw InvalidArgument(
@@ -183,6 +183,22 @@ void validate(const RunConfig& c) {
   if (c.stage < -1 || c.stage >= p.pp)
     throw InvalidArgument(fmt::format("stage must be 0..{} (pipeline-parallel {}), got {}", p.pp - 1, p.pp, c.stage));
   if (p.microbatch_group < 0) throw InvalidArgument("microbatch-group-size must not be negative");
+  // The interleaved schedule runs the micro-batches in groups of N per model chunk (N = PP by
+  // default): Megatron-LM raises for N outside [PP, M] and for a last group of 1..PP−1
+  // (schedules.py forward_backward_pipelining_with_interleaving).
+  if (p.vpp > 1 && p.pp > 1) {
+    const std::int64_t n = p.microbatch_group > 0 ? p.microbatch_group : p.pp, mb = t.grad_accumulation;
+    if (n > mb || n < p.pp)
+      throw InvalidArgument(fmt::format(
+          "interleaved pipeline: {} micro-batches a step in groups of {} per model chunk; the group must be from "
+          "pipeline-parallel ({}) to the micro-batches ({}) (Megatron-LM refuses it); give more micro-batches",
+          mb, n, p.pp, mb));
+    if (const std::int64_t rest = mb % n; rest > 0 && rest < p.pp)
+      throw InvalidArgument(
+          fmt::format("interleaved pipeline: {} micro-batches in groups of {} leave a last group of {}, fewer than "
+                      "pipeline-parallel ({}) (Megatron-LM refuses it)",
+                      mb, n, rest, p.pp));
+  }
   if (p.optimizer_instances <= 0 || (p.dp * p.cp) % p.optimizer_instances != 0)
     throw InvalidArgument(fmt::format("distributed-optimizer instances ({}) must divide data × context parallel ({})",
                                       p.optimizer_instances, p.dp * p.cp));
