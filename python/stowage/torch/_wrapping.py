@@ -16,9 +16,24 @@ forward. A pickled model loads with each wrapped module's forward bound to it in
 its class and load_state_dict() it before replicating (docs/pytorch.md)."""
 import copy
 import operator
+import os
+import sys
 import weakref
 
+import torch
+
 from ..errors import InvalidArgumentError, StowageError
+
+
+def callers_level():
+    """warnings.warn's stacklevel of the first frame outside torch and this package: the line of the
+    user's code that called the module or the optimizer (how many frames torch puts between varies
+    by version). Called by the function that warns."""
+    inside = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    level, frame = 2, sys._getframe(2)  # 1: the function that warns, whose caller is frame 2
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def storage_of(t):

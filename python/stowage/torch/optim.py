@@ -15,6 +15,7 @@ import ctypes
 import inspect
 import math
 import numbers
+import warnings
 import weakref
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from .. import precision
 from ..errors import InvalidArgumentError, UnsupportedError
 from ._optim_checks import check_group, decoupled_as_torch_says, decoupled_disagree, param_list, state_value
+from ._wrapping import callers_level
 from .embedding_renorm import unhook, watch_renorms
 from .master_loading import route_loads
 from .offload import StateHomes
@@ -559,6 +561,11 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
         # One decision for the whole model, as a loss scaler makes it: any Inf/NaN skips every group.
         self.last_step_skipped = self.skip_nonfinite and self._any_nonfinite(batches, streamed)
         if self.last_step_skipped:
+            # Where plain torch.optim would write NaN, the step is skipped: said, not silent (a loss
+            # that stops moving is otherwise all a training loop would see).
+            warnings.warn("step(): a gradient holds Inf or NaN, so this step was skipped and nothing written "
+                          "(skip_nonfinite=True; opt.last_step_skipped says so per step)", RuntimeWarning,
+                          stacklevel=callers_level())
             return loss
         clip = self._clip_coef(grads)
         # The state the kernels take by address, checked for every parameter before any is updated.

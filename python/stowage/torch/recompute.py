@@ -16,8 +16,6 @@ Needs only torch (not libstowage). docs/recompute.md, "From PyTorch".
 """
 import contextlib
 import dataclasses
-import os
-import sys
 import threading
 import warnings
 import weakref
@@ -26,7 +24,8 @@ import torch
 
 from ..errors import InvalidArgumentError, StowageError, UnsupportedError
 from ._known_activations import known_activation
-from ._wrapping import WrapHandle, check_names, every_name, set_forward, storage_of as _storage, wrapped_as
+from ._wrapping import (WrapHandle, callers_level, check_names, every_name, set_forward, storage_of as _storage,
+                        wrapped_as)
 
 __all__ = ["ReleasedActivation", "RecomputeStats", "RecomputeHandle", "recompute_activations",
            "DEFAULT_ACTIVATIONS"]
@@ -442,16 +441,6 @@ def recompute_activations(model, activation_types=DEFAULT_ACTIVATIONS, names=())
     return RecomputeHandle(stats, chosen, undo)
 
 
-def _callers_level():
-    """warnings.warn's stacklevel of the first frame outside torch.nn and this package: the line of
-    the user's code that called the module (how many frames torch puts between varies by version)."""
-    inside = (os.path.dirname(torch.nn.__file__), os.path.dirname(os.path.dirname(__file__)))
-    level, frame = 2, sys._getframe(2)  # 1: the forward that warns, whose caller is frame 2
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        level, frame = level + 1, frame.f_back
-    return level
-
-
 def _caller(modules, name):
     """The name of the module whose forward calls the activation `name`: its nearest ancestor that
     has a forward. A ModuleList or ModuleDict holding activations has none (the module above it
@@ -494,7 +483,7 @@ def _wrap_activation(module, name, frames, stats, undo):
                 warned.append(True)
                 warnings.warn(f"recompute_activations: {name} ran outside the forward of the module that holds "
                               "it, so its output is not released (called from elsewhere?); name the activations "
-                              "its caller runs", stacklevel=_callers_level())
+                              "its caller runs", stacklevel=callers_level())
             return original(*args, **kwargs)
         _refuse_hooks(module, name)
         if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args) and any(
@@ -546,7 +535,7 @@ def _release(acts, output, parent, warned):
                 warned.append(True)
                 warnings.warn(f"recompute_activations: a {parent} returned a {type(output).__name__} with no tensor "
                               f"in it that stowage can find (tensors, lists, tuples, dicts, dataclasses), so "
-                              f"{name}'s output is not released", stacklevel=_callers_level())
+                              f"{name}'s output is not released", stacklevel=callers_level())
             act.forget()  # no backward through the parent: nothing saved it, nothing to gain
             continue
         if _storage(out).data_ptr() in out_ptrs:  # checked for all before any is released
