@@ -123,8 +123,11 @@ void validate(const RunConfig& c) {
                       m.num_layers, total != m.num_layers ? " with the embedding/loss counted" : ""));
   }
   if (p.vpp > 1 && p.pp == 1) throw InvalidArgument("virtual-stages > 1 needs pipeline-parallel > 1");
-  if (t.seq_length % p.cp != 0)
-    throw InvalidArgument(fmt::format("context-parallel ({}) does not divide seq-length ({})", p.cp, t.seq_length));
+  // Each CP rank takes one chunk from each end of the sequence (causal balance; Megatron-LM and
+  // TransformerEngine split it into 2·CP chunks).
+  if (p.cp > 1 && t.seq_length % (2 * p.cp) != 0)
+    throw InvalidArgument(fmt::format("context-parallel ({}) needs a seq-length that splits into 2 × {} chunks, got {}",
+                                      p.cp, p.cp, t.seq_length));
   if (p.sequence_parallel && (t.seq_length / p.cp) % p.tp != 0)
     throw InvalidArgument(fmt::format("sequence parallel: tensor-parallel ({}) does not divide the local sequence ({})",
                                       p.tp, t.seq_length / p.cp));
