@@ -282,6 +282,22 @@ TEST(EstimateMegatron, LinesMegatronRefusesAreRefused) {
   EXPECT_EQ(refusal("--bf16=true"),
             "megatron-args: --bf16 is a flag and takes no value (got '--bf16=true'); Megatron-LM's parser refuses it "
             "too");
+  EXPECT_EQ(refusal("--group-query-attention --num-query-groups 4 --tensor-model-parallel-size 8"),
+            "accepted");  // parsed; the layout is checked with the run
+  RunConfig gqa;
+  apply_megatron_args(kLlama7b + " --group-query-attention --num-query-groups 4 --tensor-model-parallel-size 8", gqa);
+  EXPECT_THROW(
+      {
+        try {
+          validate(gqa);
+        } catch (const InvalidArgument& e) {
+          EXPECT_STREQ(e.what(),
+                       "tensor-parallel (8) does not divide the 4 query groups, which Megatron-LM splits over TP ranks "
+                       "(attention.py)");
+          throw;
+        }
+      },
+      InvalidArgument);
   // What Megatron-LM takes is taken.
   EXPECT_EQ(refusal("--use-distributed-optimizer --overlap-param-gather --overlap-grad-reduce"), "accepted");
   EXPECT_EQ(refusal("--use-megatron-fsdp --use-precision-aware-optimizer"), "accepted");

@@ -65,6 +65,13 @@ void validate(const RunConfig& c) {
   if (m.kv_heads() % p.tp != 0 && p.tp % m.kv_heads() != 0)
     throw InvalidArgument(
         fmt::format("tensor-parallel ({}) and num_key_value_heads ({}) do not divide one another", p.tp, m.kv_heads()));
+  // Megatron-LM splits the query groups over TP (attention.py: divide(num_query_groups, tp)); it
+  // does not replicate a group on several ranks.
+  if (p.accounting == Accounting::megatron && m.kv_heads() % p.tp != 0)
+    throw InvalidArgument(
+        fmt::format("tensor-parallel ({}) does not divide the {} query groups, which Megatron-LM "
+                    "splits over TP ranks (attention.py)",
+                    p.tp, m.kv_heads()));
   if (m.ffn_hidden_size % p.tp != 0)
     throw InvalidArgument(
         fmt::format("tensor-parallel ({}) does not divide ffn_hidden_size ({})", p.tp, m.ffn_hidden_size));

@@ -72,8 +72,8 @@ std::vector<Layout> layouts(const PlanRequest& r) {
   const std::int64_t gbs = r.base.training.global_batch, seq = r.base.training.seq_length;
   std::vector<Layout> out;
   for (std::int64_t tp : divisors(cl.gpus_per_node, cl.gpus)) {
-    if (m.num_heads % tp || m.ffn_hidden_size % tp || (m.kv_heads() % tp && tp % m.kv_heads())) continue;
-    if (m.shared_experts() && m.shared_expert_ffn_hidden_size % tp) continue;  // split by TP as a dense MLP
+    if (m.num_heads % tp || m.ffn_hidden_size % tp || m.kv_heads() % tp) continue;  // Megatron splits the groups
+    if (m.shared_experts() && m.shared_expert_ffn_hidden_size % tp) continue;       // split by TP as a dense MLP
     for (std::int64_t cp = 1; cp <= r.space.max_cp && tp * cp <= cl.gpus; cp *= 2) {
       // Sequence parallelism splits each rank's seq/cp tokens by tp; Megatron-LM's load-balanced
       // context parallelism cuts the sequence into 2·cp chunks (arguments.py asserts both).
