@@ -38,6 +38,35 @@ print(json.dumps({'reused': y.data_ptr() == address, 'clean': bool((y == 0).all(
     assert result["clean"], result
 
 
+def test_record_stream_on_an_empty_tensor_or_foreign_memory_records_nothing(python):
+    # PyTorch's own allocator returns at once for an empty tensor (NULL) and for memory it did not
+    # give (here cuMemAlloc's, seen through __cuda_array_interface__); NCCL records every input and
+    # output. A block of stowage's is recorded.
+    out = run(python, ENABLE + """
+import ctypes
+side = torch.cuda.Stream()
+torch.empty(0, device='cuda').record_stream(side)
+torch.cuda.init()
+cuda = ctypes.CDLL('libcuda.so.1')
+ptr = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(16)) == 0
+
+class Foreign:
+    __cuda_array_interface__ = {'shape': (4,), 'typestr': '<f4', 'data': (ptr.value, False), 'version': 2}
+
+foreign = torch.as_tensor(Foreign(), device='cuda')
+assert foreign.data_ptr() == ptr.value
+foreign.record_stream(side)
+lib = stowage._lib.library()
+ours = torch.empty(1 << 20, device='cuda')
+ours.record_stream(side)
+print(json.dumps({'ours': lib.stowage_block_device(ours.data_ptr()), 'foreign': lib.stowage_block_device(ptr.value),
+                  'null': lib.stowage_block_device(None)}))
+""")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"ours": 0, "foreign": -1, "null": -1}
+
+
 def test_a_tensor_is_freed_straight_into_stowage(python):
     # The shim's deleter for device 0, not the pluggable allocator's map: the bytes come back
     # to stowage's statistics when the tensor goes; raw_alloc'd bytes when raw_delete frees them.
