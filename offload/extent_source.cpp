@@ -41,10 +41,18 @@ bool populate(void* ptr, std::size_t bytes) {
 
 // Whether `bytes` more can be faulted in (on `node`, when bound) without the OOM killer: a
 // request beyond what the host has left is refused before any page is touched.
-bool host_has_room(std::size_t bytes, int node) {
-  if (bytes > host_memory_available()) return false;
-  return node < 0 || numa_available() < 0 || numa_node_size64(node, nullptr) < 0 ||
-         bytes <= static_cast<std::size_t>(numa_node_size64(node, nullptr));
+// `bytes`: every chunk being mapped now, this one included (they fault their pages at once).
+// Never throws (reading the limits allocates; a failure there is no room).
+bool host_has_room(std::size_t bytes, int node) noexcept {
+  try {
+    if (bytes > host_memory_available()) return false;
+    if (node < 0 || numa_available() < 0) return true;
+    if (const auto on_node = node_memory_available(node)) return bytes <= *on_node;
+    const long long size = numa_node_size64(node, nullptr);
+    return size < 0 || bytes <= static_cast<std::size_t>(size);
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 }  // namespace
@@ -81,18 +89,19 @@ void* ExtentSource::map(std::size_t bytes, std::size_t alignment) {
   if (bytes == 0 || bytes % page != 0) return nullptr;
   alignment = std::max(alignment, page);
   int node = -1;
+  std::size_t in_flight = 0;
   {
     std::lock_guard lock(mutex_);
     if (cap_ != 0 && counters_.pinned_bytes + pending_ + bytes > cap_) return nullptr;
     pending_ += bytes;
+    in_flight = pending_;
     if (!nodes_.empty()) node = nodes_[next_node_++ % nodes_.size()];
   }
   auto undo_pending = [&] {
     std::lock_guard lock(mutex_);
     pending_ -= bytes;
   };
-  if (!host_has_room(bytes, node)) {
-    log().debug("host pool: {} bytes asked for; the host has {} bytes available", bytes, host_memory_available());
+  if (!host_has_room(in_flight, node)) {
     undo_pending();
     return nullptr;
   }

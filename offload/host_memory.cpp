@@ -41,17 +41,40 @@ std::optional<std::string> cgroup_path(bool v2) {
   return found;
 }
 
+// The value of `key` in a "key value" file (memory.stat), 0 when absent.
+unsigned long long stat_value(const std::string& path, const char* key) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return 0;
+  char name[128];
+  unsigned long long v = 0, found = 0;
+  while (std::fscanf(f, "%127s %llu", name, &v) == 2)
+    if (std::string(name) == key) found = v;
+  std::fclose(f);
+  return found;
+}
+
+// The cgroup's limit less its working set: usage less the inactive file pages the kernel
+// reclaims before it would kill (kubelet's working set). Page cache from reading a dataset is no
+// use of memory that keeps a request out.
+std::optional<unsigned long long> room_below(std::optional<unsigned long long> limit,
+                                             std::optional<unsigned long long> used, unsigned long long inactive_file) {
+  if (!limit || !used) return std::nullopt;
+  const unsigned long long working = *used > inactive_file ? *used - inactive_file : 0;
+  return *limit > working ? *limit - working : 0;  // v1's "no limit" is a huge number
+}
+
 // What the memory cgroup lets this process add, when it has a limit.
 std::optional<unsigned long long> cgroup_headroom() {
   if (auto p = cgroup_path(true)) {
     const std::string dir = "/sys/fs/cgroup" + *p;
-    const auto limit = read_number(dir + "/memory.max"), used = read_number(dir + "/memory.current");
-    if (limit && used) return *limit > *used ? *limit - *used : 0;
+    if (auto room = room_below(read_number(dir + "/memory.max"), read_number(dir + "/memory.current"),
+                               stat_value(dir + "/memory.stat", "inactive_file")))
+      return room;
   }
   if (auto p = cgroup_path(false)) {
     const std::string dir = "/sys/fs/cgroup/memory" + *p;
-    const auto limit = read_number(dir + "/memory.limit_in_bytes"), used = read_number(dir + "/memory.usage_in_bytes");
-    if (limit && used) return *limit > *used ? *limit - *used : 0;  // "no limit" is a huge number
+    return room_below(read_number(dir + "/memory.limit_in_bytes"), read_number(dir + "/memory.usage_in_bytes"),
+                      stat_value(dir + "/memory.stat", "total_inactive_file"));
   }
   return std::nullopt;
 }
@@ -74,6 +97,26 @@ std::size_t host_memory_available() {
             static_cast<unsigned long long>(sysconf(_SC_PAGESIZE));
   if (const auto room = cgroup_headroom()) bytes = std::min(bytes, *room);
   return static_cast<std::size_t>(bytes);
+}
+
+std::optional<std::size_t> node_memory_available(int node) {
+  FILE* f = std::fopen(("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo").c_str(), "r");
+  if (f == nullptr) return std::nullopt;
+  char line[256];
+  unsigned long long total = 0, kib = 0;
+  int fields = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    int n = 0;
+    // "Node 0 MemFree:  123 kB", "Node 0 Active(file): ...", "Node 0 Inactive(file): ..."
+    for (const char* key : {"MemFree:", "Active(file):", "Inactive(file):"}) {
+      char format[64];
+      std::snprintf(format, sizeof format, "Node %%d %s %%llu kB", key);
+      if (std::sscanf(line, format, &n, &kib) == 2) total += kib, ++fields;
+    }
+  }
+  std::fclose(f);
+  if (fields == 0) return std::nullopt;
+  return static_cast<std::size_t>(total * 1024ULL);
 }
 
 }  // namespace stowage::offload
