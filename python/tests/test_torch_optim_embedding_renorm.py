@@ -263,30 +263,89 @@ def test_a_copy_or_pickle_of_the_model_leaves_the_masters_alone():
     assert torch.equal(bits(opt.master(w)[changed]), bits(w.detach()[changed].float()))
 
 
+@pytest.mark.parametrize("width", [5, 3, 1, 8, 12, 16, 21])
 @pytest.mark.parametrize("rounding", ["nearest_even", "half_up"])
-def test_rows_taken_in_place_are_what_split_writes_for_their_bf16_values(rounding):
+def test_rows_taken_in_place_are_what_split_writes_for_their_bf16_values(rounding, width):
     """_Bucket.take_bf16_rows against split() of the whole parameter with those rows replaced by
-    their bf16 values: every byte of the planes, ties set all around (rows of 5 elements share tie
-    bytes), the next parameter's planes untouched."""
-    g = torch.Generator().manual_seed(0)
-    u = torch.randint(0, 1 << 16, (13, 5), generator=g, dtype=torch.int32)
+    their bf16 values: every byte of the planes, ties set all around (rows whose width is not a
+    multiple of 8 share tie bytes; rows narrower than 8 several in one byte), the next parameter's
+    planes untouched."""
+    g = torch.Generator().manual_seed(width)
+    u = torch.randint(0, 1 << 16, (13, width), generator=g, dtype=torch.int32)
     u = ((u & 0x7FFE) + 0x3C00) << 16  # finite, even high halves around 1
-    u |= torch.where(torch.rand(13, 5, generator=g) < 0.5, 0x8000, torch.randint(0, 1 << 16, (13, 5), generator=g,
-                                                                                dtype=torch.int32))
+    u |= torch.where(torch.rand(13, width, generator=g) < 0.5, 0x8000,
+                     torch.randint(0, 1 << 16, (13, width), generator=g, dtype=torch.int32))
     first, second = u.view(torch.float32), torch.randn(3, 7, generator=g)
     taken, expected = _Bucket([first, second], rounding), _Bucket([first, second], rounding)
     for bucket in (taken, expected):
         bucket.split(0, first)
         bucket.split(1, second)
     if rounding == "nearest_even":
-        assert int(taken.ties[:9].ne(0).sum()) > 4  # ties in the bytes the rows share
-    rows = torch.tensor([0, 3, 4, 12])
+        assert int(taken.ties[:-(-13 * width // 8)].ne(0).sum()) > 1  # ties in the rows' bytes
+    rows = torch.tensor([0, 1, 3, 4, 12])
     values = first.clone()
     values[rows] = taken.view(0, first.shape)[rows].float()  # the bf16 plane's values, in either rounding
-    taken.take_bf16_rows(0, 5, rows)
+    taken.take_bf16_rows(0, tuple(first.shape), rows)
     expected.split(0, values)
     for a, b in ((taken.bf16, expected.bf16), (taken.residual, expected.residual), (taken.ties, expected.ties)):
         assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a, b.view(torch.int16)
                            if b.dtype == torch.bfloat16 else b)
     assert torch.equal(bits(taken.merge(0, first.shape)), bits(values))
     assert torch.equal(bits(taken.merge(1, second.shape)), bits(second))
+
+
+class Shifted(nn.Embedding):
+    """As Hugging Face's BartLearnedPositionalEmbedding: its forward looks up other rows than its
+    input names (input + 10)."""
+
+    def forward(self, x):
+        return super().forward(x + 10)
+
+
+class Named(nn.Embedding):
+    """A subclass with torch's own forward."""
+
+
+def test_a_subclass_with_a_forward_of_its_own_takes_the_whole_table_as_written():
+    """A snapshot of the rows the input names would miss the rows renormalised (10, 11, 12 here),
+    and the count moved by one, the renorm's: those rows would keep their old residuals under the
+    new bf16 values. Not hooked, the renorm is a write of the whole table, as without attach()."""
+    for cls, hooked in ((Shifted, False), (Named, True)):
+        model = Model(REACHED)
+        torch.manual_seed(0)
+        model.emb = cls(VOCAB, DIM, max_norm=1.0)  # N(0, 1) rows of 8: every row exceeds it
+        opt = shared(model, "adamw")
+        w = model.emb.weight
+        assert bool(model.emb._forward_hooks) == hooked
+        master, weight = opt.master(w), w.detach().clone()
+        assert not torch.equal(bits(master), bits(w.float()))
+        loss_of(model, torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 2]]))
+        changed = (bits(w) != bits(weight)).any(1)
+        assert changed.nonzero().flatten().tolist() == ([10, 11, 12] if cls is Shifted else [0, 1, 2])
+        assert torch.equal(bits(opt.master(w)[changed]), bits(w.detach()[changed].float()))  # the bf16 values
+        expected = bits(w.float()) if cls is Shifted else bits(master)  # the whole table, or only the rows changed
+        assert torch.equal(bits(opt.master(w)[~changed]), expected[~changed])
+
+
+@pytest.mark.parametrize("how", ["returned", "in_place"])
+def test_a_pre_hook_registered_later_that_changes_the_input_takes_the_whole_table(how):
+    """The optimizer's pre-hook saved the rows of the input it saw; a pre-hook that runs after it
+    and gives forward another input (returns a new one, or writes into it) makes forward renormalise
+    other rows: the forward hook sees that the input is not the one saved and leaves the write whole."""
+    model = Model(REACHED)
+    torch.manual_seed(0)
+    model.emb = nn.Embedding(VOCAB, DIM, max_norm=1.0)
+    opt = shared(model, "adamw")
+    w = model.emb.weight
+
+    def shift(module, inputs):
+        if how == "returned":
+            return (inputs[0] + 10,)
+        inputs[0].add_(10)
+
+    model.emb.register_forward_pre_hook(shift)
+    master, weight = opt.master(w), w.detach().clone()
+    assert not torch.equal(bits(master), bits(w.float()))
+    model(torch.tensor([[0, 1, 2]]))
+    assert (bits(w) != bits(weight)).any(1).nonzero().flatten().tolist() == [10, 11, 12]
+    assert torch.equal(bits(opt.master(w)), bits(w.float()))

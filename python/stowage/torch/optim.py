@@ -95,21 +95,57 @@ class _Bucket:
         precision.merge(self._planes(*host, numel), out.data_ptr())
         return out.to(self.device)
 
-    def take_bf16_rows(self, index, row_numel, rows):
-        """Rows `rows` (ascending row indices, a long tensor on the bucket's device) of parameter
-        `index`, rows of row_numel elements, take their bf16 values as their master, exactly: residual
-        0x8000 and tie bit 0, what split() of those values writes (docs/precision.md), written in place
-        on the planes' device instead of merging and splitting the whole parameter."""
-        elements = (rows[:, None] * row_numel + torch.arange(row_numel, device=rows.device)).flatten()
-        elements += self.offsets[index]
-        self.residual[elements] = -0x8000  # 0x8000 as int16
-        if self.rounding == "nearest_even":
-            # Element i's tie is bit i % 8 of byte i // 8. The elements ascend, so each byte's come together.
-            byte, which = torch.unique_consecutive(elements // 8, return_inverse=True)
-            keep = torch.ones(byte.numel(), 8, dtype=torch.bool, device=rows.device)
-            keep[which, elements % 8] = False
-            shifts = torch.arange(8, dtype=torch.uint8, device=rows.device)
-            self.ties[byte] &= (keep.to(torch.uint8) << shifts).sum(1, dtype=torch.uint8)
+    def take_bf16_rows(self, index, shape, rows):
+        """Rows `rows` (distinct row indices, a long tensor on the bucket's device) of parameter
+        `index`, of shape `shape`, take their bf16 values as their master, exactly: residual 0x8000
+        and tie bit 0, what split() of those values writes (docs/precision.md), written in place on
+        the planes' device instead of merging and splitting the whole parameter. Row by row on 2-D
+        views of the planes: its temporaries are O(len(rows)), not O(elements)."""
+        off, numel = self.offsets[index], math.prod(shape)
+        n_rows = shape[0] if len(shape) else 1
+        d = numel // n_rows if n_rows else 0  # elements a row
+        self.residual[off:off + numel].view(n_rows, d).index_fill_(0, rows, -0x8000)  # 0x8000 as int16
+        if self.rounding != "nearest_even" or not d or not rows.numel():
+            return
+        # Element e of the parameter has its tie in bit e % 8 of byte e // 8 (off is a multiple of 64).
+        ties = self.ties[off // 8:off // 8 + precision.tie_bitmap_bytes(numel, self.rounding)]
+        # The bytes wholly inside a row: row r's elements start at bit phase r*d % 8, which repeats
+        # every `period` rows, and rows of one phase have their whole bytes `period * d / 8` bytes
+        # apart. So for each phase a strided (rows of that phase, whole bytes) view of the bitmap,
+        # whose changed rows are zeroed. d % 8 == 0: one phase, the (n_rows, d / 8) view.
+        period = 8 // math.gcd(d, 8)
+        for phase_row in range(min(period, n_rows)):
+            a = phase_row * d
+            first = -(-a // 8)  # its first whole byte
+            count = (a + d) // 8 - first
+            if count <= 0:
+                continue
+            mine = rows if period == 1 else rows[rows % period == phase_row]
+            if mine.numel():
+                view = ties.as_strided(((n_rows - phase_row + period - 1) // period, count),
+                                       (period * d // 8, 1), ties.storage_offset() + first)
+                view.index_fill_(0, mine // period if period > 1 else mine, 0)
+        if d % 8 == 0:
+            return
+        # The bytes a row shares with its neighbours: its first byte from bit a % 8 (when a % 8 > 0)
+        # and its last up to bit b % 8 (when b % 8 > 0 and that byte is not the first), a and b its
+        # first and one-past-last element. Several changed rows may clear bits of one byte (d < 8, or
+        # one row's last byte the next one's first): their bits are disjoint, so the sum of their
+        # masks over the byte (a segment sum of the masks sorted by byte: no atomics, deterministic)
+        # is their union.
+        a = rows * d
+        b = a + d
+        bit = torch.tensor([1 << k for k in range(9)], dtype=torch.long, device=rows.device)  # 2**k
+        head = a % 8 != 0
+        head_byte = a[head] // 8
+        tail = (b % 8 != 0) & ((b // 8 != a // 8) | ~head)
+        byte, order = torch.sort(torch.cat([head_byte, b[tail] // 8]))
+        mask = torch.cat([bit[torch.clamp(b[head] - head_byte * 8, max=8)] - bit[a[head] % 8],
+                          bit[b[tail] % 8] - 1])[order]
+        byte, count = torch.unique_consecutive(byte, return_counts=True)
+        total = mask.cumsum(0)[count.cumsum(0) - 1]
+        cleared = torch.diff(total, prepend=total.new_zeros(1))
+        ties[byte] &= (255 - cleared).to(torch.uint8)
 
     def view(self, index, shape):
         off = self.offsets[index]
@@ -437,7 +473,7 @@ class _SharedStorageOptimizer(torch.optim.Optimizer):
             changed = (now.view(torch.int16) != saved.view(torch.int16)).flatten(1).any(1)
             changed = changed.nonzero().flatten() if rows is None else rows[changed]
             if changed.numel():
-                bucket.take_bf16_rows(i, math.prod(param.shape[1:]), changed.to(torch.long))
+                bucket.take_bf16_rows(i, tuple(param.shape), changed.to(torch.long))
         self._versions[k] = param._version
 
     def _take_write(self, param):
