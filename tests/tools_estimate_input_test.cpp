@@ -376,7 +376,17 @@ TEST(EstimateCommand, ContradictionsAndLimitsOfTheModelAreRefused) {
   ASSERT_EQ(fit.exit_code, 0) << fit.output;
   const auto f = nlohmann::json::parse(fit.output);
   EXPECT_EQ(f.at("limit"), 2048);
+  EXPECT_EQ(f.at("limit_is_positions"), true);
   EXPECT_EQ(f.at("with_stowage"), 2048);
+  // A search step longer than the table (lcm(128, CP·TP) = 2688): nothing the model takes.
+  const auto none = run_cli(
+      "estimate --model gpt3-175b --tp 3 --sequence-parallel --cp 7 --seq 2016 --pp 8 --fit 80GiB --fit-dim seq "
+      "--json");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_EQ(nlohmann::json::parse(none.output).at("with_stowage"), 0);
+  // A sequence the launch line states is the line's, not the default: refused beyond the table.
+  refused("--model gpt3-175b --megatron-args \"--seq-length 4096\" --tp 8 --pp 8",
+          "megatron-args: --seq-length 4096 is longer than the model's learned position embedding (2048 rows");
   // The interleaved schedule needs a group of PP..M micro-batches and no short last group.
   refused("--model llama2-7b --pp 4 --vpp 2 --grad-accum 2",
           "interleaved pipeline: 2 micro-batches a step in groups of 4 per model chunk");
@@ -384,6 +394,12 @@ TEST(EstimateCommand, ContradictionsAndLimitsOfTheModelAreRefused) {
           "interleaved pipeline: 6 micro-batches in groups of 4 leave a last group of 2, fewer than "
           "pipeline-parallel (4)");
   EXPECT_EQ(run_cli("estimate --model llama2-7b --pp 4 --vpp 2 --grad-accum 8").exit_code, 0);
+  // A batch-size schedule changes the micro-batches per step: the rule is left to the run (a note).
+  const auto ramp = run_cli(
+      "estimate --model llama2-7b --megatron-args \"--pipeline-model-parallel-size 4 "
+      "--num-virtual-stages-per-pipeline-rank 2 --rampup-batch-size 16 16 1000\" --json");
+  ASSERT_EQ(ramp.exit_code, 0) << ramp.output;
+  EXPECT_NE(ramp.output.find("a batch-size schedule changes the micro-batches per step"), std::string::npos);
   // A global batch from --megatron-args fixes the accumulation.
   refused(
       "--model llama2-7b --megatron-args \"--global-batch-size 64 --micro-batch-size 1 "

@@ -210,6 +210,7 @@ int run(const Options& o) {
                        {"budget", f.budget},
                        {"step", f.step},
                        {"limit", f.limit},
+                       {"limit_is_positions", f.limit_is_positions},
                        {"without_stowage", f.without_stowage},
                        {"with_stowage", f.with_stowage}};
       if (f.without_stowage) j["peak_reserved_without"] = f.memory_without.peak_reserved;
@@ -217,7 +218,10 @@ int run(const Options& o) {
       std::cout << j.dump(2) << "\n";
     } else {
       auto value = [&](std::int64_t v) {
-        return v == f.limit ? fmt::format("{} (the largest searched; more may fit)", v) : std::to_string(v);
+        if (v == 0 || v != f.limit) return std::to_string(v);
+        return fmt::format("{} ({})", v,
+                           f.limit_is_positions ? "the learned position table's length: the model takes no longer"
+                                                : "the largest searched; more may fit");
       };
       std::cout << fmt::format(
           "largest {} that fits {}:\n  without stowage's techniques: {}\n  with all of them:            {}\n", what,

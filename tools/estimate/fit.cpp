@@ -25,7 +25,7 @@ std::int64_t search(RunConfig c, std::int64_t budget, FitDim dim, std::int64_t s
     at = m;
     return true;
   };
-  if (!fits(1)) return 0;
+  if (max_k < 1 || !fits(1)) return 0;
   std::int64_t lo = 1, hi = 2;
   while (hi <= max_k && fits(hi)) {
     lo = hi;
@@ -52,8 +52,11 @@ FitResult fit(const RunConfig& config, std::int64_t budget, FitDim dim) {
   r.step = dim == FitDim::micro_batch ? 1 : std::lcm<std::int64_t>(128, p.cp * (p.sequence_parallel ? p.tp : 1));
   std::int64_t max_k = dim == FitDim::micro_batch ? (std::int64_t{1} << 20) : (std::int64_t{1} << 24) / r.step;
   // A learned position table is the longest sequence the model takes.
-  if (dim == FitDim::seq_length && config.model.learned_positions > 0)
-    max_k = std::min(max_k, config.model.learned_positions / r.step);
+  if (dim == FitDim::seq_length && config.model.learned_positions > 0 &&
+      config.model.learned_positions / r.step < max_k) {
+    max_k = config.model.learned_positions / r.step;
+    r.limit_is_positions = true;
+  }
   r.limit = max_k * r.step;
   RunConfig base = without_techniques(config);
   RunConfig all = with_all_techniques(config);

@@ -14,6 +14,7 @@ struct FitResult {
   std::int64_t budget = 0;
   std::int64_t step = 1;             // sequence lengths are searched in multiples of this
   std::int64_t limit = 0;            // the largest value searched (a learned position table's rows, or a cap)
+  bool limit_is_positions = false;   // the limit is the learned position table: nothing longer runs
   std::int64_t without_stowage = 0;  // 0: nothing fits
   std::int64_t with_stowage = 0;
   StageMemory memory_without, memory_with;  // at the values found (when > 0)

@@ -30,25 +30,19 @@ void refuse(const std::string& what) {
 
 }  // namespace
 
-void check_megatron_rules(const std::vector<std::string>& args, std::int64_t tp) {
-  // Megatron-FSDP (v1, the default) turns the distributed optimizer on; so does dist_muon's layout.
-  const bool fsdp = given(args, "--use-megatron-fsdp");
-  const bool distributed =
-      given(args, "--use-distributed-optimizer") || fsdp || value_of(args, "--optimizer") == "dist_muon";
+void check_megatron_rules(const std::vector<std::string>& args, Parallelism& p) {
   if (given(args, "--optimizer-cpu-offload") && !given(args, "--use-precision-aware-optimizer"))
     refuse(
         "--optimizer-cpu-offload needs --use-precision-aware-optimizer (the hybrid device optimizer runs "
         "through its code path)");
-  if (given(args, "--use-precision-aware-optimizer") && !distributed &&
-      value_of(args, "--megatron-fsdp-version") != "2")
-    refuse("--use-precision-aware-optimizer needs --use-distributed-optimizer");
-  if (given(args, "--overlap-param-gather")) {
-    if (!distributed) refuse("--overlap-param-gather needs --use-distributed-optimizer, Megatron-FSDP or dist_muon");
-    if (!given(args, "--overlap-grad-reduce")) refuse("--overlap-param-gather needs --overlap-grad-reduce");
-  }
-  // Sequence parallelism is turned off at TP 1, before this check.
-  if (given(args, "--tp-comm-overlap") && !(given(args, "--sequence-parallel") && tp > 1))
-    refuse(fmt::format("--tp-comm-overlap needs --sequence-parallel with TP > 1 (TP is {})", tp));
+  if (given(args, "--overlap-param-gather") && !given(args, "--overlap-grad-reduce"))
+    refuse("--overlap-param-gather needs --overlap-grad-reduce");
+  // Checked by validate(), after the command line's options.
+  p.tp_comm_overlap = given(args, "--tp-comm-overlap");
+  p.precision_aware_optimizer =
+      given(args, "--use-precision-aware-optimizer") && value_of(args, "--megatron-fsdp-version") != "2";
+  p.overlap_param_gather = given(args, "--overlap-param-gather");
+  p.megatron_fsdp = given(args, "--use-megatron-fsdp");
 }
 
 }  // namespace stowage::estimate

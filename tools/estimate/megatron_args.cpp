@@ -134,6 +134,11 @@ void check_sequence(const RunConfig& c, std::optional<std::int64_t> max_position
     throw InvalidArgument(fmt::format(
         "megatron-args: --max-position-embeddings {} is smaller than --seq-length {} (Megatron-LM refuses it)",
         *max_positions, s));
+  if (seq_given && c.model.learned_positions > 0 && c.model.learned_positions < s)
+    throw InvalidArgument(
+        fmt::format("megatron-args: --seq-length {} is longer than the model's learned position "
+                    "embedding ({} rows; Megatron-LM refuses it)",
+                    s, c.model.learned_positions));
   if (cp_given && cp > 1 && s % (2 * cp) != 0)
     throw InvalidArgument(
         fmt::format("megatron-args: --seq-length {} is not a multiple of 2 × --context-parallel-size {} (Megatron-LM "
@@ -303,6 +308,7 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
       {"--micro-batch-size", [&](auto& a, auto& v) { t.micro_batch = to_positive(a, v); }},
       {"--global-batch-size", [&](auto& a, auto& v) { global_batch = to_positive(a, v); }},
       {"--optimizer-offload-fraction", [&](auto& a, auto& v) { offload_fraction = to_double(a, v); }},
+
       {"--tensor-model-parallel-size", [&](auto& a, auto& v) { p.tp = to_positive(a, v); }},
       {"--pipeline-model-parallel-size", [&](auto& a, auto& v) { p.pp = to_positive(a, v); }},
       {"--num-virtual-stages-per-pipeline-rank", [&](auto& a, auto& v) { virtual_stages.stages = to_positive(a, v); }},
@@ -487,7 +493,18 @@ MegatronArgsReport apply_megatron_args(const std::string& text, RunConfig& c, Un
                                      : fmt::format(" (did you mean '{}'?)", near)));
     }
   }
-  check_megatron_rules(args, p.tp);
+  check_megatron_rules(args, p);
+  // The batch grows during training (values of their own, read as no effect on memory): the
+  // estimate takes one step's micro-batches.
+  t.batch_schedule = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    const std::string name = a.substr(0, a.find('='));
+    return name == "--rampup-batch-size" || name == "--step-batch-size-schedule";
+  });
+  if (t.batch_schedule)
+    c.notes.push_back(
+        fmt::format("megatron-args: a batch-size schedule changes the micro-batches per step; estimated "
+                    "at {} a step (pass --grad-accum for another step)",
+                    t.grad_accumulation));
   // The hybrid device optimizer (optimizer/__init__.py) steps that fraction of the parameters on the
   // host, their fp32 master and moments there: all of them is stowage's mapped offload (the
   // device keeps the 16-bit weights and the main gradients).

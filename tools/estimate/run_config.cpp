@@ -33,6 +33,27 @@ bool deepspeed_bf16_optimizer(const RunConfig& c) {
          (p.zero_stage == 0 && accumulation == Precision::bf16 && p.pp > 1);
 }
 
+namespace {
+
+// Megatron-LM's requirements of launch-line settings the command line may have changed since
+// (megatron_arg_rules.hpp): the distributed optimizer, sequence parallelism at TP > 1.
+void check_megatron_settings(const Parallelism& p) {
+  auto refuse = [](const std::string& what) {
+    throw InvalidArgument("megatron-args: " + what + " (Megatron-LM refuses it too)");
+  };
+  // The distributed optimizer: --use-distributed-optimizer, dist_muon, Megatron-FSDP (v1).
+  const bool distributed = p.zero_stage >= 1 || p.megatron_fsdp;
+  if (p.precision_aware_optimizer && !distributed)
+    refuse("--use-precision-aware-optimizer needs --use-distributed-optimizer");
+  if (p.overlap_param_gather && !distributed)
+    refuse("--overlap-param-gather needs --use-distributed-optimizer, Megatron-FSDP or dist_muon");
+  // Sequence parallelism is turned off at TP 1, before this check.
+  if (p.tp_comm_overlap && !(p.sequence_parallel && p.tp > 1))
+    refuse(fmt::format("--tp-comm-overlap needs --sequence-parallel with TP > 1 (TP is {})", p.tp));
+}
+
+}  // namespace
+
 void validate(const RunConfig& c) {
   validate(c.model);
   const auto& t = c.training;
@@ -193,10 +214,11 @@ void validate(const RunConfig& c) {
   if (c.stage < -1 || c.stage >= p.pp)
     throw InvalidArgument(fmt::format("stage must be 0..{} (pipeline-parallel {}), got {}", p.pp - 1, p.pp, c.stage));
   if (p.microbatch_group < 0) throw InvalidArgument("microbatch-group-size must not be negative");
+  check_megatron_settings(p);
   // The interleaved schedule runs the micro-batches in groups of N per model chunk (N = PP by
   // default): Megatron-LM raises for N outside [PP, M] and for a last group of 1..PP−1
   // (schedules.py forward_backward_pipelining_with_interleaving).
-  if (p.vpp > 1 && p.pp > 1) {
+  if (p.vpp > 1 && p.pp > 1 && !t.batch_schedule) {
     const std::int64_t n = p.microbatch_group > 0 ? p.microbatch_group : p.pp, mb = t.grad_accumulation;
     if (n > mb || n < p.pp)
       throw InvalidArgument(fmt::format(

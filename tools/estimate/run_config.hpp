@@ -35,6 +35,9 @@ struct Training {
   std::int64_t micro_batch = 1;
   std::int64_t grad_accumulation = 1;  // micro-batches per step per data-parallel rank
   std::int64_t global_batch = 0;       // when set, grad_accumulation = global / (micro × dp)
+  // Megatron's --rampup-batch-size / --step-batch-size-schedule: the micro-batches per step change
+  // during training; grad_accumulation is then one step's, not every step's.
+  bool batch_schedule = false;
   Precision precision = Precision::bf16;
   Optimizer optimizer = Optimizer::adam;
   // Muon's optimizer for the parameters it does not orthogonalise (--muon-scalar-optimizer): adam,
@@ -109,6 +112,13 @@ struct Parallelism {
   // micro-batch's forward beside another's backward, layer by layer, to hide the expert
   // all-to-alls (combined_1f1b.py, model_chunk_schedule_plan.py).
   bool combined_1f1b = false;
+  // Megatron-LM launch-line settings whose requirements the command line can still meet
+  // (--tp, --sequence-parallel, --distributed-optimizer): checked by validate(), as Megatron-LM
+  // asserts them. No memory of their own here.
+  bool tp_comm_overlap = false;            // --tp-comm-overlap: SP at TP > 1
+  bool precision_aware_optimizer = false;  // --use-precision-aware-optimizer: the distributed optimizer
+  bool overlap_param_gather = false;       // --overlap-param-gather: the distributed optimizer
+  bool megatron_fsdp = false;              // --use-megatron-fsdp (v1 turns the distributed optimizer on)
   // Megatron --num-distributed-optimizer-instances: the distributed optimizer shards over
   // DP·CP / instances ranks (one replica per instance).
   std::int64_t optimizer_instances = 1;

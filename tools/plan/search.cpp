@@ -274,7 +274,7 @@ SearchResult search(const PlanRequest& r, const std::function<void(std::int64_t,
   const std::int64_t budget = memory_budget(r);
   const int threads = std::max(1, std::min<int>(r.threads, 64));
   std::atomic<std::size_t> next{0};
-  std::atomic<std::int64_t> done{0};
+  std::atomic<std::int64_t> done{0}, done_candidates{0};  // layouts, and candidates among them
   std::vector<std::vector<Plan>> best(threads);
   std::vector<std::int64_t> evaluations(threads), fitting(threads);
   auto work = [&](int id) {
@@ -283,8 +283,10 @@ SearchResult search(const PlanRequest& r, const std::function<void(std::int64_t,
     for (std::size_t i = next++; i < all.size(); i = next++) {
       // Each layout enters the ranking once, with its best technique set.
       std::optional<Plan> layout_best;
+      std::int64_t candidates = 0;
       for (const Techniques& t : sets) {
         if (!tried(all[i], t)) continue;
+        ++candidates;
         RunConfig c = configure(r, all[i], t);
         StageMemory m;
         bool ok = false;
@@ -305,9 +307,11 @@ SearchResult search(const PlanRequest& r, const std::function<void(std::int64_t,
         mine.insert(std::upper_bound(mine.begin(), mine.end(), *layout_best, faster), std::move(*layout_best));
         if (std::int64_t(mine.size()) > r.top) mine.pop_back();
       }
+      const std::int64_t so_far = done_candidates.fetch_add(candidates) + candidates;
       const std::int64_t d = done.fetch_add(1) + 1;
-      if (progress && (d % 256 == 0 || d == std::int64_t(all.size())))
-        progress(d * std::int64_t(sets.size()), result.stats.candidates);
+      // The last layout's thread reports every candidate: each thread adds its candidates before its layout.
+      if (progress && d == std::int64_t(all.size())) progress(done_candidates.load(), result.stats.candidates);
+      else if (progress && d % 256 == 0) progress(so_far, result.stats.candidates);
     }
     evaluations[id] = ev.evaluations;
   };
