@@ -178,7 +178,8 @@ TEST(EstimateInput, AnUnknownModelTypeIsReadWithAWarningThatSaysHow) {
 // Phi's attention_dropout and resid_pdrop: read, a GPT-2 layer without flash attention keeps
 // Korthikanti's sbh(34 + 5as/h) (12 heads, h 768, ffn 4h, GeLU, LayerNorm, biases).
 TEST(EstimateInput, Gpt2AndPhiDropoutNamesAreRead) {
-  for (const auto& c : hf_configs().at("counted")) {
+  const nlohmann::json all = hf_configs();  // kept: the loop reads into it
+  for (const auto& c : all.at("counted")) {
     const std::string name = c.at("name").get<std::string>();
     if (name != "gpt2" && name != "phi-2") continue;
     const ModelConfig m = model_from_hf_json(c.at("config").dump(), name);
